@@ -1,0 +1,91 @@
+"""Receipts (one per handled release message) and dead letters (what could not be handled)."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class CleanupReceipt(models.Model):
+    """The unique idempotency row of a release message: ``release:<id>:<version>``.
+
+    Written in the same transaction as the hold's transition, so a redelivered message finds it
+    and ends ``already_handled``.
+    """
+
+    idempotency_key = models.CharField(max_length=120, unique=True)
+    reservation_id = models.BigIntegerField()
+    version = models.PositiveIntegerField()
+    outcome = models.CharField(max_length=32)
+    attempt = models.PositiveIntegerField(default=1)
+    worker = models.CharField(max_length=200, blank=True, default="")
+    task_id = models.CharField(max_length=64, blank=True, default="")
+    trace_id = models.CharField(max_length=64, blank=True, default="")
+    queue_age_seconds = models.FloatField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["reservation_id"], name="cleanup_receipt_hold_idx"),
+            models.Index(fields=["created_at"], name="cleanup_receipt_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.idempotency_key} → {self.outcome}"
+
+
+class DeadLetter(models.Model):
+    """A message or hold set aside with the reason, the error and the raw payload."""
+
+    class Reason(models.TextChoices):
+        MALFORMED = "malformed", "Malformed message"
+        UNKNOWN_TASK = "unknown_task", "Unknown task name"
+        REJECTED = "rejected", "Rejected before reaching the task (encoding/content type)"
+        RETRIES_EXHAUSTED = "retries_exhausted", "Transient errors outlasted the retries"
+        DELIVERIES_EXHAUSTED = "deliveries_exhausted", "Delivered too many times (poison)"
+        CLAIMS_EXHAUSTED = "claims_exhausted", "Hold claimed too many times without release"
+        TIME_LIMIT = "time_limit", "Hit the hard time limit"
+        FAILED = "failed", "Unexpected error"
+
+    reason = models.CharField(max_length=32, choices=Reason.choices)
+    error = models.TextField(blank=True, default="")
+    task_name = models.CharField(max_length=200, blank=True, default="")
+    task_id = models.CharField(max_length=64, blank=True, default="")
+    idempotency_key = models.CharField(max_length=120, blank=True, default="")
+    reservation_id = models.BigIntegerField(null=True, blank=True)
+    version = models.PositiveIntegerField(null=True, blank=True)
+    trace_id = models.CharField(max_length=64, blank=True, default="")
+    delivery_count = models.PositiveIntegerField(default=0)
+    payload = models.TextField(blank=True, default="")  # raw, truncated
+    message = models.JSONField(null=True, blank=True)  # the parsed release message, if any
+    created_at = models.DateTimeField(auto_now_add=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolution = models.CharField(max_length=32, blank=True, default="")
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["reservation_id"], name="cleanup_dl_hold_idx"),
+            models.Index(
+                fields=["reason", "created_at"],
+                name="cleanup_dl_open_idx",
+                condition=Q(resolved_at__isnull=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"dead letter #{self.pk} {self.reason}"
+
+
+class DeliveryCount(models.Model):
+    """Deliveries per idempotency key when no Redis counter is configured (RabbitMQ setups).
+
+    Written in autocommit before any work, so a delivery that kills its worker still counts.
+    """
+
+    idempotency_key = models.CharField(max_length=120, primary_key=True)
+    count = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.idempotency_key}: {self.count}"

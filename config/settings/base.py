@@ -1,0 +1,217 @@
+"""Settings shared by every environment. Every value comes from the environment through the
+strict helpers in ``config.env``; a bad value fails at start-up and names the variable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
+
+from config.env import env_bool, env_int, env_list, env_str, parse_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+
+SECRET_KEY = env_str("SECRET_KEY")
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_celery_beat",
+    "reservations",
+    "cleanup",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": parse_database_url("DATABASE_URL", env_str("DATABASE_URL"))}
+# Short-lived workers and web requests reuse a connection for a while; health checks drop dead ones.
+DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+
+# --- Reservations domain -------------------------------------------------------------------
+RESERVATIONS_API_TOKEN = env_str("RESERVATIONS_API_TOKEN")
+RESERVATIONS_DEFAULT_HOLD_TTL_SECONDS = env_int(
+    "RESERVATIONS_DEFAULT_HOLD_TTL_SECONDS", 600, minimum=1
+)
+RESERVATIONS_MAX_HOLD_TTL_SECONDS = env_int("RESERVATIONS_MAX_HOLD_TTL_SECONDS", 86400, minimum=1)
+RESERVATIONS_API_MAX_BODY_BYTES = env_int("RESERVATIONS_API_MAX_BODY_BYTES", 16384, minimum=256)
+
+# --- Celery --------------------------------------------------------------------------------
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
+if not CELERY_BROKER_URL.startswith(("redis://", "rediss://", "amqp://", "amqps://", "pyamqp://")):
+    raise ImproperlyConfigured(
+        f"CELERY_BROKER_URL={CELERY_BROKER_URL!r}: expected a redis:// or amqp:// URL"
+    )
+BROKER_IS_REDIS = CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
+
+CLEANUP_SWEEP_QUEUE = env_str("CLEANUP_SWEEP_QUEUE", "sweep")
+CLEANUP_RELEASE_QUEUE = env_str("CLEANUP_RELEASE_QUEUE", "cleanup")
+CLEANUP_MAINTENANCE_QUEUE = env_str("CLEANUP_MAINTENANCE_QUEUE", "maintenance")
+CLEANUP_EVENTS_QUEUE = env_str("CLEANUP_EVENTS_QUEUE", "reservation-events")
+CLEANUP_DEAD_LETTER_QUEUE = env_str("CLEANUP_DEAD_LETTER_QUEUE", "dlq.cleanup")
+
+# Time limits bound a stuck release; the soft limit leaves room to roll back and log.
+CLEANUP_TASK_TIME_LIMIT = env_int("CLEANUP_TASK_TIME_LIMIT", 60, minimum=1)
+CLEANUP_TASK_SOFT_TIME_LIMIT = env_int("CLEANUP_TASK_SOFT_TIME_LIMIT", 50, minimum=1)
+# Retries: exponential backoff with full jitter, capped well below the visibility timeout.
+CLEANUP_MAX_RETRIES = env_int("CLEANUP_MAX_RETRIES", 5, minimum=0)
+CLEANUP_RETRY_BACKOFF_MAX = env_int("CLEANUP_RETRY_BACKOFF_MAX", 60, minimum=1)
+# Deliveries of one idempotency key before the message is dead-lettered without any work: bounds
+# a poison message that kills its worker (reject_on_worker_lost requeues it without limit).
+CLEANUP_MAX_DELIVERIES = env_int("CLEANUP_MAX_DELIVERIES", 8, minimum=1)
+CLEANUP_DELIVERY_COUNTER_TTL = env_int("CLEANUP_DELIVERY_COUNTER_TTL", 86400, minimum=60)
+# Sweeps: a claim leases a hold for this long; after it a later sweep takes the hold again.
+CLEANUP_LEASE_SECONDS = env_int("CLEANUP_LEASE_SECONDS", 300, minimum=1)
+CLEANUP_SWEEP_BATCH_SIZE = env_int("CLEANUP_SWEEP_BATCH_SIZE", 500, minimum=1)
+CLEANUP_SWEEP_MAX_BATCHES = env_int("CLEANUP_SWEEP_MAX_BATCHES", 20, minimum=1)
+CLEANUP_MAX_CLAIMS = env_int("CLEANUP_MAX_CLAIMS", 10, minimum=1)
+# Backpressure: a sweep stops publishing while the release queue is deeper than this.
+CLEANUP_MAX_QUEUE_DEPTH = env_int("CLEANUP_MAX_QUEUE_DEPTH", 20000, minimum=1)
+# "single" = one message per hold (default); "batch" = one message per batch of holds.
+CLEANUP_RELEASE_MODE = env_str("CLEANUP_RELEASE_MODE", "single")
+if CLEANUP_RELEASE_MODE not in {"single", "batch"}:
+    raise ImproperlyConfigured(
+        f"CLEANUP_RELEASE_MODE={CLEANUP_RELEASE_MODE!r}: expected 'single' or 'batch'"
+    )
+CLEANUP_RELEASE_BATCH_SIZE = env_int("CLEANUP_RELEASE_BATCH_SIZE", 100, minimum=1)
+# Redis used for the delivery counter; defaults to the broker when the broker is Redis.
+# With RabbitMQ and no Redis, deliveries are counted in PostgreSQL (autocommit upsert).
+CLEANUP_COUNTER_REDIS_URL = env_str(
+    "CLEANUP_COUNTER_REDIS_URL", CELERY_BROKER_URL if BROKER_IS_REDIS else ""
+)
+CLEANUP_RETENTION_DAYS = env_int("CLEANUP_RETENTION_DAYS", 14, minimum=1)
+CLEANUP_PRUNE_BATCH_SIZE = env_int("CLEANUP_PRUNE_BATCH_SIZE", 5000, minimum=1)
+CLEANUP_RELAY_BATCH_SIZE = env_int("CLEANUP_RELAY_BATCH_SIZE", 500, minimum=1)
+CLEANUP_SLO_SECONDS = env_int("CLEANUP_SLO_SECONDS", 300, minimum=1)
+CLEANUP_ELIGIBLE_COUNT_CAP = env_int("CLEANUP_ELIGIBLE_COUNT_CAP", 100000, minimum=1)
+CLEANUP_BEAT_LOCK_ID = env_int("CLEANUP_BEAT_LOCK_ID", 727_001)
+CLEANUP_BEAT_IDLE_SESSION_TIMEOUT = env_int("CLEANUP_BEAT_IDLE_SESSION_TIMEOUT", 30, minimum=1)
+
+# Redis visibility timeout: a message fetched but not acked comes back after this long. It must
+# exceed the hard time limit (else a running task is delivered twice) and the longest retry
+# countdown (Celery retries are ETA messages held unacked in the worker; an ETA beyond the
+# timeout is delivered again and again — FIELD-NOTES §2).
+CLEANUP_VISIBILITY_TIMEOUT = env_int("CLEANUP_VISIBILITY_TIMEOUT", 300, minimum=1)
+_longest_hold = max(CLEANUP_TASK_TIME_LIMIT, CLEANUP_RETRY_BACKOFF_MAX)
+if CLEANUP_VISIBILITY_TIMEOUT <= _longest_hold:
+    raise ImproperlyConfigured(
+        f"CLEANUP_VISIBILITY_TIMEOUT={CLEANUP_VISIBILITY_TIMEOUT} must exceed both "
+        f"CLEANUP_TASK_TIME_LIMIT and CLEANUP_RETRY_BACKOFF_MAX (longest is {_longest_hold})"
+    )
+if CLEANUP_TASK_SOFT_TIME_LIMIT >= CLEANUP_TASK_TIME_LIMIT:
+    raise ImproperlyConfigured("CLEANUP_TASK_SOFT_TIME_LIMIT must be below CLEANUP_TASK_TIME_LIMIT")
+# How often an idle consumer scans for unacked messages past the visibility timeout. kombu's
+# default scans about every 100 s; one scan every few seconds bounds a dead worker's recovery
+# at visibility_timeout + this interval.
+CLEANUP_UNACKED_RESTORE_INTERVAL = env_int("CLEANUP_UNACKED_RESTORE_INTERVAL", 5, minimum=1)
+
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
+if BROKER_IS_REDIS:
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": CLEANUP_VISIBILITY_TIMEOUT,
+        "unacked_restore_interval": CLEANUP_UNACKED_RESTORE_INTERVAL,
+        "unacked_restore_throttle": 1,
+    }
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# JSON only: a pickle payload would execute code; anything else is rejected and dead-lettered.
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_RESULT_SERIALIZER = "json"
+# Outcomes live in PostgreSQL (receipts); no result backend round trip per task.
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+# Acknowledge after the durable write; a lost pool child puts its message back (DESIGN inv. 4).
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# A hard time limit must ack, not requeue (requeue loops forever — FIELD-NOTES §2); the
+# delivery counter and the dead letter written in on_failure account for it.
+CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_TIME_LIMIT = CLEANUP_TASK_TIME_LIMIT
+CELERY_TASK_SOFT_TIME_LIMIT = CLEANUP_TASK_SOFT_TIME_LIMIT
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+CELERY_TASK_DEFAULT_QUEUE = CLEANUP_RELEASE_QUEUE
+CELERY_TASK_QUEUES = [
+    Queue(CLEANUP_SWEEP_QUEUE, routing_key=CLEANUP_SWEEP_QUEUE),
+    Queue(CLEANUP_RELEASE_QUEUE, routing_key=CLEANUP_RELEASE_QUEUE),
+    Queue(CLEANUP_MAINTENANCE_QUEUE, routing_key=CLEANUP_MAINTENANCE_QUEUE),
+]
+CELERY_TASK_ROUTES = {
+    "cleanup.sweep_shard": {"queue": CLEANUP_SWEEP_QUEUE},
+    "cleanup.release_reservation": {"queue": CLEANUP_RELEASE_QUEUE},
+    "cleanup.release_batch": {"queue": CLEANUP_RELEASE_QUEUE},
+    "cleanup.*": {"queue": CLEANUP_MAINTENANCE_QUEUE},
+}
+# Flower shows nothing without task events; the benchmark measures their cost.
+CELERY_WORKER_SEND_TASK_EVENTS = env_bool("CELERY_TASK_EVENTS", True)
+CELERY_TASK_SEND_SENT_EVENT = CELERY_WORKER_SEND_TASK_EVENTS
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULER = "cleanup.schedule:LeaderDatabaseScheduler"
+# Persist last_run_at after every send so a new beat leader does not re-send (FIELD-NOTES §4).
+CELERY_BEAT_SYNC_EVERY = 1
+CELERY_BEAT_MAX_LOOP_INTERVAL = env_int("CELERY_BEAT_MAX_LOOP_INTERVAL", 5, minimum=1)
+CELERY_TIMEZONE = "UTC"
+
+# --- Observability -------------------------------------------------------------------------
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+METRICS_ALLOW_IPS = env_list("METRICS_ALLOW_IPS", [])
+METRICS_STATEMENT_TIMEOUT_MS = env_int("METRICS_STATEMENT_TIMEOUT_MS", 2000, minimum=1)
+WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0, minimum=0)
+LOG_FORMAT = env_str("LOG_FORMAT", "text")
+if LOG_FORMAT not in {"text", "json"}:
+    raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r}: expected 'text' or 'json'")
+LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "text": {"()": "config.logging.KeyValueFormatter"},
+        "json": {"()": "config.logging.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}

@@ -1,0 +1,475 @@
+"""Every state change of a hold. Each function is one transaction with conditional updates;
+each writes its domain event to the outbox in that same transaction.
+
+Lock order (DESIGN invariant 8): offerings before reservations, ascending id. Services that
+touch a single row (renew, confirm) take only that row's lock, which cannot close a cycle.
+
+The clock is PostgreSQL's ``now()``. The ``now`` parameters exist for unit tests only; when
+``None`` the statement uses the database clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import NoReturn
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models.functions import Now
+
+from .errors import (
+    HoldExpired,
+    InvalidTtl,
+    NoSeatsAvailable,
+    NotHeld,
+    OfferingNotFound,
+    ReservationNotFound,
+    StaleVersion,
+)
+from .models import Offering, OutboxEvent, Reservation
+
+R = Reservation._meta.db_table
+O = Offering._meta.db_table  # noqa: E741 - a table name, not a variable to confuse
+E = OutboxEvent._meta.db_table
+
+# How many eligible holds ``hold_seat`` reclaims inline on a full offering, at most.
+RECLAIM_LIMIT = 50
+# ``now`` for SQL: the explicit test clock when given, else the database clock.
+_NOW = "COALESCE(%(now)s::timestamptz, now())"
+
+
+class ReleaseOutcome(StrEnum):
+    """What ``release_if_expired`` did, in DESIGN's decision order (steps 3–8)."""
+
+    NOT_FOUND = "not_found"
+    ALREADY_HANDLED = "already_handled"
+    RENEWED = "renewed"
+    NO_LONGER_HELD = "no_longer_held"
+    NOT_EXPIRED = "not_expired"
+    RELEASED = "released"
+
+
+@dataclass(frozen=True)
+class ClaimedHold:
+    reservation_id: int
+    version: int
+    expires_at: datetime
+    bucket: int
+    claim_count: int
+    set_aside: bool  # claimed too many times: taken out of the sweep, to be dead-lettered
+
+
+def _ttl(ttl_seconds: int | None) -> int:
+    ttl = settings.RESERVATIONS_DEFAULT_HOLD_TTL_SECONDS if ttl_seconds is None else ttl_seconds
+    if isinstance(ttl, bool) or not isinstance(ttl, int):
+        raise InvalidTtl("ttl_seconds must be an integer")
+    if not 1 <= ttl <= settings.RESERVATIONS_MAX_HOLD_TTL_SECONDS:
+        raise InvalidTtl(
+            f"ttl_seconds must be between 1 and {settings.RESERVATIONS_MAX_HOLD_TTL_SECONDS}"
+        )
+    return ttl
+
+
+def _event_sql(kind: str) -> str:
+    return (
+        f"INSERT INTO {E} (kind, reservation_id, version, payload, created_at) "
+        f"VALUES ('{kind}', %(id)s, %(version)s, %(payload)s::jsonb, now())"
+    )
+
+
+def _write_event(kind: str, reservation_id: int, version: int, payload: dict[str, object]) -> None:
+    with connection.cursor() as cur:
+        cur.execute(
+            _event_sql(kind),
+            {"id": reservation_id, "version": version, "payload": json.dumps(payload, default=str)},
+        )
+
+
+def create_offering(name: str, capacity: int) -> Offering:
+    if capacity < 0:
+        raise ValueError("capacity must be >= 0")
+    return Offering.objects.create(name=name, capacity=capacity, seats_available=capacity)
+
+
+def hold_seat(
+    offering_id: int,
+    holder: str,
+    ttl_seconds: int | None = None,
+    *,
+    now: datetime | None = None,
+) -> Reservation:
+    """Take one seat for ``holder`` for ``ttl_seconds``.
+
+    A learner is never refused because of an eligible hold cleanup has not reached yet: on a
+    full offering, that offering's eligible holds are released first, through the same
+    ``release_if_expired`` the cleanup uses (so each gets its one ``reservation.released``).
+    """
+    ttl = _ttl(ttl_seconds)
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute(f"SELECT seats_available FROM {O} WHERE id = %s FOR UPDATE", [offering_id])
+            row = cur.fetchone()
+            if row is None:
+                raise OfferingNotFound(f"offering {offering_id} does not exist")
+            seats = row[0]
+            if seats == 0:
+                # Offering is locked first; the holds follow in ascending id (lock order).
+                cur.execute(
+                    f"SELECT id, version FROM {R} WHERE offering_id = %(o)s AND status = 'held' "
+                    f"AND expires_at <= {_NOW} ORDER BY id LIMIT %(lim)s",
+                    {"o": offering_id, "now": now, "lim": RECLAIM_LIMIT},
+                )
+                for reservation_id, version in cur.fetchall():
+                    release_if_expired(reservation_id, version, reason="reclaimed", now=now)
+                cur.execute(f"SELECT seats_available FROM {O} WHERE id = %s", [offering_id])
+                seats = cur.fetchone()[0]
+            if seats == 0:
+                raise NoSeatsAvailable(f"offering {offering_id} has no seats available")
+            cur.execute(
+                f"UPDATE {O} SET seats_available = seats_available - 1 WHERE id = %s", [offering_id]
+            )
+            cur.execute(
+                f"INSERT INTO {R} (offering_id, holder, status, expires_at, next_attempt_at, "
+                f"version, claim_count, last_trace_id, created_at, updated_at, release_reason) "
+                f"VALUES (%(o)s, %(holder)s, 'held', {_NOW} + make_interval(secs => %(ttl)s), "
+                f"{_NOW} + make_interval(secs => %(ttl)s), 1, 0, '', now(), now(), '') "
+                f"RETURNING id, expires_at",
+                {"o": offering_id, "holder": holder, "ttl": ttl, "now": now},
+            )
+            reservation_id, expires_at = cur.fetchone()
+        _write_event(
+            OutboxEvent.Kind.HELD,
+            reservation_id,
+            1,
+            {"offering_id": offering_id, "expires_at": expires_at.isoformat()},
+        )
+    return Reservation.objects.get(pk=reservation_id)
+
+
+def _explain_refusal(
+    reservation_id: int, expected_version: int, now: datetime | None, *, check_expiry: bool = True
+) -> NoReturn:
+    """Raise the domain error that says why a conditional update on a hold matched no row."""
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT status, version, expires_at <= {_NOW} FROM {R} WHERE id = %(id)s",
+            {"id": reservation_id, "now": now},
+        )
+        row = cur.fetchone()
+    if row is None:
+        raise ReservationNotFound(f"hold {reservation_id} does not exist")
+    status, version, expired = row
+    if status != Reservation.Status.HELD:
+        raise NotHeld(reservation_id, status)
+    if version != expected_version:
+        raise StaleVersion(reservation_id, expected_version, version)
+    if expired and check_expiry:
+        raise HoldExpired(reservation_id)
+    # The row changed between the update and this read; the caller may retry.
+    raise StaleVersion(reservation_id, expected_version, version)
+
+
+def renew(
+    reservation_id: int,
+    expected_version: int,
+    ttl_seconds: int | None = None,
+    *,
+    now: datetime | None = None,
+) -> Reservation:
+    """Extend a hold that has not expired yet; bumps its version so queued releases go stale.
+
+    An expired hold cannot be renewed, even before cleanup reaches it: an eligible hold's seat
+    already counts as available and may have been promised to another learner.
+    """
+    ttl = _ttl(ttl_seconds)
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute(
+                f"UPDATE {R} SET expires_at = {_NOW} + make_interval(secs => %(ttl)s), "
+                f"next_attempt_at = {_NOW} + make_interval(secs => %(ttl)s), "
+                f"version = version + 1, updated_at = now() "
+                f"WHERE id = %(id)s AND version = %(v)s AND status = 'held' "
+                f"AND expires_at > {_NOW} RETURNING version, expires_at",
+                {"id": reservation_id, "v": expected_version, "ttl": ttl, "now": now},
+            )
+            row = cur.fetchone()
+        if row is None:
+            _explain_refusal(reservation_id, expected_version, now)
+        version, expires_at = row
+        _write_event(
+            OutboxEvent.Kind.RENEWED,
+            reservation_id,
+            version,
+            {"expires_at": expires_at.isoformat()},
+        )
+    return Reservation.objects.get(pk=reservation_id)
+
+
+def confirm(
+    reservation_id: int, expected_version: int, *, now: datetime | None = None
+) -> Reservation:
+    """Turn an unexpired hold into a confirmed seat (the seat stays taken)."""
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute(
+                f"UPDATE {R} SET status = 'confirmed', version = version + 1, updated_at = now() "
+                f"WHERE id = %(id)s AND version = %(v)s AND status = 'held' "
+                f"AND expires_at > {_NOW} RETURNING version",
+                {"id": reservation_id, "v": expected_version, "now": now},
+            )
+            row = cur.fetchone()
+        if row is None:
+            _explain_refusal(reservation_id, expected_version, now)
+        _write_event(OutboxEvent.Kind.CONFIRMED, reservation_id, row[0], {})
+    return Reservation.objects.get(pk=reservation_id)
+
+
+def _lock_offering_of(cur: object, reservation_id: int) -> int | None:
+    """Lock the hold's offering (offerings before reservations) and return its id."""
+    cur.execute(  # type: ignore[attr-defined]
+        f"SELECT o.id FROM {O} o WHERE o.id = (SELECT offering_id FROM {R} WHERE id = %s) "
+        f"FOR UPDATE",
+        [reservation_id],
+    )
+    row = cur.fetchone()  # type: ignore[attr-defined]
+    return None if row is None else int(row[0])
+
+
+def cancel(
+    reservation_id: int, expected_version: int, *, now: datetime | None = None
+) -> Reservation:
+    """The learner gives the seat back. Allowed while held, expired or not."""
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            if _lock_offering_of(cur, reservation_id) is None:
+                raise ReservationNotFound(f"hold {reservation_id} does not exist")
+            cur.execute(
+                f"UPDATE {R} SET status = 'cancelled', version = version + 1, updated_at = now() "
+                f"WHERE id = %(id)s AND version = %(v)s AND status = 'held' "
+                f"RETURNING version, offering_id",
+                {"id": reservation_id, "v": expected_version},
+            )
+            row = cur.fetchone()
+            if row is None:
+                _explain_refusal(reservation_id, expected_version, now, check_expiry=False)
+            cur.execute(
+                f"UPDATE {O} SET seats_available = seats_available + 1 WHERE id = %s", [row[1]]
+            )
+        _write_event(OutboxEvent.Kind.CANCELLED, reservation_id, row[0], {})
+    return Reservation.objects.get(pk=reservation_id)
+
+
+# One statement: lock the offering (a FOR UPDATE subquery is locked when it yields its row,
+# before the UPDATE locks the hold: offerings before reservations), move the hold to released
+# at the version the message saw, give the seat back and write the outbox event.
+_RELEASE_SQL = f"""
+WITH off AS (
+    SELECT o.id FROM {O} o
+    WHERE o.id = (SELECT offering_id FROM {R} WHERE id = %(id)s)
+    FOR UPDATE
+), rel AS (
+    UPDATE {R} r
+    SET status = 'released', released_version = r.version, released_at = now(),
+        release_reason = %(reason)s, updated_at = now()
+    FROM off
+    WHERE r.id = %(id)s AND r.offering_id = off.id AND r.version = %(v)s
+      AND r.status = 'held' AND r.expires_at <= {_NOW}
+    RETURNING r.id, r.offering_id, r.version, r.expires_at
+), seat AS (
+    UPDATE {O} o SET seats_available = o.seats_available + 1
+    FROM rel WHERE o.id = rel.offering_id
+    RETURNING o.id
+), ev AS (
+    INSERT INTO {E} (kind, reservation_id, version, payload, created_at)
+    SELECT 'reservation.released', rel.id, rel.version,
+           jsonb_build_object('offering_id', rel.offering_id, 'expires_at', rel.expires_at,
+                              'reason', %(reason)s::text),
+           now()
+    FROM rel
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM rel), (SELECT count(*) FROM seat), (SELECT count(*) FROM ev)
+"""
+
+
+def release_if_expired(
+    reservation_id: int,
+    expected_version: int,
+    *,
+    reason: str = "expired",
+    now: datetime | None = None,
+) -> ReleaseOutcome:
+    """Release the hold if it is still held at ``expected_version`` and has expired.
+
+    Returns the outcome in DESIGN's order (steps 3–8). Safe to call any number of times: only
+    one call can move a hold to released, and the outbox's unique constraint backs that up.
+    """
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute(
+                _RELEASE_SQL,
+                {"id": reservation_id, "v": expected_version, "reason": reason, "now": now},
+            )
+            released, _seats, _events = cur.fetchone()
+            if released:
+                return ReleaseOutcome.RELEASED
+            # No change: a new statement (new snapshot under READ COMMITTED) says why.
+            cur.execute(
+                f"SELECT status, version, released_version, expires_at <= {_NOW} "
+                f"FROM {R} WHERE id = %(id)s",
+                {"id": reservation_id, "now": now},
+            )
+            row = cur.fetchone()
+    return classify_no_release(row, expected_version)
+
+
+def classify_no_release(row: Sequence[object] | None, expected_version: int) -> ReleaseOutcome:
+    """DESIGN's order for a hold that was not released by this call.
+
+    ``row`` is (status, version, released_version, expired). A version that moved while the
+    hold is held or released reads ``renewed``; a confirmed or cancelled hold reads
+    ``no_longer_held`` whatever its version (confirm and cancel bump it too).
+    """
+    if row is None:
+        return ReleaseOutcome.NOT_FOUND
+    status, version, released_version, expired = row
+    if status == Reservation.Status.RELEASED and released_version == expected_version:
+        return ReleaseOutcome.ALREADY_HANDLED
+    if status in (Reservation.Status.CONFIRMED, Reservation.Status.CANCELLED):
+        return ReleaseOutcome.NO_LONGER_HELD
+    if version != expected_version:
+        return ReleaseOutcome.RENEWED
+    if not expired:
+        return ReleaseOutcome.NOT_EXPIRED
+    # Held, same version, expired, yet the update matched nothing: it changed in between.
+    # Reporting it as renewed would be a lie; the caller treats this as transient and retries.
+    raise TransientConflict(f"hold {row} changed during release; retry")
+
+
+class TransientConflict(Exception):
+    """A concurrent change raced a conditional update; retrying gives a definite answer."""
+
+
+_CLAIM_SQL = f"""
+WITH due AS (
+    SELECT id FROM {R}
+    WHERE status = 'held' AND next_attempt_at <= {_NOW} AND expires_at <= {_NOW}
+      AND bucket %% %(shards)s = %(shard)s
+    ORDER BY next_attempt_at, id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {R} r
+SET claim_count = r.claim_count + 1,
+    last_claimed_at = now(),
+    last_trace_id = %(trace)s,
+    next_attempt_at = CASE WHEN r.claim_count + 1 > %(max_claims)s THEN 'infinity'::timestamptz
+                           ELSE {_NOW} + make_interval(secs => %(lease)s) END
+FROM due WHERE r.id = due.id
+RETURNING r.id, r.version, r.expires_at, r.bucket, r.claim_count
+"""
+
+
+def claim_expired(
+    shard: int,
+    shards: int,
+    *,
+    batch_size: int,
+    lease_seconds: int,
+    max_claims: int,
+    trace_id: str = "",
+    now: datetime | None = None,
+) -> list[ClaimedHold]:
+    """Claim up to ``batch_size`` eligible, due holds of a shard, in due order.
+
+    A claim leases the hold: ``next_attempt_at = now() + lease``, so a lost message or a dead
+    worker only delays it until a later sweep claims it again. A hold claimed more than
+    ``max_claims`` times is set aside (``next_attempt_at = infinity``) and returned with
+    ``set_aside=True`` for the caller to dead-letter; ``reschedule_claim`` puts it back.
+    Must run inside the caller's transaction so the leases commit with the publish decision.
+    """
+    if not 0 <= shard < shards:
+        raise ValueError(f"shard {shard} is outside 0..{shards - 1}")
+    with connection.cursor() as cur:
+        cur.execute(
+            _CLAIM_SQL,
+            {
+                "shard": shard,
+                "shards": shards,
+                "batch": batch_size,
+                "lease": lease_seconds,
+                "max_claims": max_claims,
+                "trace": trace_id,
+                "now": now,
+            },
+        )
+        rows = cur.fetchall()
+    claimed = [
+        ClaimedHold(
+            reservation_id=rid,
+            version=version,
+            expires_at=expires_at,
+            bucket=bucket,
+            claim_count=count,
+            set_aside=count > max_claims,
+        )
+        for rid, version, expires_at, bucket, count in rows
+    ]
+    claimed.sort(key=lambda c: (c.expires_at, c.reservation_id))
+    return claimed
+
+
+def reschedule_claim(reservation_ids: Iterable[int]) -> int:
+    """Make set-aside holds due again now, with a fresh claim budget (dead-letter requeue)."""
+    ids = list(reservation_ids)
+    if not ids:
+        return 0
+    return Reservation.objects.filter(pk__in=ids, status=Reservation.Status.HELD).update(
+        next_attempt_at=Now(), claim_count=0
+    )
+
+
+def seat_conservation_violations() -> list[tuple[int, int, int, int, int]]:
+    """Offerings where capacity != seats_available + held + confirmed (empty when conserved)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT o.id, o.capacity, o.seats_available, "
+            f"count(*) FILTER (WHERE r.status = 'held'), "
+            f"count(*) FILTER (WHERE r.status = 'confirmed') "
+            f"FROM {O} o LEFT JOIN {R} r ON r.offering_id = o.id GROUP BY o.id "
+            f"HAVING o.capacity <> o.seats_available "
+            f"+ count(*) FILTER (WHERE r.status IN ('held', 'confirmed'))"
+        )
+        return [tuple(row) for row in cur.fetchall()]  # type: ignore[misc]
+
+
+def availability(offering_id: int) -> dict[str, int]:
+    """Seats a learner can get now: free seats plus the offering's eligible holds."""
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT o.capacity, o.seats_available, "
+            f"count(r.id) FILTER (WHERE r.status = 'held'), "
+            f"count(r.id) FILTER (WHERE r.status = 'held' AND r.expires_at <= now()), "
+            f"count(r.id) FILTER (WHERE r.status = 'confirmed') "
+            f"FROM {O} o LEFT JOIN {R} r "
+            f"ON r.offering_id = o.id AND r.status IN ('held', 'confirmed') "
+            f"WHERE o.id = %s GROUP BY o.id",
+            [offering_id],
+        )
+        row = cur.fetchone()
+    if row is None:
+        raise OfferingNotFound(f"offering {offering_id} does not exist")
+    capacity, free, held, eligible, confirmed = row
+    return {
+        "offering_id": offering_id,
+        "capacity": capacity,
+        "seats_available": free,
+        "held": held,
+        "eligible": eligible,
+        "confirmed": confirmed,
+        "available": free + eligible,
+    }

@@ -1,0 +1,27 @@
+# Sourced by the run and test scripts: create .venv with a supported Python and install the
+# pinned requirements when they changed. Python 3.11 or 3.12 (the embedded servers ship
+# wheels for those).
+ensure_venv() {
+  local reqs="$1"
+  if [ ! -x .venv/bin/python ]; then
+    local py=""
+    for candidate in "${PYTHON:-}" python3.12 python3.11 python3; do
+      [ -n "$candidate" ] || continue
+      if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] <= (3, 12) else 1)'; then
+        py="$candidate"; break
+      fi
+    done
+    if [ -z "$py" ]; then
+      echo "error: need Python 3.11 or 3.12 on PATH (or set PYTHON=/path/to/python)" >&2
+      return 1
+    fi
+    "$py" -m venv .venv
+    .venv/bin/python -m pip install --quiet --upgrade pip
+  fi
+  local stamp=".venv/.installed-$(cat requirements*.txt | sha256sum | cut -c1-16)"
+  if [ ! -f "$stamp" ]; then
+    .venv/bin/python -m pip install --quiet -r "$reqs"
+    rm -f .venv/.installed-*
+    touch "$stamp"
+  fi
+}
