@@ -1,0 +1,70 @@
+"""Every Prometheus metric of the cleanup, and the small functions the pipeline calls.
+
+(Operability issue extends this module: scrape-time collectors, multiprocess serving.)
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+PREFIX = "reservation_cleanup"
+
+DELIVERY_ATTEMPTS = Counter(
+    f"{PREFIX}_delivery_attempts", "Deliveries of a cleanup message to task code", ["task"]
+)
+OUTCOMES = Counter(f"{PREFIX}_outcomes", "Terminal outcomes of release attempts", ["outcome"])
+TRANSITIONS = Counter(f"{PREFIX}_transitions", "Holds actually moved to released")
+RETRIES = Counter(f"{PREFIX}_retries", "Transient failures scheduled for retry", ["task"])
+DEAD_LETTERS = Counter(f"{PREFIX}_dead_letters", "Dead letters recorded", ["reason"])
+CLAIMED = Counter(f"{PREFIX}_claimed", "Holds claimed by sweeps", ["shard"])
+PUBLISHED = Counter(f"{PREFIX}_published", "Release messages published by sweeps", ["shard"])
+BACKPRESSURE_PAUSES = Counter(
+    f"{PREFIX}_backpressure_pauses", "Sweeps that stopped because the queue was deep", ["shard"]
+)
+PROCESSING_DURATION = Histogram(
+    f"{PREFIX}_processing_duration_seconds",
+    "Time in task code per release message",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+ENQUEUE_TO_ACK = Histogram(
+    f"{PREFIX}_enqueue_to_ack_seconds",
+    "From publish (enqueued_at header) to the end of processing",
+    buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
+)
+SWEEP_DURATION = Histogram(
+    f"{PREFIX}_sweep_duration_seconds",
+    "Duration of one sweep run of a shard",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+
+
+def record_delivery(task: str) -> None:
+    DELIVERY_ATTEMPTS.labels(task=task).inc()
+
+
+def record_outcome(outcome: str, duration_s: float | None, queue_age_s: float | None) -> None:
+    OUTCOMES.labels(outcome=outcome).inc()
+    if outcome == "released":
+        TRANSITIONS.inc()
+    if duration_s is not None:
+        PROCESSING_DURATION.observe(duration_s)
+    if queue_age_s is not None and duration_s is not None:
+        ENQUEUE_TO_ACK.observe(queue_age_s + duration_s)
+
+
+def record_retry(task: str) -> None:
+    RETRIES.labels(task=task).inc()
+
+
+def record_dead_letter(reason: str) -> None:
+    DEAD_LETTERS.labels(reason=reason).inc()
+
+
+def record_sweep(
+    shard: int, claimed: int, published: int, duration_s: float, backpressure: bool
+) -> None:
+    CLAIMED.labels(shard=str(shard)).inc(claimed)
+    PUBLISHED.labels(shard=str(shard)).inc(published)
+    if backpressure:
+        BACKPRESSURE_PAUSES.labels(shard=str(shard)).inc()
+    SWEEP_DURATION.observe(duration_s)
