@@ -40,6 +40,11 @@ E = OutboxEvent._meta.db_table
 RECLAIM_LIMIT = 50
 # ``now`` for SQL: the explicit test clock when given, else the database clock.
 _NOW = "COALESCE(%(now)s::timestamptz, now())"
+# A hold leaving ``held`` drops a set-aside lease (``infinity``): Python's datetime cannot load
+# it, so any ORM read of the row (the service's own return value, the admin) would fail.
+_FINITE_NEXT_ATTEMPT = (
+    "CASE WHEN isfinite(next_attempt_at) THEN next_attempt_at ELSE expires_at END"
+)
 
 
 class ReleaseOutcome(StrEnum):
@@ -248,7 +253,8 @@ def cancel(
             if _lock_offering_of(cur, reservation_id) is None:
                 raise ReservationNotFound(f"hold {reservation_id} does not exist")
             cur.execute(
-                f"UPDATE {R} SET status = 'cancelled', version = version + 1, updated_at = now() "
+                f"UPDATE {R} SET status = 'cancelled', version = version + 1, updated_at = now(), "
+                f"next_attempt_at = {_FINITE_NEXT_ATTEMPT} "
                 f"WHERE id = %(id)s AND version = %(v)s AND status = 'held' "
                 f"RETURNING version, offering_id",
                 {"id": reservation_id, "v": expected_version},
@@ -274,7 +280,8 @@ WITH off AS (
 ), rel AS (
     UPDATE {R} r
     SET status = 'released', released_version = r.version, released_at = now(),
-        release_reason = %(reason)s, updated_at = now()
+        release_reason = %(reason)s, updated_at = now(),
+        next_attempt_at = {_FINITE_NEXT_ATTEMPT.replace("next_attempt_at", "r.next_attempt_at")}
     FROM off
     WHERE r.id = %(id)s AND r.offering_id = off.id AND r.version = %(v)s
       AND r.status = 'held' AND r.expires_at <= {_NOW}
@@ -308,7 +315,9 @@ def release_if_expired(
     Returns the outcome in DESIGN's order (steps 3–8). Safe to call any number of times: only
     one call can move a hold to released, and the outbox's unique constraint backs that up.
     """
-    with transaction.atomic():
+    # No savepoint when nested (the cleanup's receipt transaction): two fewer round trips, and
+    # an error here aborts the caller's transaction anyway.
+    with transaction.atomic(savepoint=False):
         with connection.cursor() as cur:
             cur.execute(
                 _RELEASE_SQL,

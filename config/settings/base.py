@@ -213,5 +213,14 @@ LOGGING = {
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+        # Celery's per-task "received"/"succeeded" lines duplicate our one structured line per
+        # attempt (cleanup.tasks) and cost throughput; keep their warnings and errors.
+        "celery.app.trace": {"level": "WARNING"},
+        "celery.worker.strategy": {"level": "WARNING"},
+    },
 }
+
+# Undecodable messages are dead-lettered before Celery acks them (cleanup.consumer).
+CELERY_WORKER_CONSUMER = "cleanup.consumer:DeadLetteringConsumer"

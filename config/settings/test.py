@@ -18,7 +18,6 @@ os.environ.setdefault("CLEANUP_UNACKED_RESTORE_INTERVAL", "1")
 os.environ.setdefault("CLEANUP_LEASE_SECONDS", "5")
 os.environ.setdefault("CELERY_BEAT_MAX_LOOP_INTERVAL", "1")
 os.environ.setdefault("CLEANUP_BEAT_IDLE_SESSION_TIMEOUT", "5")
-os.environ.setdefault("DATABASE_CONN_MAX_AGE", "0")
 
 from .base import *  # noqa: E402,F403
 

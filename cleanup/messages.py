@@ -1,0 +1,117 @@
+"""The release message contract: build it, validate it (→ a reason for a dead letter).
+
+A message is a small JSON object. Unknown extra fields are tolerated (a rolling deploy may add
+fields); a missing field, a wrong type or an inconsistent key makes it ``malformed``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+SCHEMA_VERSION = 1
+MAX_TRACE_ID = 64
+
+
+class MalformedMessage(ValueError):
+    """The message cannot be acted on; ``str(exc)`` is the dead letter's reason text."""
+
+
+def idempotency_key(reservation_id: int, version: int) -> str:
+    return f"release:{reservation_id}:{version}"
+
+
+@dataclass(frozen=True)
+class ReleaseMessage:
+    reservation_id: int
+    version: int
+    expires_at: datetime
+    idempotency_key: str
+    shard: int
+    trace_id: str
+    schema_version: int = SCHEMA_VERSION
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "reservation_id": self.reservation_id,
+            "version": self.version,
+            "expires_at": self.expires_at.isoformat(),
+            "idempotency_key": self.idempotency_key,
+            "shard": self.shard,
+            "trace_id": self.trace_id,
+        }
+
+
+def build(
+    reservation_id: int, version: int, expires_at: datetime, shard: int, trace_id: str
+) -> dict[str, Any]:
+    return ReleaseMessage(
+        reservation_id=reservation_id,
+        version=version,
+        expires_at=expires_at,
+        idempotency_key=idempotency_key(reservation_id, version),
+        shard=shard,
+        trace_id=trace_id,
+    ).as_dict()
+
+
+def _int(raw: dict[str, Any], name: str, minimum: int) -> int:
+    if name not in raw:
+        raise MalformedMessage(f"missing field {name!r}")
+    value = raw[name]
+    # bool is an int subclass; a JSON true is not a reservation id.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MalformedMessage(f"field {name!r} must be an integer, got {type(value).__name__}")
+    if value < minimum:
+        raise MalformedMessage(f"field {name!r} must be >= {minimum}, got {value}")
+    return value
+
+
+def _str(raw: dict[str, Any], name: str, max_length: int) -> str:
+    if name not in raw:
+        raise MalformedMessage(f"missing field {name!r}")
+    value = raw[name]
+    if not isinstance(value, str):
+        raise MalformedMessage(f"field {name!r} must be a string, got {type(value).__name__}")
+    if len(value) > max_length:
+        raise MalformedMessage(f"field {name!r} is longer than {max_length} characters")
+    return value
+
+
+def validate(raw: object) -> ReleaseMessage:
+    """Return the message, or raise ``MalformedMessage`` saying what is wrong."""
+    if not isinstance(raw, dict):
+        raise MalformedMessage(f"message must be a JSON object, got {type(raw).__name__}")
+    schema_version = _int(raw, "schema_version", 1)
+    if schema_version != SCHEMA_VERSION:
+        raise MalformedMessage(
+            f"unsupported schema_version {schema_version} (this worker reads {SCHEMA_VERSION})"
+        )
+    reservation_id = _int(raw, "reservation_id", 1)
+    version = _int(raw, "version", 1)
+    shard = _int(raw, "shard", 0)
+    key = _str(raw, "idempotency_key", 120)
+    trace_id = _str(raw, "trace_id", MAX_TRACE_ID)
+    expires_raw = _str(raw, "expires_at", 64)
+    try:
+        expires_at = datetime.fromisoformat(expires_raw)
+    except ValueError:
+        raise MalformedMessage(
+            f"field 'expires_at' is not an ISO 8601 time: {expires_raw!r}"
+        ) from None
+    if expires_at.tzinfo is None:
+        raise MalformedMessage("field 'expires_at' has no time zone")
+    expected_key = idempotency_key(reservation_id, version)
+    if key != expected_key:
+        raise MalformedMessage(f"idempotency_key {key!r} does not match {expected_key!r}")
+    return ReleaseMessage(
+        reservation_id=reservation_id,
+        version=version,
+        expires_at=expires_at,
+        idempotency_key=key,
+        shard=shard,
+        trace_id=trace_id,
+        schema_version=schema_version,
+    )

@@ -1,0 +1,106 @@
+"""Outbox relay and retention.
+
+The relay publishes unpublished domain events in id order to ``CLEANUP_EVENTS_QUEUE`` (a plain
+JSON message per event) and marks them published in the same transaction; a transaction-level
+advisory lock keeps a single relay at a time, so order holds. Delivery is at-least-once:
+consumers dedupe by ``event_id``.
+
+Retention deletes, in bounded batches, only what is finished: published events, receipts, and
+resolved dead letters older than ``CLEANUP_RETENTION_DAYS``.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+from kombu import Exchange, Queue
+
+from reservations.models import OutboxEvent
+
+from .models import CleanupReceipt, DeadLetter
+
+logger = logging.getLogger("cleanup.outbox")
+
+RELAY_LOCK = (727, 1)
+
+
+def relay_batch(limit: int | None = None) -> int:
+    from config.celery_app import app
+
+    limit = limit or settings.CLEANUP_RELAY_BATCH_SIZE
+    queue = Queue(
+        settings.CLEANUP_EVENTS_QUEUE,
+        exchange=Exchange(""),
+        routing_key=settings.CLEANUP_EVENTS_QUEUE,
+        durable=True,
+    )
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", list(RELAY_LOCK))
+            if not cur.fetchone()[0]:
+                return 0
+        events = list(
+            OutboxEvent.objects.filter(published_at__isnull=True)
+            .order_by("id")
+            .values("id", "kind", "reservation_id", "version", "payload", "created_at")[:limit]
+        )
+        if not events:
+            return 0
+        with app.producer_or_acquire() as producer:
+            for event in events:
+                producer.publish(
+                    {
+                        "event_id": event["id"],
+                        "kind": event["kind"],
+                        "reservation_id": event["reservation_id"],
+                        "version": event["version"],
+                        "payload": event["payload"],
+                        "created_at": event["created_at"].isoformat(),
+                    },
+                    exchange=queue.exchange,
+                    routing_key=queue.routing_key,
+                    declare=[queue],
+                    serializer="json",
+                    retry=True,
+                )
+        OutboxEvent.objects.filter(id__in=[e["id"] for e in events]).update(
+            published_at=timezone.now()
+        )
+    logger.info("outbox relayed", extra={"published": len(events)})
+    return len(events)
+
+
+def _delete_batches(model: type, condition: str, params: list[Any], batch: int) -> int:
+    table = model._meta.db_table  # type: ignore[attr-defined]
+    total = 0
+    while True:
+        with connection.cursor() as cur:
+            cur.execute(
+                f"DELETE FROM {table} WHERE id IN "
+                f"(SELECT id FROM {table} WHERE {condition} LIMIT %s)",
+                [*params, batch],
+            )
+            deleted = cur.rowcount
+        total += deleted
+        if deleted < batch:
+            return total
+
+
+def prune(retention_days: int | None = None) -> dict[str, int]:
+    days = retention_days or settings.CLEANUP_RETENTION_DAYS
+    cutoff = timezone.now() - timedelta(days=days)
+    batch = settings.CLEANUP_PRUNE_BATCH_SIZE
+    return {
+        "outbox_events": _delete_batches(
+            OutboxEvent, "published_at IS NOT NULL AND published_at < %s", [cutoff], batch
+        ),
+        "receipts": _delete_batches(CleanupReceipt, "created_at < %s", [cutoff], batch),
+        "dead_letters": _delete_batches(
+            DeadLetter, "resolved_at IS NOT NULL AND resolved_at < %s", [cutoff], batch
+        ),
+    }

@@ -1,0 +1,214 @@
+"""The beat schedule: per-shard sweep entries, and a scheduler that only sends while it holds
+the single-beat lease.
+
+django-celery-beat has no lock of its own: two beats both send (FIELD-NOTES §4). The lease is a
+PostgreSQL *session* advisory lock held on a dedicated autocommit connection — not Django's,
+which django-celery-beat closes each tick via ``close_old_connections()``. The connection sets
+``idle_session_timeout`` so a frozen or partitioned leader loses the lock on the server side;
+the leader pings it every tick (at most ``beat_max_loop_interval``, below the timeout).
+On acquiring the lease the schedule is re-read from the database, and ``beat_sync_every=1``
+persists ``last_run_at`` after each send, so a new leader does not re-send what the old one
+just sent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from django.db import transaction
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
+from django_celery_beat.schedulers import DatabaseScheduler
+
+logger = logging.getLogger("cleanup.schedule")
+
+SWEEP_PREFIX = "cleanup: sweep shard "
+SWEEP_TASK = "cleanup.sweep_shard"
+RELAY_NAME = "cleanup: relay outbox"
+PRUNE_NAME = "cleanup: prune"
+LEASE_NAMESPACE = 727
+
+
+def sweep_entry_name(shard: int, shards: int) -> str:
+    return f"{SWEEP_PREFIX}{shard} of {shards}"
+
+
+def _ensure(name: str, task: str, every: int, kwargs: dict[str, Any], queue: str) -> bool:
+    """Create or update one entry; True when something changed. ``enabled`` is left as an
+    operator set it in the admin."""
+    interval, _ = IntervalSchedule.objects.get_or_create(
+        every=every, period=IntervalSchedule.SECONDS
+    )
+    wanted = {
+        "task": task,
+        "interval": interval,
+        "kwargs": json.dumps(kwargs, sort_keys=True),
+        "queue": queue,
+        # Relative expiry: a sweep that waited longer than one interval is dropped; the next
+        # one covers the same range. (``expires`` is absolute and would disable the entry.)
+        "expire_seconds": every,
+    }
+    entry = PeriodicTask.objects.filter(name=name).first()
+    if entry is None:
+        PeriodicTask.objects.create(name=name, enabled=True, **wanted)
+        return True
+    changed = False
+    for field, value in wanted.items():
+        if getattr(entry, field) != value:
+            setattr(entry, field, value)
+            changed = True
+    if changed:
+        entry.save()
+    return changed
+
+
+def install_schedule(shards: int, every: int, *, relay_every: int = 5) -> dict[str, int]:
+    """One sweep entry per shard (kwargs {"shard": k, "shards": N}) plus relay and prune.
+
+    Idempotent. A new N rewrites the sweep entries; since a shard is a set of buckets
+    (``bucket % N == k``) and every hold has a bucket, every hold belongs to exactly one shard
+    under any N — changing N never strands a hold.
+    """
+    if shards < 1 or shards > 1024:
+        raise ValueError("shards must be between 1 and 1024")
+    if every < 1:
+        raise ValueError("every must be at least 1 second")
+    created_or_changed = 0
+    with transaction.atomic():
+        wanted = {sweep_entry_name(k, shards) for k in range(shards)}
+        stale = PeriodicTask.objects.filter(name__startswith=SWEEP_PREFIX).exclude(name__in=wanted)
+        removed = 0
+        for entry in stale:  # delete() one by one so django-celery-beat sees the change
+            entry.delete()
+            removed += 1
+        for k in range(shards):
+            created_or_changed += _ensure(
+                sweep_entry_name(k, shards),
+                SWEEP_TASK,
+                every,
+                {"shard": k, "shards": shards},
+                settings.CLEANUP_SWEEP_QUEUE,
+            )
+        created_or_changed += _ensure(
+            RELAY_NAME, "cleanup.relay_outbox", relay_every, {}, settings.CLEANUP_MAINTENANCE_QUEUE
+        )
+        created_or_changed += _ensure(
+            PRUNE_NAME, "cleanup.prune", 3600, {}, settings.CLEANUP_MAINTENANCE_QUEUE
+        )
+    return {"shards": shards, "changed": created_or_changed, "removed": removed}
+
+
+def installed_shards() -> int | None:
+    """N of the installed sweep entries (None when no schedule is installed)."""
+    for kwargs in PeriodicTask.objects.filter(name__startswith=SWEEP_PREFIX).values_list(
+        "kwargs", flat=True
+    ):
+        try:
+            return int(json.loads(kwargs)["shards"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def _lock_conninfo() -> dict[str, Any]:
+    db = settings.DATABASES["default"]
+    timeout_ms = settings.CLEANUP_BEAT_IDLE_SESSION_TIMEOUT * 1000
+    params: dict[str, Any] = {
+        "dbname": db["NAME"],
+        "autocommit": True,
+        "application_name": "reservation-cleanup-beat-lease",
+        # The server drops a leader that stops pinging; keepalives catch a dead peer.
+        "options": f"-c idle_session_timeout={timeout_ms}",
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+        "connect_timeout": 5,
+    }
+    for src, dst in (
+        ("USER", "user"),
+        ("PASSWORD", "password"),
+        ("HOST", "host"),
+        ("PORT", "port"),
+    ):
+        if db.get(src):
+            params[dst] = db[src]
+    options: dict[str, Any] = dict(db.get("OPTIONS") or {})  # type: ignore[call-overload]
+    for key, value in options.items():
+        params.setdefault(key, value)
+    return params
+
+
+class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
+    """A DatabaseScheduler that sends only while it holds the single-beat lease."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._lease_conn: psycopg.Connection[Any] | None = None
+        self._is_leader = False
+        super().__init__(*args, **kwargs)
+        # Keep the ping interval below the server's idle-session timeout.
+        self.max_interval: float = min(
+            float(self.max_interval), max(1, settings.CLEANUP_BEAT_IDLE_SESSION_TIMEOUT // 2)
+        )
+
+    @property
+    def is_leader(self) -> bool:
+        return self._is_leader
+
+    def _drop_lease(self, why: str) -> None:
+        if self._is_leader:
+            logger.warning("beat lease lost", extra={"why": why})
+        self._is_leader = False
+        if self._lease_conn is not None:
+            try:
+                self._lease_conn.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self._lease_conn = None
+
+    def _hold_lease(self) -> bool:
+        if self._is_leader and self._lease_conn is not None:
+            try:
+                self._lease_conn.execute("SELECT 1")
+                return True
+            except psycopg.Error as exc:
+                self._drop_lease(repr(exc))
+        try:
+            if self._lease_conn is None or self._lease_conn.closed:
+                self._lease_conn = psycopg.connect(**_lock_conninfo())
+            row = self._lease_conn.execute(
+                "SELECT pg_try_advisory_lock(%s, %s)",
+                [LEASE_NAMESPACE, settings.CLEANUP_BEAT_LOCK_ID],
+            ).fetchone()
+        except psycopg.Error as exc:
+            self._drop_lease(repr(exc))
+            return False
+        if not row or not row[0]:
+            return False
+        # pg_try_advisory_lock is re-entrant; we only call it while not leader, so one hold.
+        self._is_leader = True
+        logger.info("beat lease acquired; this beat now sends", extra={"pid": _pid()})
+        # Re-read entries (and their last_run_at) written by the previous leader.
+        self._initial_read = True
+        self._heap = None
+        return True
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        if not self._hold_lease():
+            return float(self.max_interval)
+        return float(super().tick(*args, **kwargs))
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._drop_lease("shutdown")
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()

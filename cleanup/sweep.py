@@ -1,0 +1,165 @@
+"""Sweep one shard: claim bounded batches of its eligible holds and publish one release
+message per hold after the claim commits.
+
+- Claims go through ``reservations.services.claim_expired`` (FOR UPDATE SKIP LOCKED, a lease).
+- A per-shard transaction-level advisory lock makes a second sweep of the same shard a no-op.
+- Backpressure: before each batch the release queue's depth is read; at or above
+  ``CLEANUP_MAX_QUEUE_DEPTH`` the sweep stops, so a backlog never becomes repeated copies of
+  still-queued holds. A global session advisory lock serializes "check depth → claim →
+  publish" across sweeps, so concurrent sweeps of different shards cannot each add a batch on
+  top of the same reading: the queue exceeds the cap by at most one batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from reservations.services import ClaimedHold, claim_expired
+
+from . import broker, deadletters, metrics
+from .messages import build
+from .models import DeadLetter
+
+logger = logging.getLogger("cleanup.sweep")
+
+# Advisory lock keys: (namespace, object). The namespace is fixed for this application.
+LOCK_NAMESPACE = 727
+PUBLISH_LOCK = 0
+
+
+@dataclass
+class SweepResult:
+    shard: int
+    shards: int
+    trace_id: str
+    batches: int = 0
+    claimed: int = 0
+    published: int = 0
+    set_aside: int = 0
+    backpressure: bool = False
+    skipped_locked: bool = False
+    duration_s: float = 0.0
+    published_ids: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "shard": self.shard,
+            "shards": self.shards,
+            "trace_id": self.trace_id,
+            "batches": self.batches,
+            "claimed": self.claimed,
+            "published": self.published,
+            "set_aside": self.set_aside,
+            "backpressure": self.backpressure,
+            "skipped_locked": self.skipped_locked,
+            "duration_s": round(self.duration_s, 4),
+        }
+
+
+def shard_lock_key(shard: int, shards: int) -> int:
+    return shards * 4096 + shard + 1  # never PUBLISH_LOCK
+
+
+def _try_shard_lock(shard: int, shards: int) -> bool:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT pg_try_advisory_xact_lock(%s, %s)",
+            [LOCK_NAMESPACE, shard_lock_key(shard, shards)],
+        )
+        return bool(cur.fetchone()[0])
+
+
+def _publish_lock(acquire: bool) -> None:
+    with connection.cursor() as cur:
+        fn = "pg_advisory_lock" if acquire else "pg_advisory_unlock"
+        cur.execute(f"SELECT {fn}(%s, %s)", [LOCK_NAMESPACE, PUBLISH_LOCK])
+
+
+def sweep_shard(
+    shard: int,
+    shards: int,
+    *,
+    trace_id: str | None = None,
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+    max_queue_depth: int | None = None,
+) -> SweepResult:
+    from .tasks import publish_release_messages
+
+    if shards < 1 or not 0 <= shard < shards:
+        raise ValueError(f"shard {shard} of {shards} is not a valid shard")
+    batch_size = batch_size or settings.CLEANUP_SWEEP_BATCH_SIZE
+    max_batches = max_batches or settings.CLEANUP_SWEEP_MAX_BATCHES
+    max_queue_depth = max_queue_depth or settings.CLEANUP_MAX_QUEUE_DEPTH
+    result = SweepResult(shard, shards, trace_id or uuid.uuid4().hex)
+    started = time.perf_counter()
+    for _ in range(max_batches):
+        _publish_lock(acquire=True)
+        try:
+            depth = broker.queue_depth(settings.CLEANUP_RELEASE_QUEUE)
+            if depth >= max_queue_depth:
+                result.backpressure = True
+                logger.info(
+                    "sweep paused by backpressure",
+                    extra={"shard": shard, "queue_depth": depth, "trace_id": result.trace_id},
+                )
+                break
+            with transaction.atomic():
+                if not _try_shard_lock(shard, shards):
+                    result.skipped_locked = True
+                    break
+                claimed = claim_expired(
+                    shard,
+                    shards,
+                    batch_size=batch_size,
+                    lease_seconds=settings.CLEANUP_LEASE_SECONDS,
+                    max_claims=settings.CLEANUP_MAX_CLAIMS,
+                    trace_id=result.trace_id,
+                )
+            # Committed: the leases are durable before any message exists.
+            to_publish = [c for c in claimed if not c.set_aside]
+            for hold in claimed:
+                if hold.set_aside:
+                    _dead_letter_set_aside(hold, shard, result.trace_id)
+            messages = [
+                build(c.reservation_id, c.version, c.expires_at, shard, result.trace_id)
+                for c in to_publish
+            ]
+            publish_release_messages(messages)
+        finally:
+            _publish_lock(acquire=False)
+        result.batches += 1
+        result.claimed += len(claimed)
+        result.published += len(messages)
+        result.set_aside += len(claimed) - len(to_publish)
+        result.published_ids.extend(c.reservation_id for c in to_publish)
+        if len(claimed) < batch_size:
+            break
+    result.duration_s = time.perf_counter() - started
+    metrics.record_sweep(
+        shard, result.claimed, result.published, result.duration_s, result.backpressure
+    )
+    logger.info("sweep done", extra=result.as_dict())
+    return result
+
+
+def _dead_letter_set_aside(hold: ClaimedHold, shard: int, trace_id: str) -> None:
+    deadletters.record(
+        DeadLetter.Reason.CLAIMS_EXHAUSTED,
+        error=(
+            f"hold claimed {hold.claim_count} times (limit {settings.CLEANUP_MAX_CLAIMS}) "
+            f"without being released; set aside until requeued"
+        ),
+        reservation_id=hold.reservation_id,
+        version=hold.version,
+        delivery_count=hold.claim_count,
+        trace_id=trace_id,
+        message=build(hold.reservation_id, hold.version, hold.expires_at, shard, trace_id),
+    )

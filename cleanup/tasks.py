@@ -1,0 +1,236 @@
+"""Thin Celery tasks. Each takes small JSON values, calls a service, logs, returns counts.
+
+``CleanupTask`` (the base of every task here) bounds every loop before any work runs:
+deliveries per idempotency key are counted outside the task's transaction, and a message
+delivered more than ``CLEANUP_MAX_DELIVERIES`` times — one that kills its worker, say — is
+dead-lettered instead of being run again. An argument list that does not fit the task is
+dead-lettered as malformed, as is a failure that outlasts the retries.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import socket
+import time
+from typing import Any
+
+from celery import Task, shared_task
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
+
+from config.celery_app import app
+from reservations.services import TransientConflict
+
+from . import deadletters, deliveries, metrics, outbox
+from .messages import MalformedMessage, validate
+from .models import DeadLetter
+from .release import Attempt, release
+from .sweep import sweep_shard
+
+logger = logging.getLogger("cleanup.tasks")
+
+# Errors worth another try: connection lost, deadlock, serialization failure, lock timeout
+# (psycopg raises them as OperationalError subclasses), and a row that changed mid-decision.
+TRANSIENT_ERRORS = (OperationalError, InterfaceError, TransientConflict)
+HOSTNAME = socket.gethostname()
+
+
+def queue_age(request: Any) -> float | None:
+    headers = getattr(request, "headers", None) or {}
+    stamp = headers.get("enqueued_at") or getattr(request, "enqueued_at", None)
+    try:
+        return max(0.0, time.time() - float(stamp)) if stamp is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+class CleanupTask(Task):  # type: ignore[misc]
+    """Bounds deliveries and contains bad input for every cleanup task."""
+
+    abstract = True
+    acks_late = True
+    reject_on_worker_lost = True
+
+    def delivery_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        message = args[0] if args else kwargs.get("message")
+        if isinstance(message, dict) and isinstance(message.get("idempotency_key"), str):
+            return str(message["idempotency_key"])[:120]
+        return f"task:{self.request.id}"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.request.called_directly:
+            return super().__call__(*args, **kwargs)
+        metrics.record_delivery(self.name)
+        try:
+            inspect.signature(self.run).bind(*args, **kwargs)
+        except TypeError as exc:
+            deadletters.record(
+                DeadLetter.Reason.MALFORMED,
+                error=f"arguments do not fit {self.name}: {exc}",
+                task_name=self.name,
+                task_id=self.request.id or "",
+                payload={"args": args, "kwargs": kwargs},
+            )
+            metrics.record_outcome("malformed", None, None)
+            return {"outcome": "malformed"}
+        key = self.delivery_key(args, kwargs)
+        try:
+            count = deliveries.increment(key)
+        except Exception:  # noqa: BLE001 - the counter is a guard, not a dependency
+            logger.exception("delivery counter unavailable", extra={"key": key})
+            count = 0
+        self.request.delivery_count = count  # type: ignore[attr-defined]
+        if count > settings.CLEANUP_MAX_DELIVERIES:
+            message = args[0] if args and isinstance(args[0], dict) else None
+            deadletters.record(
+                DeadLetter.Reason.DELIVERIES_EXHAUSTED,
+                error=f"delivered {count} times (limit {settings.CLEANUP_MAX_DELIVERIES})",
+                task_name=self.name,
+                task_id=self.request.id or "",
+                message=message,
+                payload=None if message else {"args": args, "kwargs": kwargs},
+                delivery_count=count,
+            )
+            metrics.record_outcome("dead_lettered", None, None)
+            return {"outcome": "dead_lettered"}
+        return super().__call__(*args, **kwargs)
+
+    def on_retry(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        _reset_connection_on_transient(exc)
+        metrics.record_retry(self.name)
+        logger.warning(
+            "transient failure, retrying",
+            extra={"task": self.name, "task_id": task_id, "error": repr(exc)[:300]},
+        )
+
+    def on_failure(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
+        if isinstance(exc, TRANSIENT_ERRORS):
+            reason = DeadLetter.Reason.RETRIES_EXHAUSTED
+        elif isinstance(exc, SoftTimeLimitExceeded):
+            reason = DeadLetter.Reason.TIME_LIMIT
+        else:
+            reason = DeadLetter.Reason.FAILED
+        message = args[0] if args and isinstance(args[0], dict) else None
+        # The failing connection may be the reason; start the dead letter on a fresh one.
+        close_old_connections()
+        if isinstance(exc, TRANSIENT_ERRORS):
+            connection.close()
+        deadletters.record(
+            reason,
+            error=repr(exc)[:4000],
+            task_name=self.name,
+            task_id=task_id,
+            message=message,
+            payload=None if message else {"args": args, "kwargs": kwargs},
+            delivery_count=getattr(self.request, "delivery_count", 0) or 0,
+        )
+        metrics.record_outcome("dead_lettered", None, None)
+
+
+def _reset_connection_on_transient(exc: BaseException) -> None:
+    """After a lost connection Django's handle is unusable; drop it so a retry reconnects."""
+    if isinstance(exc, OperationalError | InterfaceError):
+        try:
+            connection.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+@shared_task(
+    bind=True,
+    base=CleanupTask,
+    name="cleanup.release_reservation",
+    # Transient errors retry with exponential backoff and full jitter (uniform in
+    # [0, min(backoff_max, 2**n)]), capped below the visibility timeout (settings check it).
+    autoretry_for=TRANSIENT_ERRORS,
+    retry_backoff=True,
+    retry_backoff_max=settings.CLEANUP_RETRY_BACKOFF_MAX,
+    retry_jitter=True,
+    max_retries=settings.CLEANUP_MAX_RETRIES,
+)
+def release_reservation_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, Any]:
+    started = time.perf_counter()
+    age = queue_age(self.request)
+    attempt_no = (self.request.retries or 0) + 1
+    try:
+        parsed = validate(message)
+    except MalformedMessage as exc:
+        deadletters.record(
+            DeadLetter.Reason.MALFORMED,
+            error=str(exc),
+            task_name=self.name,
+            task_id=self.request.id or "",
+            payload=message,
+            message=message if isinstance(message, dict) else None,
+            delivery_count=getattr(self.request, "delivery_count", 0) or 0,
+        )
+        metrics.record_outcome("malformed", None, age)
+        return {"outcome": "malformed", "reason": str(exc)}
+    attempt = Attempt(
+        attempt=attempt_no,
+        worker=self.request.hostname or HOSTNAME,
+        task_id=self.request.id or "",
+        queue_age_seconds=age,
+    )
+    # Transient errors propagate to Celery's autoretry (backoff with full jitter).
+    outcome = release(parsed, attempt)
+    duration = time.perf_counter() - started
+    metrics.record_outcome(outcome, duration, age)
+    _log_attempt(parsed, attempt, outcome, duration)
+    return {"outcome": outcome, "reservation_id": parsed.reservation_id}
+
+
+def _log_attempt(
+    message: Any, attempt: Attempt, outcome: str, duration_s: float, error: str = ""
+) -> None:
+    extra = {
+        "reservation_id": message.reservation_id,
+        "version": message.version,
+        "expires_at": message.expires_at.isoformat(),
+        "attempt": attempt.attempt,
+        "queue_age_s": None
+        if attempt.queue_age_seconds is None
+        else round(attempt.queue_age_seconds, 3),
+        "duration_ms": round(duration_s * 1000, 2),
+        "outcome": outcome,
+        "trace_id": message.trace_id,
+        "task_id": attempt.task_id,
+    }
+    if error:
+        extra["error"] = error[:300]
+    logger.info("release attempt", extra=extra)
+
+
+@shared_task(bind=True, base=CleanupTask, name="cleanup.sweep_shard")
+def sweep_shard_task(self: CleanupTask, shard: int, shards: int) -> dict[str, Any]:
+    result = sweep_shard(shard, shards, trace_id=self.request.id)
+    return result.as_dict()
+
+
+@shared_task(bind=True, base=CleanupTask, name="cleanup.relay_outbox")
+def relay_outbox_task(self: CleanupTask) -> dict[str, Any]:
+    return {"published": outbox.relay_batch()}
+
+
+@shared_task(bind=True, base=CleanupTask, name="cleanup.prune")
+def prune_task(self: CleanupTask) -> dict[str, Any]:
+    return outbox.prune()
+
+
+def publish_release_messages(messages: list[dict[str, Any]]) -> None:
+    """Publish release messages on one producer connection (the sweep's fan-out)."""
+    if not messages:
+        return
+    with app.producer_or_acquire() as producer:
+        for message in messages:
+            release_reservation_task.apply_async(
+                args=(message,),
+                queue=settings.CLEANUP_RELEASE_QUEUE,
+                producer=producer,
+            )
