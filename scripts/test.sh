@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Run every check: ruff, mypy, pytest (unit + real-worker integration). Uses DATABASE_URL /
-# CELERY_BROKER_URL when set, else local PostgreSQL/Redis, else private embedded servers.
+# CELERY_BROKER_URL when set, else local PostgreSQL/Redis (with CI=true, the machine's Debian
+# servers are started when installed but stopped), else private embedded servers under .embedded/,
+# which are stopped again when this script exits. RESERVATIONS_FORCE_EMBEDDED=1 skips the first two.
+# Extra arguments go to pytest. Any failure, and pytest's "no tests ran" (exit 5), exits non-zero.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/venv.sh
 
 declare -a timings=()
+total_start=$SECONDS
 phase() {
   local name="$1"; shift
   local start=$SECONDS
@@ -15,17 +19,41 @@ phase() {
   else
     local rc=$?
     timings+=("$name: $((SECONDS - start))s FAILED (exit $rc)")
+    echo "==> timings"
     printf '%s\n' "${timings[@]}"
     exit "$rc"
   fi
 }
 
+# Stop only the embedded servers that services.py started for this run (never a shared server,
+# never an embedded server that was already running, e.g. for `make run`).
+RESERVATIONS_EMBEDDED_STARTED=""
+stop_embedded() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if [ -n "${RESERVATIONS_EMBEDDED_STARTED:-}" ]; then
+    echo "==> stopping embedded servers: $RESERVATIONS_EMBEDDED_STARTED"
+    .venv/bin/python scripts/services.py stop --only "$RESERVATIONS_EMBEDDED_STARTED" || rc=1
+  fi
+  exit "$rc"
+}
+trap stop_embedded EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# services.py prints export lines (starting embedded servers if nothing is reachable); its
+# messages go to stderr.
+services_up() {
+  local exports
+  exports=$(.venv/bin/python scripts/services.py env --purpose test) || return $?
+  eval "$exports"
+}
+
 phase "install" ensure_venv requirements-dev.txt
-# Prints export lines for the services (starting embedded ones if nothing is reachable).
-services_env=$(.venv/bin/python scripts/services.py env --purpose test)
-eval "$services_env"
+phase "services" services_up
 phase "ruff" .venv/bin/ruff check .
 phase "mypy" .venv/bin/mypy .
 phase "pytest" .venv/bin/python -m pytest "$@"
 echo "==> timings"
 printf '%s\n' "${timings[@]}"
+echo "total: $((SECONDS - total_start))s"

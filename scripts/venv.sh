@@ -15,13 +15,19 @@ ensure_venv() {
       echo "error: need Python 3.11 or 3.12 on PATH (or set PYTHON=/path/to/python)" >&2
       return 1
     fi
+    echo "creating .venv with $("$py" -V 2>&1) ($py)"
     "$py" -m venv .venv
     .venv/bin/python -m pip install --quiet --upgrade pip
   fi
-  local stamp=".venv/.installed-$(cat requirements*.txt | sha256sum | cut -c1-16)"
+  # One stamp per requirements file (requirements.txt for `make run`, requirements-dev.txt for
+  # `make test`), keyed on the content of every requirements file, so neither hides the other.
+  local hash
+  hash=$(cat requirements*.txt | sha256sum | cut -c1-16)
+  local stamp=".venv/.installed.${reqs}.${hash}"
   if [ ! -f "$stamp" ]; then
+    echo "installing $reqs into .venv"
     .venv/bin/python -m pip install --quiet -r "$reqs"
-    rm -f .venv/.installed-*
+    rm -f ".venv/.installed.${reqs}."*
     touch "$stamp"
   fi
 }
