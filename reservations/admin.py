@@ -1,0 +1,358 @@
+"""Admin for inspecting offerings, holds and the outbox.
+
+Holds change state only through ``reservations.services``: the admin cannot add, edit or
+delete them; its one write is the "Release expired holds now" action, which calls
+``services.release_if_expired`` exactly as the cleanup does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db import DatabaseError
+from django.db.models import (
+    Case,
+    Count,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    IntegerField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
+from django.db.models.functions import Coalesce, Now
+from django.forms import ModelForm
+from django.http import HttpRequest
+
+from . import services
+from .api import call_with_retries, is_transient_db_error
+from .errors import ReservationError
+from .models import Offering, OutboxEvent, Reservation
+
+logger = logging.getLogger(__name__)
+
+# The release action runs in the request; bound the work one click can start.
+ADMIN_RELEASE_LIMIT = 1000
+MAX_ID = 2**63 - 1
+EMPTY = "—"
+
+
+def human_duration(delta: timedelta) -> str:
+    """``timedelta(days=1, hours=2, minutes=3)`` -> ``"1d 2h"``: the two largest units."""
+    seconds = max(int(delta.total_seconds()), 0)
+    days, seconds = divmod(seconds, 86400)
+    hours, seconds = divmod(seconds, 3600)
+    minutes, seconds = divmod(seconds, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (seconds, "s")]
+    while len(parts) > 1 and parts[0][0] == 0:
+        parts.pop(0)
+    return " ".join(f"{n}{unit}" for n, unit in parts[:2])
+
+
+def _as_id(term: str) -> int | None:
+    """A search term that names a row id ("42" or "#42"), else None."""
+    term = term.strip().removeprefix("#")
+    if term.isascii() and term.isdigit() and 0 < int(term) <= MAX_ID:
+        return int(term)
+    return None
+
+
+def _count_per_offering(holds: QuerySet[Reservation]) -> Coalesce:
+    """A correlated COUNT per offering row: computed only for the rows on the page, and served
+    by the partial index ``reservations_offering_held_idx``."""
+    counts = (
+        holds.filter(offering=OuterRef("pk"))
+        .order_by()
+        .values("offering")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    return Coalesce(Subquery(counts, output_field=IntegerField()), Value(0))
+
+
+@admin.register(Offering)
+class OfferingAdmin(admin.ModelAdmin):
+    list_display = ("id", "name", "capacity", "seats_available", "held_count", "eligible_count")
+    list_display_links = ("id", "name")
+    search_fields = ("name",)
+    ordering = ("-id",)
+    show_full_result_count = False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Offering]:
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                held_count=_count_per_offering(Reservation.objects.held()),
+                eligible_count=_count_per_offering(Reservation.objects.eligible()),
+            )
+        )
+
+    @admin.display(description="held", ordering="held_count")
+    def held_count(self, obj: Offering) -> int:
+        return int(getattr(obj, "held_count", 0))
+
+    @admin.display(description="eligible (expired, held)", ordering="eligible_count")
+    def eligible_count(self, obj: Offering) -> int:
+        return int(getattr(obj, "eligible_count", 0))
+
+    def get_fields(self, request: HttpRequest, obj: Offering | None = None) -> list[Any]:
+        if obj is None:
+            return ["name", "capacity"]
+        return ["name", "capacity", "seats_available", "held_count", "eligible_count", "created_at"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Offering | None = None) -> list[str]:
+        if obj is None:
+            return []
+        # Capacity and seats are the services' (capacity == seats_available + held + confirmed).
+        return ["capacity", "seats_available", "held_count", "eligible_count", "created_at"]
+
+    def save_model(
+        self, request: HttpRequest, obj: Offering, form: ModelForm, change: bool
+    ) -> None:
+        if change:
+            # Only the name: a full-row save would write back a stale seats_available.
+            obj.save(update_fields=["name"])
+            return
+        created = services.create_offering(obj.name, obj.capacity)
+        obj.pk = created.pk
+        obj.seats_available = created.seats_available
+        obj.created_at = created.created_at
+
+    def has_delete_permission(self, request: HttpRequest, obj: Offering | None = None) -> bool:
+        return False
+
+
+class ExpiredButHeldFilter(admin.SimpleListFilter):
+    """Holds the cleanup should have released: ``Reservation.objects.eligible()``."""
+
+    title = "expired but still held"
+    parameter_name = "expired_held"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Yes"), ("no", "No")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        eligible = Reservation.objects.eligible()
+        if self.value() == "yes":
+            return queryset.filter(pk__in=eligible.values("pk"))
+        if self.value() == "no":
+            return queryset.exclude(pk__in=eligible.values("pk"))
+        return None
+
+
+class PublishedFilter(admin.SimpleListFilter):
+    title = "published"
+    parameter_name = "published"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "Yes"), ("no", "No")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        if self.value() == "yes":
+            return queryset.filter(published_at__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(published_at__isnull=True)
+        return None
+
+
+class OutboxEventInline(admin.TabularInline):
+    model = OutboxEvent
+    fields = ("id", "kind", "version", "created_at", "published_at", "payload")
+    readonly_fields = fields
+    ordering = ("id",)
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Reservation)
+class ReservationAdmin(admin.ModelAdmin):
+    list_display = (
+        "id",
+        "offering",
+        "holder",
+        "status",
+        "version",
+        "bucket",
+        "expires_at",
+        "expired_for",
+        "claim_count",
+        "released_at",
+    )
+    list_filter = ("status", "offering", ExpiredButHeldFilter)
+    # Searched by get_search_results: an exact id when the term is a number, else the holder.
+    search_fields = ("id", "holder")
+    search_help_text = "A hold id (exact) or part of a holder."
+    list_select_related = ("offering",)
+    raw_id_fields = ("offering",)
+    show_full_result_count = False
+    ordering = ("-id",)
+    inlines = (OutboxEventInline,)
+    actions = ("release_expired_now",)
+    fields = (
+        "offering",
+        "holder",
+        "status",
+        "version",
+        "expires_at",
+        "expired_for",
+        "released_version",
+        "released_at",
+        "release_reason",
+        "bucket",
+        "next_attempt_at",
+        "claim_count",
+        "last_claimed_at",
+        "last_trace_id",
+        "created_at",
+        "updated_at",
+    )
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Reservation]:
+        # The database clock decides expiry (DESIGN "The clock"), so the age is computed there.
+        expired_for = Case(
+            When(
+                status=Reservation.Status.HELD,
+                expires_at__lte=Now(),
+                then=ExpressionWrapper(Now() - F("expires_at"), output_field=DurationField()),
+            ),
+            default=None,
+            output_field=DurationField(),
+        )
+        return super().get_queryset(request).annotate(expired_for_db=expired_for)
+
+    @admin.display(description="expired for", ordering="expired_for_db")
+    def expired_for(self, obj: Reservation) -> str:
+        delta = getattr(obj, "expired_for_db", None)
+        return human_duration(delta) if delta is not None else EMPTY
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Reservation], search_term: str
+    ) -> tuple[QuerySet[Reservation], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        match = Q(holder__icontains=term)
+        reservation_id = _as_id(term)
+        if reservation_id is not None:
+            match |= Q(pk=reservation_id)
+        return queryset.filter(match), False
+
+    # Inspect only: every state change goes through the services.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Reservation | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Reservation | None = None) -> bool:
+        return False
+
+    def has_release_permission(self, request: HttpRequest) -> bool:
+        """The action is a state change: it needs the model's change permission."""
+        return bool(request.user.has_perm("reservations.change_reservation"))
+
+    @admin.action(description="Release expired holds now", permissions=["release"])
+    def release_expired_now(self, request: HttpRequest, queryset: QuerySet[Reservation]) -> None:
+        rows = queryset.order_by("pk").values_list("pk", "version")
+        selected = list(rows[: ADMIN_RELEASE_LIMIT + 1])
+        if len(selected) > ADMIN_RELEASE_LIMIT:
+            self.message_user(
+                request,
+                f"Select at most {ADMIN_RELEASE_LIMIT} holds at a time; nothing was released.",
+                messages.ERROR,
+            )
+            return
+        outcomes: Counter[str] = Counter()
+        failures: list[str] = []
+        for reservation_id, version in selected:
+            try:
+                outcome = call_with_retries(
+                    partial(services.release_if_expired, reservation_id, version, reason="admin")
+                )
+            except ReservationError as exc:
+                outcomes["error"] += 1
+                failures.append(f"#{reservation_id}: {exc}")
+                continue
+            except (DatabaseError, services.TransientConflict) as exc:
+                outcomes["error"] += 1
+                if is_transient_db_error(exc):
+                    failures.append(f"#{reservation_id}: busy (concurrent change), try again")
+                else:
+                    logger.exception(
+                        "admin release failed", extra={"reservation_id": reservation_id}
+                    )
+                    failures.append(f"#{reservation_id}: database error (logged)")
+                continue
+            outcomes[outcome.value] += 1
+            logger.info(
+                "admin release",
+                extra={
+                    "reservation_id": reservation_id,
+                    "version": version,
+                    "outcome": outcome.value,
+                    "user_id": request.user.pk,
+                },
+            )
+        released = services.ReleaseOutcome.RELEASED.value
+        order = [released] + [o.value for o in services.ReleaseOutcome if o != released] + ["error"]
+        summary = ", ".join(f"{name}: {outcomes[name]}" for name in order if outcomes[name])
+        self.message_user(
+            request,
+            summary or "No holds selected.",
+            messages.WARNING if failures else messages.SUCCESS,
+        )
+        if failures:
+            self.message_user(request, "Not released: " + "; ".join(failures), messages.ERROR)
+
+
+@admin.register(OutboxEvent)
+class OutboxEventAdmin(admin.ModelAdmin):
+    list_display = ("id", "kind", "reservation", "version", "created_at", "published_at")
+    list_filter = ("kind", PublishedFilter)
+    search_fields = ("reservation__id",)
+    search_help_text = "A hold id (exact)."
+    list_select_related = ("reservation",)
+    raw_id_fields = ("reservation",)
+    show_full_result_count = False
+    ordering = ("-id",)
+    readonly_fields = ("kind", "reservation", "version", "payload", "created_at", "published_at")
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[OutboxEvent], search_term: str
+    ) -> tuple[QuerySet[OutboxEvent], bool]:
+        if not search_term.strip():
+            return queryset, False
+        reservation_id = _as_id(search_term)
+        if reservation_id is None:
+            return queryset.none(), False
+        return queryset.filter(reservation_id=reservation_id), False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: OutboxEvent | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: OutboxEvent | None = None) -> bool:
+        return False

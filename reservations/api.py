@@ -1,0 +1,374 @@
+"""Thin JSON views over ``reservations.services``: authenticate, parse and validate, call the
+service, serialize. Every user-input failure is a JSON 4xx; nothing a client sends yields a 500.
+
+Error body: ``{"error": {"code": str, "message": str, "field": str | null}}``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from functools import wraps
+from typing import Any, TypeVar
+
+import psycopg.errors
+from django.conf import settings
+from django.db import OperationalError
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from . import services
+from .errors import (
+    HoldExpired,
+    InvalidTtl,
+    NoSeatsAvailable,
+    NotHeld,
+    OfferingNotFound,
+    ReservationError,
+    ReservationNotFound,
+    StaleVersion,
+)
+from .models import Reservation
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+View = Callable[..., HttpResponse]
+
+# Ids and versions live in bigint / integer columns; anything larger cannot exist.
+MAX_ID = 2**63 - 1
+MAX_VERSION = 2**31 - 1
+HOLDER_MAX_LENGTH = Reservation._meta.get_field("holder").max_length or 200
+
+# Deadlocks and serialization failures roll the whole transaction back, so calling the service
+# again is safe; after this many attempts the client is told to come back (503 + Retry-After).
+TRANSIENT_ATTEMPTS = 3
+TRANSIENT_BACKOFF_SECONDS = 0.05
+RETRY_AFTER_SECONDS = 1
+
+_CONFLICTS = (NoSeatsAvailable, StaleVersion, NotHeld, HoldExpired)
+_NOT_FOUND = (OfferingNotFound, ReservationNotFound)
+
+
+class ApiError(Exception):
+    """A client error with its HTTP status, stable code and (for 400s) the offending field."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+        self.headers = dict(headers or {})
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    field: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JsonResponse:
+    response = JsonResponse(
+        {"error": {"code": code, "message": message, "field": field}}, status=status
+    )
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+# --- transient database errors ---------------------------------------------------------------
+
+
+def is_transient_db_error(exc: BaseException) -> bool:
+    """A deadlock or serialization failure (Django surfaces both as ``OperationalError``), or a
+    conditional update that raced a concurrent change (``services.TransientConflict``)."""
+    if isinstance(exc, services.TransientConflict):
+        return True
+    if isinstance(exc, OperationalError):
+        cause = exc.__cause__
+        return isinstance(
+            cause, (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+        )
+    return False
+
+
+def call_with_retries(
+    func: Callable[[], T],
+    *,
+    attempts: int = TRANSIENT_ATTEMPTS,
+    backoff: float = TRANSIENT_BACKOFF_SECONDS,
+) -> T:
+    """Call ``func``; on a transient database error call it again (up to ``attempts`` times in
+    all, with jittered exponential backoff), then re-raise the last error.
+
+    Only for service calls that are one transaction each: a deadlock rolled it back entirely.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return func()
+        except (OperationalError, services.TransientConflict) as exc:
+            if not is_transient_db_error(exc) or attempt == attempts:
+                raise
+            logger.warning(
+                "transient database error, retrying",
+                extra={"attempt": attempt, "error": type(exc.__cause__ or exc).__name__},
+            )
+            time.sleep(random.uniform(0, backoff * 2 ** (attempt - 1)))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# --- request handling ----------------------------------------------------------------------
+
+
+def _authenticate(request: HttpRequest) -> None:
+    expected = settings.RESERVATIONS_API_TOKEN
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    # compare_digest on bytes: on str it raises TypeError for non-ASCII input.
+    if (
+        not expected
+        or scheme.lower() != "bearer"
+        or not token
+        or not hmac.compare_digest(token.encode(), expected.encode())
+    ):
+        raise ApiError(
+            401,
+            "unauthorized",
+            "missing or invalid bearer token",
+            headers={"WWW-Authenticate": 'Bearer realm="reservations"'},
+        )
+
+
+def _read_body(request: HttpRequest) -> bytes:
+    """The raw body, refusing anything over the limit by its declared and its actual length."""
+    limit: int = settings.RESERVATIONS_API_MAX_BODY_BYTES
+    declared = request.META.get("CONTENT_LENGTH") or ""
+    if declared:
+        try:
+            length = int(declared)
+        except ValueError:
+            raise ApiError(400, "invalid_content_length", "bad Content-Length") from None
+        if length < 0:
+            raise ApiError(400, "invalid_content_length", "Content-Length is negative")
+        if length > limit:
+            raise ApiError(413, "body_too_large", f"request body exceeds {limit} bytes")
+    # Read one byte past the limit: a body without (or with a wrong) Content-Length is still
+    # caught without buffering more than the limit.
+    raw = request.read(limit + 1)
+    if len(raw) > limit:
+        raise ApiError(413, "body_too_large", f"request body exceeds {limit} bytes")
+    return raw
+
+
+def _json_object(request: HttpRequest, allowed: frozenset[str]) -> dict[str, Any]:
+    raw = _read_body(request)
+    if not raw.strip():
+        raise ApiError(400, "invalid_json", "request body must be a JSON object", field="body")
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ApiError(400, "invalid_json", "body is not valid JSON", field="body") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid_json", "request body must be a JSON object", field="body")
+    for key in data:
+        if key not in allowed:
+            raise ApiError(400, "unknown_field", f"unknown field {key!r}", field=key)
+    return data
+
+
+def _int_field(
+    data: Mapping[str, Any], name: str, *, required: bool, minimum: int, maximum: int
+) -> int | None:
+    value = data.get(name)
+    if value is None:
+        if required:
+            raise ApiError(400, "missing_field", f"{name} is required", field=name)
+        return None
+    # bool is a subclass of int: true must not read as 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, "invalid_type", f"{name} must be an integer", field=name)
+    if not minimum <= value <= maximum:
+        raise ApiError(
+            400, "out_of_range", f"{name} must be between {minimum} and {maximum}", field=name
+        )
+    return value
+
+
+def _holder(data: Mapping[str, Any]) -> str:
+    if "holder" not in data:
+        raise ApiError(400, "missing_field", "holder is required", field="holder")
+    holder = data["holder"]
+    if not isinstance(holder, str):
+        raise ApiError(400, "invalid_type", "holder must be a string", field="holder")
+    if not holder.strip():
+        raise ApiError(400, "invalid_value", "holder must not be blank", field="holder")
+    if len(holder) > HOLDER_MAX_LENGTH:
+        raise ApiError(
+            400,
+            "invalid_value",
+            f"holder must be at most {HOLDER_MAX_LENGTH} characters",
+            field="holder",
+        )
+    # PostgreSQL text cannot hold NUL, and a lone surrogate cannot be encoded as UTF-8.
+    if "\x00" in holder:
+        raise ApiError(400, "invalid_value", "holder must not contain NUL", field="holder")
+    try:
+        holder.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, "invalid_value", "holder is not valid text", field="holder") from None
+    return holder
+
+
+def _ttl(data: Mapping[str, Any]) -> int | None:
+    # The range is the service's to enforce (InvalidTtl); here only the type is checked.
+    return _int_field(data, "ttl_seconds", required=False, minimum=-MAX_ID, maximum=MAX_ID)
+
+
+def _expected_version(data: Mapping[str, Any]) -> int:
+    version = _int_field(data, "expected_version", required=True, minimum=1, maximum=MAX_VERSION)
+    assert version is not None  # required=True
+    return version
+
+
+def _check_id(value: int, code: str, what: str) -> None:
+    if not 1 <= value <= MAX_ID:
+        raise ApiError(404, code, f"{what} {value} does not exist")
+
+
+def hold_json(hold: Reservation) -> dict[str, Any]:
+    return {
+        "id": hold.pk,
+        "offering_id": hold.offering_id,
+        "status": hold.status,
+        "version": hold.version,
+        "expires_at": hold.expires_at.isoformat(),
+        "released_version": hold.released_version,
+        "bucket": hold.bucket,
+        "created_at": hold.created_at.isoformat(),
+        "released_at": hold.released_at.isoformat() if hold.released_at else None,
+    }
+
+
+def _domain_error(exc: ReservationError) -> JsonResponse:
+    if isinstance(exc, InvalidTtl):
+        return error_response(400, exc.code, str(exc), field="ttl_seconds")
+    if isinstance(exc, _NOT_FOUND):
+        return error_response(404, exc.code, str(exc))
+    if isinstance(exc, StaleVersion):
+        return error_response(409, exc.code, str(exc), field="expected_version")
+    if isinstance(exc, _CONFLICTS):
+        return error_response(409, exc.code, str(exc))
+    return error_response(409, exc.code, str(exc) or exc.code)
+
+
+def api_view(*methods: str) -> Callable[[View], View]:
+    """Token auth, method check and error translation around a view."""
+    allowed = set(methods)
+    if "GET" in allowed:
+        allowed.add("HEAD")
+
+    def decorator(view: View) -> View:
+        @csrf_exempt
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            try:
+                _authenticate(request)
+                if request.method not in allowed:
+                    raise ApiError(
+                        405,
+                        "method_not_allowed",
+                        f"method {request.method} is not allowed here",
+                        headers={"Allow": ", ".join(sorted(allowed))},
+                    )
+                return view(request, *args, **kwargs)
+            except ApiError as exc:
+                return error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)
+            except ReservationError as exc:
+                return _domain_error(exc)
+            except (OperationalError, services.TransientConflict) as exc:
+                if not is_transient_db_error(exc):
+                    raise
+                logger.warning(
+                    "transient database error persisted after retries",
+                    extra={"path": request.path, "error": type(exc.__cause__ or exc).__name__},
+                )
+                return error_response(
+                    503,
+                    "temporarily_unavailable",
+                    "the request conflicted with concurrent changes; retry shortly",
+                    headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+                )
+
+        return wrapper
+
+    return decorator
+
+
+# --- views ---------------------------------------------------------------------------------
+
+_HOLD_FIELDS = frozenset({"holder", "ttl_seconds"})
+_RENEW_FIELDS = frozenset({"expected_version", "ttl_seconds"})
+_VERSION_FIELDS = frozenset({"expected_version"})
+
+
+@api_view("POST")
+def create_hold(request: HttpRequest, offering_id: int) -> HttpResponse:
+    _check_id(offering_id, OfferingNotFound.code, "offering")
+    data = _json_object(request, _HOLD_FIELDS)
+    holder = _holder(data)
+    ttl = _ttl(data)
+    hold = call_with_retries(lambda: services.hold_seat(offering_id, holder, ttl))
+    return JsonResponse(hold_json(hold), status=201)
+
+
+@api_view("GET")
+def hold_detail(request: HttpRequest, hold_id: int) -> HttpResponse:
+    _check_id(hold_id, ReservationNotFound.code, "hold")
+    hold = Reservation.objects.filter(pk=hold_id).first()
+    if hold is None:
+        raise ReservationNotFound(f"hold {hold_id} does not exist")
+    return JsonResponse(hold_json(hold))
+
+
+@api_view("POST")
+def renew_hold(request: HttpRequest, hold_id: int) -> HttpResponse:
+    _check_id(hold_id, ReservationNotFound.code, "hold")
+    data = _json_object(request, _RENEW_FIELDS)
+    version = _expected_version(data)
+    ttl = _ttl(data)
+    hold = call_with_retries(lambda: services.renew(hold_id, version, ttl))
+    return JsonResponse(hold_json(hold))
+
+
+@api_view("POST")
+def confirm_hold(request: HttpRequest, hold_id: int) -> HttpResponse:
+    _check_id(hold_id, ReservationNotFound.code, "hold")
+    version = _expected_version(_json_object(request, _VERSION_FIELDS))
+    hold = call_with_retries(lambda: services.confirm(hold_id, version))
+    return JsonResponse(hold_json(hold))
+
+
+@api_view("POST")
+def cancel_hold(request: HttpRequest, hold_id: int) -> HttpResponse:
+    _check_id(hold_id, ReservationNotFound.code, "hold")
+    version = _expected_version(_json_object(request, _VERSION_FIELDS))
+    hold = call_with_retries(lambda: services.cancel(hold_id, version))
+    return JsonResponse(hold_json(hold))
+
+
+@api_view("GET")
+def offering_availability(request: HttpRequest, offering_id: int) -> HttpResponse:
+    _check_id(offering_id, OfferingNotFound.code, "offering")
+    return JsonResponse(services.availability(offering_id))
