@@ -1,4 +1,4 @@
-.PHONY: run test lint bench
+.PHONY: run test lint bench embedded-status embedded-stop
 
 # Run the system: web + worker + beat + Flower, on local or embedded PostgreSQL/Redis.
 run:
@@ -10,3 +10,10 @@ test:
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/mypy .
+
+# The private embedded PostgreSQL/Redis under .embedded/ (only used when nothing else is there).
+embedded-status:
+	.venv/bin/python scripts/services.py status
+
+embedded-stop:
+	.venv/bin/python scripts/services.py stop

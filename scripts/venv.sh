@@ -7,7 +7,7 @@ ensure_venv() {
     local py=""
     for candidate in "${PYTHON:-}" python3.12 python3.11 python3; do
       [ -n "$candidate" ] || continue
-      if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] <= (3, 12) else 1)'; then
+      if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] <= (3, 12) else 1)' 2>/dev/null; then
         py="$candidate"; break
       fi
     done
