@@ -155,8 +155,11 @@ def start_debian_postgres() -> bool:
         return False
     command = DEBIAN_PG_START.format(version=versions[-1])
     log(f"CI: starting the machine's PostgreSQL: {command}")
-    subprocess.run(shlex.split(command), stdout=sys.stderr, stderr=sys.stderr, check=False)
-    return wait_until(lambda: reachable(LOCAL_HOST, LOCAL_PG_PORT), 20)
+    done = subprocess.run(shlex.split(command), stdout=sys.stderr, stderr=sys.stderr, check=False)
+    # pg_ctlcluster waits for the server itself; a failure ("already running" elsewhere,
+    # broken cluster) gets only a short grace period before the embedded fallback.
+    grace = 20 if done.returncode == 0 else 2
+    return wait_until(lambda: reachable(LOCAL_HOST, LOCAL_PG_PORT), grace)
 
 
 def start_debian_redis() -> bool:
