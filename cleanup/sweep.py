@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import connection, transaction
 
@@ -45,6 +46,8 @@ class SweepResult:
     set_aside: int = 0
     backpressure: bool = False
     skipped_locked: bool = False
+    budget_exhausted: bool = False
+    timed_out: bool = False
     duration_s: float = 0.0
     published_ids: list[int] = field(default_factory=list)
 
@@ -59,6 +62,8 @@ class SweepResult:
             "set_aside": self.set_aside,
             "backpressure": self.backpressure,
             "skipped_locked": self.skipped_locked,
+            "budget_exhausted": self.budget_exhausted,
+            "timed_out": self.timed_out,
             "duration_s": round(self.duration_s, 4),
         }
 
@@ -76,10 +81,21 @@ def _try_shard_lock(shard: int, shards: int) -> bool:
         return bool(cur.fetchone()[0])
 
 
-def _publish_lock(acquire: bool) -> None:
+def _acquire_publish_lock(deadline: float) -> bool:
+    """Wait for the global publish lock until ``deadline`` (a monotonic time)."""
     with connection.cursor() as cur:
-        fn = "pg_advisory_lock" if acquire else "pg_advisory_unlock"
-        cur.execute(f"SELECT {fn}(%s, %s)", [LOCK_NAMESPACE, PUBLISH_LOCK])
+        while True:
+            cur.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_NAMESPACE, PUBLISH_LOCK])
+            if cur.fetchone()[0]:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+
+def _release_publish_lock() -> None:
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_advisory_unlock(%s, %s)", [LOCK_NAMESPACE, PUBLISH_LOCK])
 
 
 def sweep_shard(
@@ -91,8 +107,6 @@ def sweep_shard(
     max_batches: int | None = None,
     max_queue_depth: int | None = None,
 ) -> SweepResult:
-    from .tasks import publish_release_messages
-
     if shards < 1 or not 0 <= shard < shards:
         raise ValueError(f"shard {shard} of {shards} is not a valid shard")
     batch_size = batch_size or settings.CLEANUP_SWEEP_BATCH_SIZE
@@ -100,8 +114,37 @@ def sweep_shard(
     max_queue_depth = max_queue_depth or settings.CLEANUP_MAX_QUEUE_DEPTH
     result = SweepResult(shard, shards, trace_id or uuid.uuid4().hex)
     started = time.perf_counter()
+    deadline = time.monotonic() + settings.CLEANUP_SWEEP_TIME_BUDGET
+    try:
+        _sweep_batches(shard, shards, result, deadline, batch_size, max_batches, max_queue_depth)
+    except SoftTimeLimitExceeded:
+        # A sweep is periodic, not poison: stop here. Claimed but unpublished holds come back
+        # when their lease passes; the next sweep carries on.
+        result.timed_out = True
+        logger.warning("sweep hit its soft time limit", extra=result.as_dict())
+    result.duration_s = time.perf_counter() - started
+    metrics.record_sweep(
+        shard, result.claimed, result.published, result.duration_s, result.backpressure
+    )
+    logger.info("sweep done", extra=result.as_dict())
+    return result
+
+
+def _sweep_batches(
+    shard: int,
+    shards: int,
+    result: SweepResult,
+    deadline: float,
+    batch_size: int,
+    max_batches: int,
+    max_queue_depth: int,
+) -> None:
+    from .tasks import publish_release_messages
+
     for _ in range(max_batches):
-        _publish_lock(acquire=True)
+        if time.monotonic() >= deadline or not _acquire_publish_lock(deadline):
+            result.budget_exhausted = True
+            break
         try:
             depth = broker.queue_depth(settings.CLEANUP_RELEASE_QUEUE)
             if depth >= max_queue_depth:
@@ -134,7 +177,7 @@ def sweep_shard(
             ]
             publish_release_messages(messages)
         finally:
-            _publish_lock(acquire=False)
+            _release_publish_lock()
         result.batches += 1
         result.claimed += len(claimed)
         result.published += len(messages)
@@ -142,12 +185,6 @@ def sweep_shard(
         result.published_ids.extend(c.reservation_id for c in to_publish)
         if len(claimed) < batch_size:
             break
-    result.duration_s = time.perf_counter() - started
-    metrics.record_sweep(
-        shard, result.claimed, result.published, result.duration_s, result.backpressure
-    )
-    logger.info("sweep done", extra=result.as_dict())
-    return result
 
 
 def _dead_letter_set_aside(hold: ClaimedHold, shard: int, trace_id: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
-from config.env import env_bool, env_int, env_list, env_str, parse_database_url
+from config.env import env_bool, env_float, env_int, env_list, env_str, parse_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -107,6 +107,9 @@ CLEANUP_LEASE_SECONDS = env_int("CLEANUP_LEASE_SECONDS", 300, minimum=1)
 CLEANUP_SWEEP_BATCH_SIZE = env_int("CLEANUP_SWEEP_BATCH_SIZE", 500, minimum=1)
 CLEANUP_SWEEP_MAX_BATCHES = env_int("CLEANUP_SWEEP_MAX_BATCHES", 20, minimum=1)
 CLEANUP_MAX_CLAIMS = env_int("CLEANUP_MAX_CLAIMS", 10, minimum=1)
+# A sweep stops starting new batches after this many seconds (default: half the soft time
+# limit), so waiting for the publish lock or a slow broker never runs into the time limit.
+CLEANUP_SWEEP_TIME_BUDGET = env_float("CLEANUP_SWEEP_TIME_BUDGET", 0, minimum=0)
 # Backpressure: a sweep stops publishing while the release queue is deeper than this.
 CLEANUP_MAX_QUEUE_DEPTH = env_int("CLEANUP_MAX_QUEUE_DEPTH", 20000, minimum=1)
 # "single" = one message per hold (default); "batch" = one message per batch of holds.
@@ -140,6 +143,8 @@ if CLEANUP_VISIBILITY_TIMEOUT <= _longest_hold:
         f"CLEANUP_VISIBILITY_TIMEOUT={CLEANUP_VISIBILITY_TIMEOUT} must exceed both "
         f"CLEANUP_TASK_TIME_LIMIT and CLEANUP_RETRY_BACKOFF_MAX (longest is {_longest_hold})"
     )
+if not CLEANUP_SWEEP_TIME_BUDGET:
+    CLEANUP_SWEEP_TIME_BUDGET = CLEANUP_TASK_SOFT_TIME_LIMIT / 2
 if CLEANUP_TASK_SOFT_TIME_LIMIT >= CLEANUP_TASK_TIME_LIMIT:
     raise ImproperlyConfigured("CLEANUP_TASK_SOFT_TIME_LIMIT must be below CLEANUP_TASK_TIME_LIMIT")
 # How often an idle consumer scans for unacked messages past the visibility timeout. kombu's

@@ -1,0 +1,306 @@
+"""Real ``celery worker`` processes for delivery-semantics tests, and SQL helpers.
+
+Workers run the product's code unchanged, against the tests' own PostgreSQL database (the one
+pytest-django created) and the tests' own Redis database number. Nothing here touches any other
+database or Redis database.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+QUEUES = "sweep,cleanup,maintenance"
+
+
+def service_env(**overrides: str) -> dict[str, str]:
+    """Environment for a child process: test settings, the test database, the test broker."""
+    db = settings.DATABASES["default"]
+    user = db.get("USER") or ""
+    password = db.get("PASSWORD") or ""
+    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    host = str(db.get("HOST") or "")
+    port = db.get("PORT") or ""
+    if host.startswith("/"):
+        url = f"postgres://{auth}/{db['NAME']}?host={host}" + (f"&port={port}" if port else "")
+    else:
+        url = f"postgres://{auth}{host}{':' + str(port) if port else ''}/{db['NAME']}"
+    env = dict(os.environ)
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "config.settings.test",
+            "DATABASE_URL": url,
+            "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(overrides)
+    return env
+
+
+def celery_bin() -> str:
+    return str(Path(sys.executable).with_name("celery"))
+
+
+@dataclass
+class Worker:
+    name: str
+    concurrency: int
+    log_path: Path
+    extra_args: list[str] = field(default_factory=list)
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Worker:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [
+                celery_bin(),
+                "-A",
+                "config",
+                "worker",
+                "-Q",
+                QUEUES,
+                "-c",
+                str(self.concurrency),
+                "-n",
+                f"{self.name}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--loglevel",
+                "INFO",
+                *self.extra_args,
+            ],
+            cwd=ROOT,
+            env=service_env(**self.env_overrides),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"worker {self.name} exited:\n{self.log_tail()}")
+            if b" ready." in self.log_path.read_bytes():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"worker {self.name} not ready in {timeout}s:\n{self.log_tail()}")
+
+    def children(self) -> list[int]:
+        """Pool child pids (prefork)."""
+        path = Path(f"/proc/{self.pid}/task/{self.pid}/children")
+        try:
+            return [int(p) for p in path.read_text().split()]
+        except OSError:
+            return []
+
+    def stop(self, timeout: float = 30) -> None:
+        """Warm shutdown (SIGTERM): running tasks finish, prefetched ones are restored."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: main process and pool children."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def purge_broker() -> None:
+    """Empty the tests' own Redis database (its queues and kombu's unacked bookkeeping)."""
+    from cleanup.broker import redis_client
+
+    redis_client().flushdb()
+
+
+def wait_until(
+    predicate: Callable[[], Any], timeout: float = 60, interval: float = 0.25, what: str = ""
+) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what or predicate}: last={last!r}")
+
+
+def sql(
+    query: str, params: list[Any] | tuple[Any, ...] | dict[str, Any] | None = None
+) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cur:
+        cur.execute(query, params)
+        return list(cur.fetchall()) if cur.description else []
+
+
+def scalar(query: str, params: Any = None) -> Any:
+    rows = sql(query, params)
+    return rows[0][0] if rows else None
+
+
+def create_eligible_holds(
+    count: int, *, offerings: int = 4, expired_seconds_ago: int = 60, extra_capacity: int = 0
+) -> list[int]:
+    """Create ``count`` held reservations whose ``expires_at`` is already past, spread over
+    ``offerings`` offerings, with seats accounted (capacity = holds + extra), in bulk SQL.
+
+    Integration tests never move a clock: holds are created with a past expiry.
+    """
+    per = -(-count // offerings)
+    ids: list[int] = []
+    for i in range(offerings):
+        n = min(per, count - i * per)
+        if n <= 0:
+            break
+        offering_id = scalar(
+            "INSERT INTO reservations_offering (name, capacity, seats_available, created_at) "
+            "VALUES (%s, %s, %s, now()) RETURNING id",
+            [f"burst-{i}", n + extra_capacity, extra_capacity],
+        )
+        rows = sql(
+            "INSERT INTO reservations_reservation (offering_id, holder, status, expires_at, "
+            "next_attempt_at, version, claim_count, last_trace_id, created_at, updated_at, "
+            "release_reason) "
+            "SELECT %s, 'learner-' || g, 'held', now() - make_interval(secs => %s), "
+            "now() - make_interval(secs => %s), 1, 0, '', now(), now(), '' "
+            "FROM generate_series(1, %s) g RETURNING id",
+            [offering_id, expired_seconds_ago, expired_seconds_ago, n],
+        )
+        ids.extend(r[0] for r in rows)
+    # Fresh statistics, as autovacuum would give a production table after a bulk load.
+    sql("ANALYZE reservations_reservation")
+    sql("ANALYZE reservations_offering")
+    return ids
+
+
+def outcome_counts() -> dict[str, int]:
+    return dict(sql("SELECT outcome, count(*) FROM cleanup_cleanupreceipt GROUP BY outcome"))
+
+
+def invariant_violations(expected_released: list[int] | None = None) -> list[str]:
+    """Check DESIGN's invariants from SQL; an empty list means all hold."""
+    problems: list[str] = []
+    bad_seats = sql(
+        "SELECT o.id FROM reservations_offering o LEFT JOIN reservations_reservation r "
+        "ON r.offering_id = o.id GROUP BY o.id HAVING o.capacity <> o.seats_available "
+        "+ count(*) FILTER (WHERE r.status IN ('held', 'confirmed'))"
+    )
+    if bad_seats:
+        problems.append(f"seats not conserved for offerings {bad_seats[:10]}")
+    multi = sql(
+        "SELECT reservation_id, count(*) FROM reservations_outboxevent "
+        "WHERE kind = 'reservation.released' GROUP BY reservation_id HAVING count(*) > 1"
+    )
+    if multi:
+        problems.append(f"holds with more than one released event: {multi[:10]}")
+    no_event = scalar(
+        "SELECT count(*) FROM reservations_reservation r WHERE r.status = 'released' AND NOT "
+        "EXISTS (SELECT 1 FROM reservations_outboxevent e WHERE e.reservation_id = r.id "
+        "AND e.kind = 'reservation.released')"
+    )
+    if no_event:
+        problems.append(f"{no_event} released holds without a released event")
+    wrong_version = scalar(
+        "SELECT count(*) FROM reservations_reservation WHERE status = 'released' "
+        "AND released_version <> version"
+    )
+    if wrong_version:
+        problems.append(f"{wrong_version} holds released at a version they no longer had")
+    if expected_released is not None:
+        not_released = scalar(
+            "SELECT count(*) FROM reservations_reservation WHERE id = ANY(%s) "
+            "AND status <> 'released'",
+            [expected_released],
+        )
+        if not_released:
+            problems.append(f"{not_released} of {len(expected_released)} holds not released")
+    return problems
+
+
+def released_count(ids: list[int]) -> int:
+    return int(
+        scalar(
+            "SELECT count(*) FROM reservations_reservation "
+            "WHERE id = ANY(%s) AND status = 'released'",
+            [ids],
+        )
+    )
+
+
+def run_sweeps(shards: int) -> None:
+    """Send one sweep per shard through the broker, as beat would."""
+    from cleanup.tasks import sweep_shard_task
+
+    for shard in range(shards):
+        sweep_shard_task.apply_async(kwargs={"shard": shard, "shards": shards})
+
+
+@contextmanager
+def fleet(
+    tmp_dir: Path, count: int = 2, concurrency: int = 2, **kwargs: Any
+) -> Iterator[list[Worker]]:
+    workers = [
+        Worker(f"itw{i}-{os.getpid()}", concurrency, tmp_dir / f"worker{i}.log", **kwargs).start()
+        for i in range(count)
+    ]
+    try:
+        for w in workers:
+            w.wait_ready()
+        yield workers
+    finally:
+        for w in workers:
+            w.stop(timeout=20)
+
+
+def sweep_until(
+    done: Callable[[], Any], *, shards: int, timeout: float = 120, every: float = 2.0
+) -> None:
+    """Send one sweep per shard every ``every`` seconds (as beat would) until ``done()``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run_sweeps(shards)
+        step_end = time.monotonic() + every
+        while time.monotonic() < step_end:
+            if done():
+                return
+            time.sleep(0.25)
+    raise TimeoutError(f"sweeps did not finish the work in {timeout}s")
