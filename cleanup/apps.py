@@ -6,4 +6,5 @@ class CleanupConfig(AppConfig):
     verbose_name = "Cleanup"
 
     def ready(self) -> None:
-        from . import signals  # noqa: F401  (connects the Celery signal handlers)
+        # Connect Celery signal handlers (signals: publish, dead letters; observability: metrics)
+        from . import observability, signals  # noqa: F401

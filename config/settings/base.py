@@ -204,6 +204,16 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 METRICS_ALLOW_IPS = env_list("METRICS_ALLOW_IPS", [])
 METRICS_STATEMENT_TIMEOUT_MS = env_int("METRICS_STATEMENT_TIMEOUT_MS", 2000, minimum=1)
 WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0, minimum=0)
+WORKER_METRICS_ADDR = env_str("WORKER_METRICS_ADDR", "0.0.0.0")  # noqa: S104
+# How often a worker's main process folds dead pool children's metric files into an archive.
+WORKER_METRICS_COMPACT_INTERVAL = env_float("WORKER_METRICS_COMPACT_INTERVAL", 30, minimum=0.1)
+# reservation_cleanup_desired_consumers = ceil(peak arrivals/s × (1 + headroom) / per consumer/s);
+# exported only when both rates are set (cleanup.metrics.desired_consumers is the hook).
+CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S = env_float(
+    "CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S", 0, minimum=0
+)
+CLEANUP_CAPACITY_PER_CONSUMER_PER_S = env_float("CLEANUP_CAPACITY_PER_CONSUMER_PER_S", 0, minimum=0)
+CLEANUP_CAPACITY_HEADROOM = env_float("CLEANUP_CAPACITY_HEADROOM", 0.5, minimum=0)
 LOG_FORMAT = env_str("LOG_FORMAT", "text")
 if LOG_FORMAT not in {"text", "json"}:
     raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r}: expected 'text' or 'json'")

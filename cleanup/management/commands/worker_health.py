@@ -1,0 +1,41 @@
+"""``python manage.py worker_health [--name worker@host] [--timeout 5]``: exit 0 when the named
+worker answers a ping (``celery inspect ping -d <name>``), 1 otherwise. For docker-compose:
+
+    healthcheck: {test: ["CMD", "python", "manage.py", "worker_health"]}
+
+The name defaults to ``$WORKER_NAME`` or ``worker@<this host's name>`` (compose's ``-n worker@%h``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+
+class Command(BaseCommand):
+    help = "Ping the local Celery worker; exit 1 when it does not answer."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--name",
+            default=os.environ.get("WORKER_NAME") or f"worker@{socket.gethostname()}",
+        )
+        parser.add_argument("--timeout", type=float, default=5.0)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from config.celery_app import app
+
+        name = options["name"]
+        try:
+            replies = app.control.ping(destination=[name], timeout=options["timeout"])
+        except Exception as exc:  # noqa: BLE001 - the broker being down is "unhealthy"
+            self.stderr.write(f"unhealthy: cannot reach the broker: {exc!r}")
+            raise SystemExit(1) from None
+        if any(name in reply for reply in replies):
+            self.stdout.write(f"ok: {name} answered")
+            return
+        self.stderr.write(f"unhealthy: {name} did not answer within {options['timeout']} s")
+        raise SystemExit(1)

@@ -1,0 +1,182 @@
+"""Worker-side metrics serving: prometheus_client multiprocess mode under prefork.
+
+- ``cleanup.worker_boot`` (imported first by ``config/celery_app.py``) has set
+  ``PROMETHEUS_MULTIPROC_DIR`` to this worker instance's own, freshly wiped directory.
+- ``worker_ready`` (MainProcess, once per start): serve a ``CollectorRegistry`` with a
+  ``MultiProcessCollector`` on ``WORKER_METRICS_PORT`` and start the compactor thread.
+- ``worker_process_shutdown`` (inside the exiting pool child): ``mark_process_dead``.
+- The compactor (MainProcess, every ``WORKER_METRICS_COMPACT_INTERVAL`` s) bounds the files that
+  recycled children leave: counter and histogram files of dead pids are summed key by key into
+  one ``<type>_archive.db`` (written to a temporary name, renamed over the old archive, then the
+  dead files are removed) under the same lock the scrape takes, so a scrape never sees a value
+  counted twice or not at all, and totals never go backwards. Dead pids' ``live*`` gauge files
+  are removed (``mark_process_dead``), which also covers children killed by SIGKILL/OOM.
+  Limitation: non-live gauge files of dead pids are left as they are (the cleanup defines no
+  gauges in workers); a pid reused by a new child between the liveness check and the archive
+  would lose that child's first increments (the window is one compaction pass).
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import threading
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
+
+logger = logging.getLogger("cleanup.observability")
+
+_lock = threading.Lock()
+_stop = threading.Event()
+ARCHIVED_TYPES = ("counter", "histogram")
+
+
+def multiproc_dir() -> str | None:
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    return path if path and os.path.isdir(path) else None
+
+
+def _pid_of(path: str) -> int | None:
+    stem = os.path.basename(path)[: -len(".db")]
+    tail = stem.rsplit("_", 1)[-1]
+    return int(tail) if tail.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def compact(path: str) -> dict[str, int]:
+    """Fold dead pids' counter/histogram files into one archive per type; returns counts."""
+    from prometheus_client.mmap_dict import MmapedDict
+    from prometheus_client.multiprocess import mark_process_dead
+
+    folded = 0
+    with _lock:
+        dead_pids: set[int] = set()
+        for typ in ARCHIVED_TYPES:
+            archive = os.path.join(path, f"{typ}_archive.db")
+            dead = []
+            for f in glob.glob(os.path.join(path, f"{typ}_*.db")):
+                pid = _pid_of(f)
+                if pid is not None and not _alive(pid):
+                    dead.append(f)
+                    dead_pids.add(pid)
+            if not dead:
+                continue
+            totals: dict[str, float] = defaultdict(float)
+            sources = ([archive] if os.path.exists(archive) else []) + dead
+            for f in sources:
+                for key, value, _ts, _pos in MmapedDict.read_all_values_from_file(f):
+                    totals[key] += value
+            tmp = os.path.join(path, f".{typ}_archive.tmp")
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            out = MmapedDict(tmp)
+            try:
+                for key, value in totals.items():
+                    out.write_value(key, value, 0.0)
+            finally:
+                out.close()
+            os.replace(tmp, archive)
+            for f in dead:
+                os.remove(f)
+            folded += len(dead)
+        for f in glob.glob(os.path.join(path, "gauge_live*_*.db")):
+            pid = _pid_of(f)
+            if pid is not None and not _alive(pid):
+                dead_pids.add(pid)
+        for pid in dead_pids:
+            mark_process_dead(pid, path)
+    return {"folded_files": folded, "dead_pids": len(dead_pids)}
+
+
+def _collector_class() -> Any:
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    class LockedMultiProcessCollector(MultiProcessCollector):  # type: ignore[misc]
+        """Reads the directory under the compactor's lock."""
+
+        def collect(self) -> Any:
+            with _lock:
+                return list(super().collect())
+
+    return LockedMultiProcessCollector
+
+
+def _compactor(path: str, interval: float) -> None:
+    while not _stop.wait(interval):
+        try:
+            result = compact(path)
+            if result["folded_files"]:
+                logger.debug("worker metrics compacted", extra=result)
+        except Exception:  # noqa: BLE001 - never take the worker down for metrics
+            logger.exception("worker metrics compaction failed")
+
+
+def start_metrics_server(port: int, addr: str = "0.0.0.0") -> Any:  # noqa: S104
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    path = multiproc_dir()
+    if path is None:
+        logger.warning(
+            "WORKER_METRICS_PORT is set but PROMETHEUS_MULTIPROC_DIR is not; worker metrics "
+            "are off (start the worker with `celery -A config worker`)"
+        )
+        return None
+    registry = CollectorRegistry()
+    _collector_class()(registry, path=path)
+    server = start_http_server(port, addr=addr, registry=registry)
+    from django.conf import settings
+
+    interval = float(settings.WORKER_METRICS_COMPACT_INTERVAL)
+    threading.Thread(
+        target=_compactor, args=(path, interval), name="metrics-compactor", daemon=True
+    ).start()
+    logger.info("worker metrics served", extra={"port": port, "dir": path})
+    return server
+
+
+@worker_ready.connect
+def serve_worker_metrics(sender: Any = None, **_: Any) -> None:
+    from django.conf import settings
+
+    if settings.WORKER_METRICS_PORT > 0:
+        try:
+            start_metrics_server(settings.WORKER_METRICS_PORT, settings.WORKER_METRICS_ADDR)
+        except OSError:
+            logger.exception(
+                "worker metrics port unavailable", extra={"port": settings.WORKER_METRICS_PORT}
+            )
+
+
+@worker_process_shutdown.connect
+def mark_child_dead(pid: int | None = None, **_: Any) -> None:
+    path = multiproc_dir()
+    if path is None:
+        return
+    from prometheus_client.multiprocess import mark_process_dead
+
+    mark_process_dead(pid or os.getpid(), path)
+
+
+@worker_shutdown.connect
+def stop_compactor(**_: Any) -> None:
+    _stop.set()
+
+
+def metrics_files(path: str | None = None) -> list[Path]:
+    path = path or multiproc_dir()
+    return sorted(Path(path).glob("*.db")) if path else []

@@ -1,0 +1,79 @@
+"""Prepare prometheus_client's multiprocess mode for a ``celery worker`` — before anything
+imports prometheus_client.
+
+The mode is chosen when prometheus_client is imported (FIELD-NOTES §3): the variable
+``PROMETHEUS_MULTIPROC_DIR`` must already be set then. ``config/celery_app.py`` imports this
+module first. When the process is a celery worker (detected from ``sys.argv``) and
+``WORKER_METRICS_PORT`` > 0, it points the variable at ``<WORKER_METRICS_DIR>/<worker name>``
+(default ``var/prometheus/<name>``, one directory per worker instance, the name from ``-n``/
+``--hostname`` with ``%h``/``%n``/``%d`` expanded, else the pid) and wipes that directory:
+a restarted process would otherwise read its pid's old values, and container pids are reused.
+
+This module must import nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV_DIR = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def is_celery_worker(argv: list[str]) -> bool:
+    if not argv:
+        return False
+    # `celery ... worker`, or `python -m celery ... worker` (argv[0] = .../celery/__main__.py)
+    tail = argv[0].replace("\\", "/").rsplit("/", 2)[-2:]
+    return any("celery" in part for part in tail) and "worker" in argv[1:]
+
+
+def worker_name(argv: list[str]) -> str:
+    name = ""
+    for i, arg in enumerate(argv):
+        if arg in ("-n", "--hostname") and i + 1 < len(argv):
+            name = argv[i + 1]
+        elif arg.startswith("--hostname="):
+            name = arg.split("=", 1)[1]
+        elif arg.startswith("-n") and len(arg) > 2:
+            name = arg[2:].lstrip("=")
+    if not name:
+        return f"pid{os.getpid()}"
+    host = socket.gethostname()
+    short, _, domain = host.partition(".")
+    name = name.replace("%h", host).replace("%n", short).replace("%d", domain)
+    return re.sub(r"[^A-Za-z0-9_.@-]", "_", name)[:200]
+
+
+def _port() -> int:
+    raw = os.environ.get("WORKER_METRICS_PORT", "").strip()
+    try:
+        return int(raw) if raw else 0
+    except ValueError:
+        return 0  # settings (config.settings.base) reject it with the variable's name
+
+
+def prepare(argv: list[str] | None = None) -> Path | None:
+    """Set and wipe this worker instance's metrics directory; None when not applicable."""
+    argv = sys.argv if argv is None else argv
+    if not is_celery_worker(argv) or _port() <= 0:
+        return None
+    if "prometheus_client" in sys.modules:
+        sys.stderr.write(
+            "worker_boot: prometheus_client was imported before the multiprocess directory "
+            "was set; worker metrics will not aggregate across pool processes\n"
+        )
+    base = Path(os.environ.get("WORKER_METRICS_DIR") or ROOT / "var" / "prometheus")
+    path = base / worker_name(argv)
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ[ENV_DIR] = str(path)
+    return path
+
+
+PREPARED = prepare()
