@@ -54,10 +54,14 @@ class CleanupTask(Task):  # type: ignore[misc]
     reject_on_worker_lost = True
 
     def delivery_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """A valid release message counts by its idempotency key (duplicates and retries add
+        up); anything else by its task id, which redelivery keeps. A malformed message never
+        counts against a real key."""
         message = args[0] if args else kwargs.get("message")
-        if isinstance(message, dict) and isinstance(message.get("idempotency_key"), str):
-            return str(message["idempotency_key"])[:120]
-        return f"task:{self.request.id}"
+        try:
+            return validate(message).idempotency_key
+        except MalformedMessage:
+            return f"task:{self.request.id}"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.request.called_directly:

@@ -1,0 +1,334 @@
+"""Delivery semantics with real workers: a killed pool child, a killed worker, a terminated
+database connection, and malformed input of every kind that reaches a worker.
+
+Each blocking scenario parks a release mid-transaction deterministically: the test holds the
+offering's row lock from its own connection, so the worker's release statement waits inside
+its transaction; the test then kills or disconnects what it needs to and lets go of the lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from django.conf import settings
+
+from cleanup.messages import build
+from cleanup.models import DeadLetter
+from cleanup.tasks import publish_release_messages
+from config.celery_app import app
+
+from .fleet import (
+    Worker,
+    create_eligible_holds,
+    invariant_violations,
+    outcome_counts,
+    scalar,
+    service_env,
+    sql,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.workers]
+
+POISON = ["-I", "tests.integration.poison_tasks"]
+
+
+@contextmanager
+def dedicated(tmp_path: Path, *specs: dict[str, Any]) -> Iterator[list[Worker]]:
+    workers = [
+        Worker(
+            f"dw{i}-{uuid.uuid4().hex[:6]}",
+            spec.get("concurrency", 1),
+            tmp_path / f"dedicated{i}.log",
+            extra_args=spec.get("extra_args", []),
+            env_overrides=spec.get("env", {}),
+        ).start()
+        for i, spec in enumerate(specs)
+    ]
+    try:
+        for w in workers:
+            w.wait_ready()
+        yield workers
+    finally:
+        for w in workers:
+            w.kill()
+
+
+def _conninfo() -> str:
+    env = service_env()
+    return env["DATABASE_URL"].replace("postgres://", "postgresql://", 1)
+
+
+@contextmanager
+def offering_locked(offering_id: int) -> Iterator[psycopg.Connection[Any]]:
+    """Hold the offering's row lock from a separate connection until the block ends."""
+    conn = psycopg.connect(_conninfo())
+    try:
+        conn.execute("SELECT id FROM reservations_offering WHERE id = %s FOR UPDATE", [offering_id])
+        yield conn
+    finally:
+        conn.rollback()
+        conn.close()
+
+
+def blocked_backends() -> list[int]:
+    """Backends of the test database waiting on a row lock (a release parked mid-transaction)."""
+    rows = sql(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+    )
+    return [r[0] for r in rows]
+
+
+def one_eligible_hold() -> tuple[int, int]:
+    hold_id = create_eligible_holds(1, offerings=1)[0]
+    offering_id = scalar(
+        "SELECT offering_id FROM reservations_reservation WHERE id = %s", [hold_id]
+    )
+    return hold_id, offering_id
+
+
+def publish_for(hold_id: int) -> dict[str, Any]:
+    expires_at = scalar("SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id])
+    message = build(hold_id, 1, expires_at, 0, f"trace-{uuid.uuid4().hex[:8]}")
+    publish_release_messages([message])
+    return message
+
+
+def status_of(hold_id: int) -> str:
+    return str(scalar("SELECT status FROM reservations_reservation WHERE id = %s", [hold_id]))
+
+
+def test_a_pool_child_killed_mid_release_is_redelivered_and_released_once(clean, tmp_path):
+    # given: one worker, one pool process, the release parked inside its transaction
+    hold_id, offering_id = one_eligible_hold()
+    with dedicated(tmp_path, {"concurrency": 1}) as (worker,):
+        with offering_locked(offering_id):
+            publish_for(hold_id)
+            wait_until(blocked_backends, timeout=30, what="release waiting on the row lock")
+            children = worker.children()
+            assert len(children) == 1
+            # when: the pool child dies mid-task (SIGKILL, no cleanup at all)
+            killed_at = time.monotonic()
+            os.kill(children[0], signal.SIGKILL)
+            wait_until(lambda: worker.children() and worker.children() != children, timeout=30)
+        # then: reject_on_worker_lost puts the message back at once; a new child releases it
+        wait_until(lambda: status_of(hold_id) == "released", timeout=60, what="released")
+        recovery = time.monotonic() - killed_at
+    print(f"\nrecovery after a pool child SIGKILL: {recovery:.2f}s")
+    assert outcome_counts() == {"released": 1}
+    assert invariant_violations(expected_released=[hold_id]) == []
+    receipt_attempt = scalar("SELECT attempt FROM cleanup_cleanupreceipt")
+    assert receipt_attempt == 1  # a redelivery, not a Celery retry
+    assert recovery < 30
+
+
+def test_a_worker_killed_whole_mid_release_is_recovered_by_another_worker(clean, tmp_path):
+    # given: worker A parks the release mid-transaction; worker B stands by
+    hold_id, offering_id = one_eligible_hold()
+    with dedicated(tmp_path, {"concurrency": 1}) as (worker_a,):
+        with offering_locked(offering_id):
+            publish_for(hold_id)
+            wait_until(blocked_backends, timeout=30, what="release waiting on the row lock")
+            # when: the whole worker (main process and child) is SIGKILLed: no Celery code
+            # runs, the message stays in kombu's unacked set
+            killed_at = time.monotonic()
+            worker_a.kill()
+        with dedicated(tmp_path, {"concurrency": 1}):
+            # then: after the visibility timeout another worker's restore scan brings it back
+            wait_until(lambda: status_of(hold_id) == "released", timeout=90, what="released")
+            recovery = time.monotonic() - killed_at
+    print(
+        f"\nrecovery after a whole-worker SIGKILL: {recovery:.2f}s "
+        f"(visibility timeout {settings.CLEANUP_VISIBILITY_TIMEOUT}s, "
+        f"restore scan every {settings.CLEANUP_UNACKED_RESTORE_INTERVAL}s)"
+    )
+    assert outcome_counts() == {"released": 1}
+    assert invariant_violations(expected_released=[hold_id]) == []
+    assert recovery >= settings.CLEANUP_VISIBILITY_TIMEOUT - 1
+    assert recovery < settings.CLEANUP_VISIBILITY_TIMEOUT + 30
+
+
+def test_a_terminated_database_connection_is_retried_then_released_once(clean, tmp_path):
+    # given
+    hold_id, offering_id = one_eligible_hold()
+    with dedicated(tmp_path, {"concurrency": 1}):
+        with offering_locked(offering_id):
+            publish_for(hold_id)
+            backends = wait_until(blocked_backends, timeout=30, what="release waiting")
+            # when: the worker's connection is terminated mid-transaction
+            assert scalar("SELECT pg_terminate_backend(%s)", [backends[0]]) is True
+            time.sleep(0.5)
+        # then: a transient error → Celery retry with backoff → released once
+        wait_until(lambda: status_of(hold_id) == "released", timeout=60, what="released")
+    assert outcome_counts() == {"released": 1}
+    assert scalar("SELECT attempt FROM cleanup_cleanupreceipt") == 2
+    assert invariant_violations(expected_released=[hold_id]) == []
+    assert DeadLetter.objects.count() == 0
+
+
+# --- malformed input ----------------------------------------------------------------------
+
+GOOD = {
+    "schema_version": 1,
+    "reservation_id": 1,
+    "version": 1,
+    "expires_at": "2026-01-01T00:00:00+00:00",
+    "idempotency_key": "release:1:1",
+    "shard": 0,
+    "trace_id": "t",
+}
+
+
+def _body(*args: Any) -> str:
+    return json.dumps([list(args), {}, {"callbacks": None, "errbacks": None}])
+
+
+def publish_raw(
+    body: Any,
+    *,
+    task: str | None = "cleanup.release_reservation",
+    content_type: str = "application/json",
+    encoding: str = "utf-8",
+) -> str:
+    task_id = str(uuid.uuid4())
+    headers: dict[str, Any] = {}
+    if task is not None:
+        headers = {
+            "lang": "py",
+            "task": task,
+            "id": task_id,
+            "retries": 0,
+            "root_id": task_id,
+            "parent_id": None,
+            "origin": "test",
+            "enqueued_at": time.time(),
+        }
+    with app.connection_for_write() as conn:
+        conn.Producer().publish(
+            body,
+            exchange="",
+            routing_key=settings.CLEANUP_RELEASE_QUEUE,
+            headers=headers,
+            content_type=content_type,
+            content_encoding=encoding,
+        )
+    return task_id
+
+
+MALFORMED: dict[str, tuple[dict[str, Any], str, str]] = {
+    # name: (publish kwargs, expected dead-letter reason, words in the error)
+    "non-JSON body": ({"body": b"this is {not json"}, "rejected", "undecodable"),
+    "pickle content type": (
+        {
+            "body": b"\x80\x04K\x01.",
+            "content_type": "application/x-python-serialize",
+            "encoding": "binary",
+        },
+        "rejected",
+        "ContentDisallowed",
+    ),
+    "unknown task name": (
+        {"body": _body(GOOD), "task": "cleanup.no_such_task"},
+        "unknown_task",
+        "no_such_task",
+    ),
+    "no task headers": ({"body": _body(GOOD), "task": None}, "rejected", "not a task message"),
+    "body is an object, not [args, kwargs, embed]": (
+        {"body": json.dumps({"a": 1})},
+        "rejected",
+        "unpack",
+    ),
+    "missing argument": ({"body": _body()}, "malformed", "missing a required argument"),
+    "extra argument": ({"body": _body(GOOD, 2)}, "malformed", "too many positional"),
+    "message is a string": ({"body": _body("hello")}, "malformed", "JSON object"),
+    "missing field": (
+        {"body": _body({k: v for k, v in GOOD.items() if k != "reservation_id"})},
+        "malformed",
+        "missing field 'reservation_id'",
+    ),
+    "id is a string": (
+        {"body": _body({**GOOD, "reservation_id": "1"})},
+        "malformed",
+        "must be an integer",
+    ),
+    "version is a bool": ({"body": _body({**GOOD, "version": True})}, "malformed", "got bool"),
+    "key does not match": (
+        {"body": _body({**GOOD, "idempotency_key": "release:2:1"})},
+        "malformed",
+        "does not match",
+    ),
+    "unknown schema version": (
+        {"body": _body({**GOOD, "schema_version": 2})},
+        "malformed",
+        "schema_version",
+    ),
+    "expiry is not a time": (
+        {"body": _body({**GOOD, "expires_at": "yesterday"})},
+        "malformed",
+        "ISO 8601",
+    ),
+    "poison: kills its worker": (
+        {
+            "body": _body({"idempotency_key": f"poison:{uuid.uuid4().hex}"}),
+            "task": "tests.poison_kills_worker",
+        },
+        "deliveries_exhausted",
+        "delivered",
+    ),
+}
+
+
+def test_malformed_messages_are_dead_lettered_with_a_reason_and_valid_ones_keep_flowing(
+    clean, tmp_path
+):
+    # given: two workers that cap deliveries at 3 and can run the poison task
+    env = {"CLEANUP_MAX_DELIVERIES": "3"}
+    holds = create_eligible_holds(50, offerings=2)
+    with dedicated(
+        tmp_path,
+        {"concurrency": 2, "extra_args": POISON, "env": env},
+        {"concurrency": 2, "extra_args": POISON, "env": env},
+    ):
+        # when: every kind of bad input is published raw, between valid messages
+        task_ids = {}
+        for i, (name, (kwargs, _reason, _words)) in enumerate(MALFORMED.items()):
+            kwargs = dict(kwargs)
+            body = kwargs.pop("body")
+            task_ids[name] = publish_raw(body, **kwargs)
+            publish_for(holds[i])
+        for hold_id in holds[len(MALFORMED) :]:
+            publish_for(hold_id)
+        # then
+        wait_until(
+            lambda: DeadLetter.objects.count() >= len(MALFORMED), timeout=120, what="dead letters"
+        )
+        wait_until(
+            lambda: outcome_counts().get("released", 0) == len(holds),
+            timeout=60,
+            what="valid releases",
+        )
+    letters = list(DeadLetter.objects.all())
+    assert len(letters) == len(MALFORMED), [(d.reason, d.error[:60]) for d in letters]
+    by_task = {d.task_id: d for d in letters}
+    for name, (_kwargs, reason, words) in MALFORMED.items():
+        if name == "no task headers":
+            letter = next(d for d in letters if d.error == "message is not a task message")
+        else:
+            letter = by_task[task_ids[name]]
+        assert letter.reason == reason, name
+        assert words in letter.error, (name, letter.error)
+        assert letter.payload, name
+    poison = by_task[task_ids["poison: kills its worker"]]
+    assert poison.delivery_count == 4  # three deliveries ran, the fourth was set aside
+    assert invariant_violations(expected_released=holds) == []
