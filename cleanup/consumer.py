@@ -47,7 +47,7 @@ class DeadLetteringConsumer(Consumer):  # type: ignore[misc]
                 try:
                     dead_letter_rejected(message=message, exc=exc)
                 finally:
-                    message.reject_log_error(logger, self.connection_errors)
+                    message.reject_log_error(logger, self.connection_errors)  # type: ignore[attr-defined]
                 return None
 
         return on_task_received
