@@ -103,8 +103,11 @@ class CleanupReceiptAdmin(ReadOnlyAdmin):
 class ReservationStoryAdmin(ReservationAdmin):
     """The registered ReservationAdmin plus a read-only "story" (what explain_hold prints)."""
 
-    fields = (*ReservationAdmin.fields, "story")
-    readonly_fields = fields
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        return [*super().get_fields(request, obj), "story"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [*super().get_readonly_fields(request, obj), "story"]
 
     @admin.display(description="story (explain_hold)")
     def story(self, obj: Reservation) -> str:

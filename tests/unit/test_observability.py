@@ -1,0 +1,291 @@
+"""/metrics protection, /healthz, /readyz, gauges vs SQL ground truth, the capped count, scrape
+errors, the compactor's arithmetic, production settings' FLOWER_BASIC_AUTH, the holder in logs."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+
+from cleanup.broker import redis_client
+from cleanup.metrics import BacklogCollector
+from cleanup.views import metrics_registry
+from tests.integration.fleet import create_eligible_holds
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def empty_broker() -> Iterator[None]:
+    redis_client().flushdb()  # the tests' own Redis database number only
+    yield
+    redis_client().flushdb()
+
+
+def scrape(client: Client, **headers: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = client.get("/metrics", **headers)
+    assert response.status_code == 200, response.content
+    out = {}
+    for family in text_string_to_metric_families(response.content.decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+# --- access ---------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_metrics_refuses_anonymous_when_a_token_is_set(client: Client, settings) -> None:
+    settings.METRICS_TOKEN = "s3cret"
+    settings.METRICS_ALLOW_IPS = []
+    assert client.get("/metrics").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
+
+
+@pytest.mark.django_db
+def test_metrics_allowlist_and_fail_closed(client: Client, settings) -> None:
+    settings.METRICS_TOKEN = ""
+    settings.METRICS_ALLOW_IPS = ["10.0.0.0/8"]
+    assert client.get("/metrics").status_code == 403  # test client is 127.0.0.1
+    assert client.get("/metrics", REMOTE_ADDR="10.1.2.3").status_code == 200
+    settings.METRICS_ALLOW_IPS = []
+    settings.DEBUG = False
+    assert client.get("/metrics").status_code == 403  # neither set, not DEBUG: refuse
+    settings.DEBUG = True
+    assert client.get("/metrics").status_code == 200
+
+
+# --- health ---------------------------------------------------------------------------------
+
+
+def test_healthz(client: Client) -> None:
+    response = client.get("/healthz")
+    assert response.status_code == 200 and response.json() == {"status": "ok"}
+
+
+@pytest.mark.django_db
+def test_readyz_reports_dependencies_with_timings(client: Client, monkeypatch) -> None:
+    body = client.get("/readyz").json()
+    assert body["ready"] is True
+    assert body["checks"]["database"]["ok"] and body["checks"]["broker"]["ok"]
+    assert body["checks"]["database"]["ms"] >= 0
+
+    def down() -> None:
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr("cleanup.views._check_broker", down)
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["broker"]["error"] == "ConnectionError: broker down"
+
+
+# --- gauges ---------------------------------------------------------------------------------
+
+
+def truth_oldest(shards: int, k: int) -> float:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(expires_at)), 0)::float8 "
+            "FROM reservations_reservation WHERE status='held' AND expires_at <= now() "
+            "AND bucket %% %s = %s",
+            [shards, k],
+        )
+        return float(cur.fetchone()[0])
+
+
+def truth_count(shards: int, k: int) -> int:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM reservations_reservation WHERE status='held' "
+            "AND expires_at <= now() AND bucket %% %s = %s",
+            [shards, k],
+        )
+        return int(cur.fetchone()[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gauges_equal_sql_ground_truth_and_count_caps(client: Client, settings) -> None:
+    from cleanup.schedule import install_schedule
+
+    settings.METRICS_TOKEN = "t"
+    install_schedule(4, 10)
+    create_eligible_holds(300, offerings=3, expired_seconds_ago=120)
+    ids_fresh = create_eligible_holds(40, offerings=1, expired_seconds_ago=30)
+    with connection.cursor() as cur:  # 40 not yet expired: not eligible
+        cur.execute(
+            "UPDATE reservations_reservation SET expires_at = now() + interval '1 hour', "
+            "next_attempt_at = now() + interval '1 hour' WHERE id = ANY(%s)",
+            [ids_fresh],
+        )
+    settings.CLEANUP_ELIGIBLE_COUNT_CAP = 1000
+
+    m = scrape(client, HTTP_AUTHORIZATION="Bearer t")
+
+    for k in range(4):
+        shard = (("shard", str(k)),)
+        got = m[("reservation_cleanup_oldest_eligible_reservation_age_seconds", shard)]
+        assert abs(got - truth_oldest(4, k)) < 2.0
+        assert 119 <= got < 130
+        assert m[("reservation_cleanup_eligible_reservations", shard)] == truth_count(4, k)
+        assert m[("reservation_cleanup_eligible_reservations_capped", shard)] == 0
+    assert sum(truth_count(4, k) for k in range(4)) == 300
+    q = (("queue", "cleanup"),)
+    assert m[("reservation_cleanup_queue_depth", q)] == 0
+    assert m[("reservation_cleanup_queue_oldest_message_age_seconds", q)] == 0
+    assert m[("reservation_cleanup_dead_letters_open", (("reason", "malformed"),))] == 0
+    assert ("reservation_cleanup_outbox_oldest_unpublished_age_seconds", ()) in m
+    assert any(name == "process_cpu_seconds_total" for name, _ in m)  # the process's own
+
+    settings.CLEANUP_ELIGIBLE_COUNT_CAP = 10
+    m = scrape(client, HTTP_AUTHORIZATION="Bearer t")
+    for k in range(4):
+        shard = (("shard", str(k)),)
+        assert m[("reservation_cleanup_eligible_reservations", shard)] == 10
+        assert m[("reservation_cleanup_eligible_reservations_capped", shard)] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failing_section_keeps_its_last_value_and_counts_an_error(settings) -> None:
+    create_eligible_holds(5, offerings=1, expired_seconds_ago=100)
+    collector = BacklogCollector()
+    first = {m.name: m for m in collector.collect()}
+    age = first["reservation_cleanup_oldest_eligible_reservation_age_seconds"].samples[0].value
+    assert age >= 100
+    settings.METRICS_STATEMENT_TIMEOUT_MS = 1
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_advisory_lock(1)")
+    # A statement that sleeps past the 1 ms timeout stands in for a slow backlog query.
+    original = collector.read_eligible
+
+    def slow() -> dict:
+        def run(cur) -> dict:  # type: ignore[no-untyped-def]
+            cur.execute("SELECT pg_sleep(0.1)")
+            return {}
+
+        return collector._db(run)
+
+    collector.read_eligible = slow  # type: ignore[method-assign]
+    second = {m.name: m for m in collector.collect()}
+    collector.read_eligible = original  # type: ignore[method-assign]
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_advisory_unlock(1)")
+    kept = second["reservation_cleanup_oldest_eligible_reservation_age_seconds"].samples[0].value
+    assert kept == age
+    errors = {
+        s.labels["collector"]: s.value for s in second["reservation_cleanup_scrape_errors"].samples
+    }
+    assert errors["eligible"] == 1 and errors["queues"] == 0
+
+
+def test_collector_is_not_registered_at_import() -> None:
+    from prometheus_client import REGISTRY
+
+    gauge = "reservation_cleanup_oldest_eligible_reservation_age_seconds"
+    assert gauge not in {m.name for m in REGISTRY.collect()}
+    assert any(isinstance(c, BacklogCollector) for c in metrics_registry()._collector_to_names)
+
+
+# --- worker metrics compaction --------------------------------------------------------------
+
+
+def test_compaction_preserves_totals_and_bounds_files(tmp_path: Path) -> None:
+    """Fold dead pids' files into one archive: same totals, one file per type."""
+    script = f"""
+import os, sys, subprocess
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = {str(tmp_path)!r}
+from prometheus_client import Counter, Histogram, CollectorRegistry, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+c = Counter("t_events", "x", ["k"]); h = Histogram("t_dur", "x", buckets=(1, 2))
+pids = []
+for i in range(30):
+    pid = os.fork()
+    if pid == 0:
+        c.labels(k="a").inc(i); h.observe(1.5); os._exit(0)
+    os.waitpid(pid, 0)
+def total():
+    r = CollectorRegistry(); MultiProcessCollector(r)
+    return {{(s.name, tuple(sorted(s.labels.items()))): s.value
+            for m in r.collect() for s in m.samples}}
+before = total()
+from cleanup.observability import compact
+print(compact({str(tmp_path)!r}))
+after = total()
+assert before == after, (before, after)
+print(sorted(f.replace(str(os.getpid()), "PARENT") for f in os.listdir({str(tmp_path)!r})))
+print(before[("t_events_total", (("k", "a"),))], before[("t_dur_count", ())])
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "{'folded_files': 60, 'dead_pids': 30}"
+    # Only the archives and the (live) parent's own file remain.
+    assert lines[1] == "['counter_archive.db', 'histogram_PARENT.db', 'histogram_archive.db']"
+    assert lines[2] == "435.0 30.0"
+
+
+def test_worker_boot_sets_and_wipes_a_directory_per_worker(tmp_path: Path, monkeypatch) -> None:
+    from cleanup import worker_boot
+
+    monkeypatch.setenv("WORKER_METRICS_PORT", "9999")
+    monkeypatch.setenv("WORKER_METRICS_DIR", str(tmp_path))
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    stale = tmp_path / "w1@box" / "counter_1.db"
+    stale.parent.mkdir()
+    stale.write_bytes(b"old")
+    argv = ["/venv/bin/celery", "-A", "config", "worker", "-n", "w1@box"]
+    path = worker_boot.prepare(argv)
+    assert path == tmp_path / "w1@box" and not stale.exists()
+    assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(path)
+    assert worker_boot.prepare(["/venv/bin/celery", "-A", "config", "beat"]) is None
+    assert worker_boot.worker_name(["celery", "worker", "--hostname=a@%h"]).startswith("a@")
+
+
+# --- settings and logs ----------------------------------------------------------------------
+
+
+def test_production_settings_require_flower_basic_auth() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "FLOWER_BASIC_AUTH"}
+    env.update(SECRET_KEY="x", RESERVATIONS_API_TOKEN="y")
+    out = subprocess.run(
+        [sys.executable, "-c", "import config.settings.production"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode != 0
+    assert "ImproperlyConfigured: FLOWER_BASIC_AUTH must be set" in out.stderr
+    env["FLOWER_BASIC_AUTH"] = "u:p"
+    ok = subprocess.run(
+        [sys.executable, "-c", "import config.settings.production"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_the_holder_is_never_logged() -> None:
+    """No log call in cleanup/ or reservations/ passes the holder (grep-level check)."""
+    offenders = []
+    for path in [*ROOT.glob("cleanup/**/*.py"), *ROOT.glob("reservations/**/*.py")]:
+        text = path.read_text()
+        for match in re.finditer(r"(logger|logging)\.\w+\((?:[^()]|\([^()]*\))*\)", text):
+            if "holder" in match.group(0):
+                offenders.append(f"{path}: {match.group(0)[:80]}")
+    assert offenders == []
