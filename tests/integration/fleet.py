@@ -21,6 +21,9 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
+# The invariants moved to the product (the burst drill checks them too); re-exported here.
+from cleanup.invariants import invariant_violations as invariant_violations
+
 ROOT = Path(__file__).resolve().parents[2]
 QUEUES = "sweep,cleanup,maintenance"
 
@@ -214,46 +217,6 @@ def create_eligible_holds(
 
 def outcome_counts() -> dict[str, int]:
     return dict(sql("SELECT outcome, count(*) FROM cleanup_cleanupreceipt GROUP BY outcome"))
-
-
-def invariant_violations(expected_released: list[int] | None = None) -> list[str]:
-    """Check DESIGN's invariants from SQL; an empty list means all hold."""
-    problems: list[str] = []
-    bad_seats = sql(
-        "SELECT o.id FROM reservations_offering o LEFT JOIN reservations_reservation r "
-        "ON r.offering_id = o.id GROUP BY o.id HAVING o.capacity <> o.seats_available "
-        "+ count(*) FILTER (WHERE r.status IN ('held', 'confirmed'))"
-    )
-    if bad_seats:
-        problems.append(f"seats not conserved for offerings {bad_seats[:10]}")
-    multi = sql(
-        "SELECT reservation_id, count(*) FROM reservations_outboxevent "
-        "WHERE kind = 'reservation.released' GROUP BY reservation_id HAVING count(*) > 1"
-    )
-    if multi:
-        problems.append(f"holds with more than one released event: {multi[:10]}")
-    no_event = scalar(
-        "SELECT count(*) FROM reservations_reservation r WHERE r.status = 'released' AND NOT "
-        "EXISTS (SELECT 1 FROM reservations_outboxevent e WHERE e.reservation_id = r.id "
-        "AND e.kind = 'reservation.released')"
-    )
-    if no_event:
-        problems.append(f"{no_event} released holds without a released event")
-    wrong_version = scalar(
-        "SELECT count(*) FROM reservations_reservation WHERE status = 'released' "
-        "AND released_version <> version"
-    )
-    if wrong_version:
-        problems.append(f"{wrong_version} holds released at a version they no longer had")
-    if expected_released is not None:
-        not_released = scalar(
-            "SELECT count(*) FROM reservations_reservation WHERE id = ANY(%s) "
-            "AND status <> 'released'",
-            [expected_released],
-        )
-        if not_released:
-            problems.append(f"{not_released} of {len(expected_released)} holds not released")
-    return problems
 
 
 def released_count(ids: list[int]) -> int:

@@ -1,0 +1,82 @@
+"""DESIGN's invariants, checked from SQL (used by the burst drill and the integration tests).
+
+An empty list from ``invariant_violations`` means every invariant holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+
+
+def _rows(query: str, params: Any = None) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cur:
+        cur.execute(query, params)
+        return list(cur.fetchall()) if cur.description else []
+
+
+def _scalar(query: str, params: Any = None) -> Any:
+    rows = _rows(query, params)
+    return rows[0][0] if rows else None
+
+
+def invariant_violations(
+    expected_released: list[int] | None = None,
+    expected_not_released: list[int] | None = None,
+) -> list[str]:
+    """Seats conserved; at most one released event per hold and one for every released hold;
+    no hold released at a version it no longer had (renewed/confirmed never released); the
+    ``expected_released`` holds released; none of ``expected_not_released`` released."""
+    problems: list[str] = []
+    bad_seats = _rows(
+        "SELECT o.id FROM reservations_offering o LEFT JOIN reservations_reservation r "
+        "ON r.offering_id = o.id GROUP BY o.id HAVING o.capacity <> o.seats_available "
+        "+ count(*) FILTER (WHERE r.status IN ('held', 'confirmed'))"
+    )
+    if bad_seats:
+        problems.append(f"seats not conserved for offerings {bad_seats[:10]}")
+    multi = _rows(
+        "SELECT reservation_id, count(*) FROM reservations_outboxevent "
+        "WHERE kind = 'reservation.released' GROUP BY reservation_id HAVING count(*) > 1"
+    )
+    if multi:
+        problems.append(f"holds with more than one released event: {multi[:10]}")
+    multi_receipts = _rows(
+        "SELECT reservation_id, count(*) FROM cleanup_cleanupreceipt "
+        "WHERE outcome = 'released' GROUP BY reservation_id HAVING count(*) > 1"
+    )
+    if multi_receipts:
+        problems.append(f"holds with more than one 'released' receipt: {multi_receipts[:10]}")
+    no_event = _scalar(
+        "SELECT count(*) FROM reservations_reservation r WHERE r.status = 'released' AND NOT "
+        "EXISTS (SELECT 1 FROM reservations_outboxevent e WHERE e.reservation_id = r.id "
+        "AND e.kind = 'reservation.released')"
+    )
+    if no_event:
+        problems.append(f"{no_event} released holds without a released event")
+    wrong_version = _scalar(
+        "SELECT count(*) FROM reservations_reservation WHERE status = 'released' "
+        "AND released_version <> version"
+    )
+    if wrong_version:
+        problems.append(f"{wrong_version} holds released at a version they no longer had")
+    if expected_released is not None:
+        not_released = _scalar(
+            "SELECT count(*) FROM reservations_reservation WHERE id = ANY(%s) "
+            "AND status <> 'released'",
+            [expected_released],
+        )
+        if not_released:
+            problems.append(f"{not_released} of {len(expected_released)} holds not released")
+    if expected_not_released:
+        released = _scalar(
+            "SELECT count(*) FROM reservations_reservation WHERE id = ANY(%s) "
+            "AND status = 'released'",
+            [expected_not_released],
+        )
+        if released:
+            problems.append(
+                f"{released} of {len(expected_not_released)} renewed/confirmed holds released"
+            )
+    return problems

@@ -1,0 +1,70 @@
+"""How many cleanup consumers a burst needs: peak rate × service time ÷ utilization target,
+plus headroom for retries and the loss of one node. Prints the arithmetic step by step.
+
+    python manage.py capacity_plan --holds 12000 --window-seconds 300 --per-worker-rate 20
+    python manage.py capacity_plan --from-report var/burst/<ts>/report.json
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from cleanup import capacity
+
+
+class Command(BaseCommand):
+    help = "Plan cleanup consumers for a burst and print the arithmetic."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--holds", type=int, help="holds that become eligible in the window")
+        parser.add_argument("--window-seconds", type=float, help="the burst window, seconds")
+        parser.add_argument("--arrival-rate", type=float, help="peak msg/s (instead of holds)")
+        parser.add_argument("--service-time", type=float, help="seconds per release")
+        parser.add_argument("--per-worker-rate", type=float, help="releases/s per consumer")
+        parser.add_argument("--utilization", type=float, default=0.7)
+        parser.add_argument("--retry-ratio", type=float, default=0.0)
+        parser.add_argument("--consumers-per-node", type=int, default=2)
+        parser.add_argument("--nodes", type=int, default=1, help="0: no node-loss headroom")
+        parser.add_argument("--from-report", type=Path, help="a burst report.json")
+        parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        arrival = opts["arrival_rate"]
+        service = opts["service_time"]
+        if opts["from_report"]:
+            try:
+                report = json.loads(opts["from_report"].read_text())
+                inputs = capacity.inputs_from_report(report)
+            except (OSError, ValueError) as exc:
+                raise CommandError(f"{opts['from_report']}: {exc}") from exc
+            service = service or inputs["service_time_s"]
+            if arrival is None and opts["holds"] is None:
+                arrival = inputs["arrival_rate_per_s"]
+            self.stdout.write(f"from report {opts['from_report']}: measured S = {service:g} s")
+        try:
+            result = capacity.plan(
+                arrival_rate_per_s=arrival,
+                holds=opts["holds"],
+                window_seconds=opts["window_seconds"],
+                service_time_s=service,
+                per_worker_rate=opts["per_worker_rate"],
+                utilization=opts["utilization"],
+                retry_ratio=opts["retry_ratio"],
+                consumers_per_node=opts["consumers_per_node"],
+                lose_one_node=opts["nodes"] > 0,
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        if opts["json"]:
+            self.stdout.write(json.dumps(result.as_dict(), indent=2))
+            return
+        for i, step in enumerate(result.steps, 1):
+            self.stdout.write(f"{i}. {step}")
+        self.stdout.write(
+            f"=> {result.consumers_total} consumers on {result.nodes} nodes "
+            f"({result.consumers_at_target} for the load at {result.utilization:g} utilization)"
+        )

@@ -1,0 +1,59 @@
+"""The capacity arithmetic against the reference article's example."""
+
+import json
+
+import pytest
+from django.core.management import call_command
+
+from cleanup import capacity
+
+
+def test_article_example_is_40_per_second_and_2_or_3_consumers():
+    # given: 12,000 holds eligible within 5 minutes, 20 releases/s per worker
+    result = capacity.plan(holds=12000, window_seconds=300, per_worker_rate=20, utilization=0.7)
+    # then
+    assert result.arrival_rate_per_s == pytest.approx(40)
+    assert result.service_time_s == pytest.approx(0.05)
+    assert result.offered_load == pytest.approx(2)
+    assert result.consumers_at_full_utilization == 2
+    assert result.consumers_at_target == 3
+
+
+def test_retry_headroom_and_the_loss_of_one_node():
+    result = capacity.plan(
+        holds=12000, window_seconds=300, per_worker_rate=20, utilization=0.7,
+        retry_ratio=0.25, consumers_per_node=2,
+    )
+    # 2 × 1.25 / 0.7 = 3.57 → 4 consumers → 2 nodes, + 1 for a lost node = 3 nodes = 6
+    assert result.consumers_with_retries == 4
+    assert result.nodes_for_load == 2
+    assert result.nodes == 3
+    assert result.consumers_total == 6
+
+
+def test_desired_consumers_function():
+    assert capacity.compute_desired_consumers(40, 0.05, 1.0) == 2
+    assert capacity.compute_desired_consumers(40, 0.05, 0.7) == 3
+    assert capacity.compute_desired_consumers(0, 0.05, 0.7) == 0
+    with pytest.raises(ValueError):
+        capacity.compute_desired_consumers(40, 0.05, 0)
+
+
+def test_command_prints_the_arithmetic(capsys):
+    call_command(
+        "capacity_plan", "--holds", "12000", "--window-seconds", "300",
+        "--per-worker-rate", "20", "--utilization", "0.7",
+    )
+    out = capsys.readouterr().out
+    assert "12,000 holds / 300 s = 40 msg/s" in out
+    assert "at utilization 1.0: ceil(2) = 2 consumers" in out
+    assert "= 3 consumers" in out
+
+
+def test_command_from_a_burst_report(tmp_path, capsys):
+    report = tmp_path / "report.json"
+    report.write_text(
+        json.dumps({"capacity_inputs": {"service_time_s": 0.05, "arrival_rate_per_s": 40}})
+    )
+    call_command("capacity_plan", "--from-report", str(report), "--utilization", "1.0")
+    assert "at utilization 1.0: ceil(2) = 2 consumers" in capsys.readouterr().out
