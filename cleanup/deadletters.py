@@ -18,7 +18,7 @@ from django.utils import timezone
 from reservations import services as reservation_services
 
 from . import metrics
-from .messages import MalformedMessage, validate
+from .messages import BATCH_KIND, MalformedMessage, validate, validate_batch
 from .models import DeadLetter
 
 logger = logging.getLogger(__name__)
@@ -121,14 +121,21 @@ def requeue(letters: Iterable[DeadLetter], *, dry_run: bool = False) -> Counter[
             if not dry_run:
                 reservation_services.reschedule_claim([letter.reservation_id])
         else:
+            raw = letter.message
             try:
-                message = validate(letter.message)
+                if isinstance(raw, dict) and raw.get("kind") == BATCH_KIND:
+                    batch = validate_batch(raw)
+                    if batch.rejected:
+                        raise MalformedMessage(f"{len(batch.rejected)} malformed item(s)")
+                    payload = raw
+                else:
+                    payload = validate(raw).as_dict()
             except MalformedMessage as exc:
                 results[f"not_requeueable ({exc})"] += 1
                 continue
             action = "republished"
             if not dry_run:
-                publish_release_messages([message.as_dict()])
+                publish_release_messages([payload])
         results[action] += 1
         if not dry_run:
             DeadLetter.objects.filter(pk=letter.pk).update(

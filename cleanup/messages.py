@@ -115,3 +115,81 @@ def validate(raw: object) -> ReleaseMessage:
         trace_id=trace_id,
         schema_version=schema_version,
     )
+
+
+# --- Batched mode ---------------------------------------------------------------------------
+# One message carries up to CLEANUP_RELEASE_BATCH_SIZE holds; each item keeps its own id,
+# version, expiry and idempotency key, so each hold is decided exactly as on its own.
+BATCH_KIND = "release_batch"
+MAX_BATCH_ITEMS = 1000  # ~150 bytes per item: far below 256 KB
+
+
+@dataclass(frozen=True)
+class BatchMessage:
+    items: tuple[ReleaseMessage, ...]
+    rejected: tuple[tuple[Any, str], ...]  # (raw item, reason) for items that are malformed
+    shard: int
+    trace_id: str
+
+    @property
+    def batch_key(self) -> str:
+        import hashlib
+
+        keys = sorted(m.idempotency_key for m in self.items)
+        digest = hashlib.sha1("\n".join(keys).encode(), usedforsecurity=False).hexdigest()
+        return f"batch:{digest[:24]}"
+
+
+def build_batch(
+    holds: list[tuple[int, int, datetime]], shard: int, trace_id: str
+) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": BATCH_KIND,
+        "shard": shard,
+        "trace_id": trace_id,
+        "items": [
+            {
+                "reservation_id": rid,
+                "version": version,
+                "expires_at": expires_at.isoformat(),
+                "idempotency_key": idempotency_key(rid, version),
+            }
+            for rid, version, expires_at in holds
+        ],
+    }
+
+
+def validate_batch(raw: object) -> BatchMessage:
+    """Validate the envelope (malformed → the whole message is a dead letter); each item is
+    validated on its own, and malformed items are returned in ``rejected`` with a reason."""
+    if not isinstance(raw, dict):
+        raise MalformedMessage(f"message must be a JSON object, got {type(raw).__name__}")
+    schema_version = _int(raw, "schema_version", 1)
+    if schema_version != SCHEMA_VERSION:
+        raise MalformedMessage(
+            f"unsupported schema_version {schema_version} (this worker reads {SCHEMA_VERSION})"
+        )
+    if raw.get("kind") != BATCH_KIND:
+        raise MalformedMessage(f"field 'kind' must be {BATCH_KIND!r}")
+    shard = _int(raw, "shard", 0)
+    trace_id = _str(raw, "trace_id", MAX_TRACE_ID)
+    items = raw.get("items")
+    if not isinstance(items, list) or not items:
+        raise MalformedMessage("field 'items' must be a non-empty list")
+    if len(items) > MAX_BATCH_ITEMS:
+        raise MalformedMessage(f"field 'items' has more than {MAX_BATCH_ITEMS} entries")
+    good: list[ReleaseMessage] = []
+    rejected: list[tuple[Any, str]] = []
+    for item in items:
+        try:
+            if not isinstance(item, dict):
+                raise MalformedMessage(f"item must be a JSON object, got {type(item).__name__}")
+            good.append(
+                validate(
+                    {**item, "schema_version": schema_version, "shard": shard, "trace_id": trace_id}
+                )
+            )
+        except MalformedMessage as exc:
+            rejected.append((item, str(exc)))
+    return BatchMessage(tuple(good), tuple(rejected), shard, trace_id)

@@ -77,3 +77,48 @@ def release(message: ReleaseMessage, attempt: Attempt) -> str:
                     raise ReceiptConflictAfterRelease(message.idempotency_key)
                 outcome = ALREADY_HANDLED
     return outcome
+
+
+def release_batch(messages: list[ReleaseMessage], attempt: Attempt) -> dict[int, str]:
+    """The batched mode: one transaction for many holds — the set-wise transition, then one
+    receipt per hold in one statement. Each hold ends with the outcome it would get alone."""
+    from reservations.bulk import release_many_if_expired
+
+    started = time.perf_counter()
+    by_id = {m.reservation_id: m for m in messages}
+    with transaction.atomic():
+        decided = release_many_if_expired([(m.reservation_id, m.version) for m in messages])
+        outcomes = {rid: outcome.value for rid, outcome in decided.items()}
+        recorded = [m for m in by_id.values() if outcomes[m.reservation_id] not in NO_RECEIPT]
+        if recorded:
+            duration_ms = (time.perf_counter() - started) * 1000
+            with connection.cursor() as cur:
+                cur.execute(
+                    f"INSERT INTO {RECEIPT_TABLE} (idempotency_key, reservation_id, version, "
+                    f"outcome, attempt, worker, task_id, trace_id, queue_age_seconds, "
+                    f"duration_ms, created_at) "
+                    f"SELECT k, r, v, o, %(attempt)s, %(worker)s, %(task)s, t, %(age)s, "
+                    f"%(ms)s, now() FROM unnest(%(keys)s::text[], %(ids)s::bigint[], "
+                    f"%(versions)s::int[], %(outcomes)s::text[], %(traces)s::text[]) "
+                    f"AS x(k, r, v, o, t) "
+                    f"ON CONFLICT (idempotency_key) DO NOTHING RETURNING reservation_id",
+                    {
+                        "attempt": attempt.attempt,
+                        "worker": attempt.worker[:200],
+                        "task": attempt.task_id[:64],
+                        "age": attempt.queue_age_seconds,
+                        "ms": duration_ms,
+                        "keys": [m.idempotency_key for m in recorded],
+                        "ids": [m.reservation_id for m in recorded],
+                        "versions": [m.version for m in recorded],
+                        "outcomes": [outcomes[m.reservation_id] for m in recorded],
+                        "traces": [m.trace_id for m in recorded],
+                    },
+                )
+                inserted = {row[0] for row in cur.fetchall()}
+            for m in recorded:
+                if m.reservation_id not in inserted:
+                    if outcomes[m.reservation_id] == ReleaseOutcome.RELEASED.value:
+                        raise ReceiptConflictAfterRelease(m.idempotency_key)
+                    outcomes[m.reservation_id] = ALREADY_HANDLED
+    return outcomes

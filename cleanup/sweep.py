@@ -25,7 +25,7 @@ from django.db import connection, transaction
 from reservations.services import ClaimedHold, claim_expired
 
 from . import broker, deadletters, metrics
-from .messages import build
+from .messages import build, build_batch
 from .models import DeadLetter
 
 logger = logging.getLogger("cleanup.sweep")
@@ -171,16 +171,13 @@ def _sweep_batches(
             for hold in claimed:
                 if hold.set_aside:
                     _dead_letter_set_aside(hold, shard, result.trace_id)
-            messages = [
-                build(c.reservation_id, c.version, c.expires_at, shard, result.trace_id)
-                for c in to_publish
-            ]
+            messages = _messages_for(to_publish, shard, result.trace_id)
             publish_release_messages(messages)
         finally:
             _release_publish_lock()
         result.batches += 1
         result.claimed += len(claimed)
-        result.published += len(messages)
+        result.published += len(to_publish)
         result.set_aside += len(claimed) - len(to_publish)
         result.published_ids.extend(c.reservation_id for c in to_publish)
         if len(claimed) < batch_size:
@@ -200,3 +197,18 @@ def _dead_letter_set_aside(hold: ClaimedHold, shard: int, trace_id: str) -> None
         trace_id=trace_id,
         message=build(hold.reservation_id, hold.version, hold.expires_at, shard, trace_id),
     )
+
+
+def _messages_for(holds: list[ClaimedHold], shard: int, trace_id: str) -> list[dict[str, Any]]:
+    """One message per hold (default), or one per batch of holds in the batched mode."""
+    if settings.CLEANUP_RELEASE_MODE != "batch":
+        return [build(c.reservation_id, c.version, c.expires_at, shard, trace_id) for c in holds]
+    size = settings.CLEANUP_RELEASE_BATCH_SIZE
+    return [
+        build_batch(
+            [(c.reservation_id, c.version, c.expires_at) for c in holds[i : i + size]],
+            shard,
+            trace_id,
+        )
+        for i in range(0, len(holds), size)
+    ]

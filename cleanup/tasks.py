@@ -24,9 +24,9 @@ from config.celery_app import app
 from reservations.services import TransientConflict
 
 from . import deadletters, deliveries, metrics, outbox
-from .messages import MalformedMessage, validate
+from .messages import BATCH_KIND, MalformedMessage, validate, validate_batch
 from .models import DeadLetter
-from .release import Attempt, release
+from .release import Attempt, release, release_batch
 from .sweep import sweep_shard
 
 logger = logging.getLogger("cleanup.tasks")
@@ -59,6 +59,8 @@ class CleanupTask(Task):  # type: ignore[misc]
         counts against a real key."""
         message = args[0] if args else kwargs.get("message")
         try:
+            if isinstance(message, dict) and message.get("kind") == BATCH_KIND:
+                return validate_batch(message).batch_key
             return validate(message).idempotency_key
         except MalformedMessage:
             return f"task:{self.request.id}"
@@ -211,6 +213,75 @@ def _log_attempt(
     logger.info("release attempt", extra=extra)
 
 
+@shared_task(
+    bind=True,
+    base=CleanupTask,
+    name="cleanup.release_batch",
+    autoretry_for=TRANSIENT_ERRORS,
+    retry_backoff=True,
+    retry_backoff_max=settings.CLEANUP_RETRY_BACKOFF_MAX,
+    retry_jitter=True,
+    max_retries=settings.CLEANUP_MAX_RETRIES,
+)
+def release_batch_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, Any]:
+    """Batched mode: one message, many holds, one transaction; per-hold outcomes."""
+    started = time.perf_counter()
+    age = queue_age(self.request)
+    try:
+        batch = validate_batch(message)
+    except MalformedMessage as exc:
+        deadletters.record(
+            DeadLetter.Reason.MALFORMED,
+            error=str(exc),
+            task_name=self.name,
+            task_id=self.request.id or "",
+            payload=message,
+            delivery_count=getattr(self.request, "delivery_count", 0) or 0,
+        )
+        metrics.record_outcome("malformed", None, age)
+        return {"outcome": "malformed", "reason": str(exc)}
+    for item, reason in batch.rejected:
+        deadletters.record(
+            DeadLetter.Reason.MALFORMED,
+            error=reason,
+            task_name=self.name,
+            task_id=self.request.id or "",
+            payload=item,
+            message=item if isinstance(item, dict) else None,
+            trace_id=batch.trace_id,
+        )
+        metrics.record_outcome("malformed", None, age)
+    counts: dict[str, int] = {}
+    if batch.items:
+        attempt = Attempt(
+            attempt=(self.request.retries or 0) + 1,
+            worker=self.request.hostname or HOSTNAME,
+            task_id=self.request.id or "",
+            queue_age_seconds=age,
+        )
+        outcomes = release_batch(list(batch.items), attempt)
+        duration = time.perf_counter() - started
+        per_hold = duration / len(batch.items)
+        for item in batch.items:
+            outcome = outcomes[item.reservation_id]
+            counts[outcome] = counts.get(outcome, 0) + 1
+            metrics.record_outcome(outcome, per_hold, age)
+        logger.info(
+            "release batch attempt",
+            extra={
+                "holds": len(batch.items),
+                "rejected": len(batch.rejected),
+                "attempt": attempt.attempt,
+                "queue_age_s": None if age is None else round(age, 3),
+                "duration_ms": round(duration * 1000, 2),
+                "outcomes": counts,
+                "trace_id": batch.trace_id,
+                "task_id": attempt.task_id,
+            },
+        )
+    return {"outcomes": counts, "rejected": len(batch.rejected)}
+
+
 @shared_task(bind=True, base=CleanupTask, name="cleanup.sweep_shard")
 def sweep_shard_task(self: CleanupTask, shard: int, shards: int) -> dict[str, Any]:
     result = sweep_shard(shard, shards, trace_id=self.request.id)
@@ -228,12 +299,18 @@ def prune_task(self: CleanupTask) -> dict[str, Any]:
 
 
 def publish_release_messages(messages: list[dict[str, Any]]) -> None:
-    """Publish release messages on one producer connection (the sweep's fan-out)."""
+    """Publish release messages on one producer connection (the sweep's fan-out). A batch
+    message (``kind == "release_batch"``) goes to the batched task."""
     if not messages:
         return
     with app.producer_or_acquire() as producer:
         for message in messages:
-            release_reservation_task.apply_async(
+            task = (
+                release_batch_task
+                if message.get("kind") == BATCH_KIND
+                else release_reservation_task
+            )
+            task.apply_async(
                 args=(message,),
                 queue=settings.CLEANUP_RELEASE_QUEUE,
                 producer=producer,

@@ -1,0 +1,155 @@
+"""Scenarios 1–4 and 7 in the batched release mode (CLEANUP_RELEASE_MODE=batch), with real
+workers: each hold gets the outcome it would get in per-reservation mode."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from django.utils import timezone
+
+from cleanup.messages import build_batch
+from cleanup.models import DeadLetter
+from cleanup.tasks import publish_release_messages
+from reservations import services
+
+from .fleet import (
+    Worker,
+    create_eligible_holds,
+    invariant_violations,
+    outcome_counts,
+    released_count,
+    scalar,
+    sql,
+    sweep_until,
+    wait_until,
+)
+from .test_delivery import blocked_backends, offering_locked, publish_raw, status_of
+
+pytestmark = [pytest.mark.workers]
+
+BATCH_ENV = {"CLEANUP_RELEASE_MODE": "batch", "CLEANUP_RELEASE_BATCH_SIZE": "50"}
+
+
+@pytest.fixture(scope="module")
+def batch_workers(
+    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[Worker]]:
+    logs = tmp_path_factory.mktemp("batch-workers")
+    workers = [
+        Worker(f"bw{i}-{uuid.uuid4().hex[:6]}", 2, logs / f"bw{i}.log", env_overrides=BATCH_ENV)
+        for i in range(2)
+    ]
+    for w in workers:
+        w.start()
+    try:
+        for w in workers:
+            w.wait_ready()
+        yield workers
+    finally:
+        for w in workers:
+            w.stop(timeout=20)
+
+
+def _holds(ids: list[int]) -> list[tuple[int, int, object]]:
+    rows = sql(
+        "SELECT id, version, expires_at FROM reservations_reservation WHERE id = ANY(%s) "
+        "ORDER BY id",
+        [ids],
+    )
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+def test_batched_sweeps_release_every_eligible_hold_once(batch_workers, clean):
+    # the sweeps run in the batch-mode workers, so they publish batch messages
+    ids = create_eligible_holds(1000, offerings=4)
+    sweep_until(lambda: released_count(ids) == len(ids), shards=4, timeout=120)
+    assert invariant_violations(expected_released=ids) == []
+    assert outcome_counts() == {"released": len(ids)}
+
+
+def test_batched_duplicates_end_already_handled(batch_workers, clean):
+    ids = create_eligible_holds(200, offerings=2)
+    holds = _holds(ids)
+    batches = [build_batch(holds[i : i + 50], 0, "dup") for i in range(0, len(holds), 50)]
+    # every batch message published three times
+    publish_release_messages(batches * 3)
+    wait_until(lambda: sum(outcome_counts().values()) == len(ids), timeout=60)
+    wait_until(
+        lambda: scalar("SELECT count(*) FROM cleanup_deadletter") == 0 and _idle(batch_workers),
+        timeout=30,
+    )
+    assert outcome_counts() == {"released": len(ids)}
+    assert invariant_violations(expected_released=ids) == []
+
+
+def _idle(workers: list[Worker]) -> bool:
+    from cleanup.broker import queue_depth
+
+    return queue_depth("cleanup") == 0
+
+
+def test_batched_renewed_or_confirmed_holds_are_never_released(batch_workers, clean):
+    offering = services.create_offering("renewals", 10)
+    renew_me = services.hold_seat(offering.pk, "a", 600)
+    confirm_me = services.hold_seat(offering.pk, "b", 600)
+    cancel_me = services.hold_seat(offering.pk, "c", 600)
+    expired = create_eligible_holds(3, offerings=1)
+    now = timezone.now()
+    # messages built at v1, then learners act before the workers get them
+    message = build_batch(
+        [(h.pk, 1, now) for h in (renew_me, confirm_me, cancel_me)]
+        + [(i, 1, now) for i in expired],
+        0,
+        "mixed",
+    )
+    services.renew(renew_me.pk, 1, 600)
+    services.confirm(confirm_me.pk, 1)
+    services.cancel(cancel_me.pk, 1)
+    publish_release_messages([message])
+    wait_until(lambda: sum(outcome_counts().values()) == 6, timeout=60)
+    outcomes = dict(sql("SELECT reservation_id, outcome FROM cleanup_cleanupreceipt"))
+    assert outcomes[renew_me.pk] == "renewed"
+    assert outcomes[confirm_me.pk] == "no_longer_held"
+    assert outcomes[cancel_me.pk] == "no_longer_held"
+    assert [outcomes[i] for i in expired] == ["released"] * 3
+    assert status_of(renew_me.pk) == "held"
+    assert invariant_violations(expected_released=expired) == []
+
+
+def test_batched_pool_child_killed_mid_batch_is_redelivered_and_released_once(batch_workers, clean):
+    ids = create_eligible_holds(40, offerings=1)
+    offering_id = scalar("SELECT offering_id FROM reservations_reservation WHERE id = %s", [ids[0]])
+    with offering_locked(offering_id):
+        publish_release_messages([build_batch(_holds(ids), 0, "kill")])
+        wait_until(blocked_backends, timeout=30, what="batch waiting on the row lock")
+        victims = [c for w in batch_workers for c in w.children()]
+        # kill every pool child: whichever holds the batch dies mid-transaction
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(1)
+    wait_until(lambda: released_count(ids) == len(ids), timeout=90, what="released")
+    assert outcome_counts() == {"released": len(ids)}
+    assert invariant_violations(expected_released=ids) == []
+
+
+def test_batched_malformed_envelopes_and_items_are_dead_lettered(batch_workers, clean):
+    ids = create_eligible_holds(5, offerings=1)
+    good = build_batch(_holds(ids), 0, "mixed")
+    good["items"].append({"reservation_id": True, "version": 1})  # one bad item
+    publish_release_messages([good])
+    no_items = build_batch([], 0, "empty")
+    wrong_kind = {**build_batch(_holds(ids), 0, "x"), "kind": "something_else"}
+    for body in (no_items, wrong_kind):
+        publish_raw(__import__("json").dumps([[body], {}, {}]), task="cleanup.release_batch")
+    wait_until(lambda: DeadLetter.objects.count() == 3, timeout=60, what="3 dead letters")
+    wait_until(lambda: released_count(ids) == len(ids), timeout=60)
+    reasons = sorted(DeadLetter.objects.values_list("error", flat=True))
+    assert any("must be an integer" in r for r in reasons)
+    assert any("non-empty list" in r for r in reasons)
+    assert any("kind" in r for r in reasons)
+    assert invariant_violations(expected_released=ids) == []
