@@ -8,6 +8,7 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -55,7 +56,7 @@ def batch_workers(
             w.stop(timeout=20)
 
 
-def _holds(ids: list[int]) -> list[tuple[int, int, object]]:
+def _holds(ids: list[int]) -> list[tuple[int, int, Any]]:
     rows = sql(
         "SELECT id, version, expires_at FROM reservations_reservation WHERE id = ANY(%s) "
         "ORDER BY id",
