@@ -9,7 +9,15 @@ module first. When the process is a celery worker (detected from ``sys.argv``) a
 ``--hostname`` with ``%h``/``%n``/``%d`` expanded, else the pid) and wipes that directory:
 a restarted process would otherwise read its pid's old values, and container pids are reused.
 
-This module must import nothing but the standard library.
+Celery's CLI loads command plugins before it imports ``-A config``, and Flower's plugin imports
+prometheus_client, so by the time this module runs under ``celery worker`` the value class has
+already been chosen. prometheus_client picks it per metric through ``values.ValueClass`` ("chosen
+before the first metric is constructed"), so ``prepare`` re-selects it once the variable is set;
+the cleanup's metrics are constructed later (when the tasks are imported). For a launcher that
+sets everything before any import, run ``python -m cleanup.worker_boot -A config worker …``
+(same arguments as ``celery``).
+
+Outside prometheus_client's re-selection, this module imports nothing but the standard library.
 """
 
 from __future__ import annotations
@@ -63,17 +71,38 @@ def prepare(argv: list[str] | None = None) -> Path | None:
     argv = sys.argv if argv is None else argv
     if not is_celery_worker(argv) or _port() <= 0:
         return None
-    if "prometheus_client" in sys.modules:
-        sys.stderr.write(
-            "worker_boot: prometheus_client was imported before the multiprocess directory "
-            "was set; worker metrics will not aggregate across pool processes\n"
-        )
     base = Path(os.environ.get("WORKER_METRICS_DIR") or ROOT / "var" / "prometheus")
     path = base / worker_name(argv)
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True, exist_ok=True)
     os.environ[ENV_DIR] = str(path)
+    if "prometheus_client" in sys.modules:
+        _reselect_value_class()
     return path
 
 
-PREPARED = prepare()
+def _reselect_value_class() -> None:
+    from prometheus_client import values
+
+    values.ValueClass = values.get_value_class()
+    if "cleanup.metrics" in sys.modules:  # pragma: no cover - import order broke
+        sys.stderr.write(
+            "worker_boot: cleanup.metrics was imported before the multiprocess directory was "
+            "set; worker metrics will not aggregate across pool processes\n"
+        )
+
+
+def main() -> None:
+    """``python -m cleanup.worker_boot <celery arguments>``: prepare, then run celery."""
+    argv = ["celery", *sys.argv[1:]]
+    prepare(argv)
+    sys.argv = argv
+    from celery.__main__ import main as celery_main
+
+    celery_main()
+
+
+if __name__ == "__main__":
+    main()
+else:
+    PREPARED = prepare()

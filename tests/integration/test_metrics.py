@@ -1,0 +1,258 @@
+"""Backlog visibility with real workers: the drained-consumer drill, retries vs transitions,
+and worker metrics' scrape time after hundreds of pool-child recycles."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test import Client
+from prometheus_client.parser import text_string_to_metric_families
+
+from cleanup.messages import build
+from cleanup.schedule import install_schedule
+from cleanup.sweep import sweep_shard
+from cleanup.tasks import publish_release_messages
+
+from .fleet import Worker, create_eligible_holds, released_count, scalar, wait_until
+
+pytestmark = [pytest.mark.workers, pytest.mark.slow]
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse(text: str) -> Samples:
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def scrape_web(client: Client) -> tuple[Samples, float]:
+    started = time.perf_counter()
+    response = client.get("/metrics", HTTP_AUTHORIZATION="Bearer drill")
+    assert response.status_code == 200
+    return parse(response.content.decode()), time.perf_counter() - started
+
+
+def scrape_worker(port: int) -> tuple[Samples, float]:
+    started = time.perf_counter()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        body = r.read().decode()
+    return parse(body), time.perf_counter() - started
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def slo_ages(m: Samples) -> list[float]:
+    return [
+        v
+        for (n, _), v in m.items()
+        if n == "reservation_cleanup_oldest_eligible_reservation_age_seconds"
+    ]
+
+
+def slo_alert(m: Samples, slo: float) -> bool:
+    """alerts.yml ReservationCleanupSLOBreach: max(oldest_eligible_age) > SLO."""
+    return max(slo_ages(m), default=0.0) > slo
+
+
+def lag_alert(m: Samples, queue: str, max_age: float) -> bool:
+    """alerts.yml ReservationCleanupConsumerLag: oldest message age > X and depth > 0."""
+    q = (("queue", queue),)
+    return (
+        m[("reservation_cleanup_queue_oldest_message_age_seconds", q)] > max_age
+        and m[("reservation_cleanup_queue_depth", q)] > 0
+    )
+
+
+def metric_worker(tmp_path: Path, name: str, port: int, *extra: str) -> Worker:
+    return Worker(
+        name,
+        2,
+        tmp_path / f"{name}.log",
+        extra_args=list(extra),
+        env_overrides={
+            "WORKER_METRICS_PORT": str(port),
+            "WORKER_METRICS_ADDR": "127.0.0.1",
+            "WORKER_METRICS_DIR": str(tmp_path / "prom"),
+            "WORKER_METRICS_COMPACT_INTERVAL": "1",
+        },
+    )
+
+
+def total(m: Samples, name: str, **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in m.items() if n == name and want <= set(ls))
+
+
+def test_drained_consumer_drill(clean: Any, tmp_path: Path, client: Client, report: Any) -> None:
+    settings.METRICS_TOKEN = "drill"
+    install_schedule(2, 3600)
+    ids = create_eligible_holds(400, offerings=4, expired_seconds_ago=30)
+    # Sweeps run (here in the test process) but no consumer is running: messages wait.
+    for shard in range(2):
+        sweep_shard(shard, 2, trace_id=f"drill-{shard}")
+    first, t1 = scrape_web(client)
+    time.sleep(4)
+    second, t2 = scrape_web(client)
+
+    q = (("queue", "cleanup"),)
+    assert second[("reservation_cleanup_queue_depth", q)] == 400
+    age1 = first[("reservation_cleanup_queue_oldest_message_age_seconds", q)]
+    age2 = second[("reservation_cleanup_queue_oldest_message_age_seconds", q)]
+    assert age2 >= age1 + 3.5
+    assert min(slo_ages(second)) >= min(slo_ages(first)) + 3.5 >= 33
+    # The SLO rule (scaled: SLO 20 s, for 3 s) is true at both scrapes, 4 s apart: it fires.
+    assert slo_alert(first, 20) and slo_alert(second, 20)
+    assert lag_alert(second, "cleanup", 3)
+
+    port = free_port()
+    worker = metric_worker(tmp_path, "drill", port).start()
+    try:
+        worker.wait_ready()
+        wait_until(lambda: released_count(ids) == len(ids), timeout=120, what="drain")
+        third, t3 = scrape_web(client)
+        assert max(slo_ages(third)) == 0
+        assert third[("reservation_cleanup_queue_depth", q)] == 0
+        assert third[("reservation_cleanup_queue_oldest_message_age_seconds", q)] == 0
+        assert not slo_alert(third, 20) and not lag_alert(third, "cleanup", 3)
+        wm, _ = scrape_worker(port)
+        assert total(wm, "reservation_cleanup_transitions_total") == 400
+        assert total(wm, "reservation_cleanup_outcomes_total", outcome="released") == 400
+    finally:
+        worker.stop()
+    report(
+        "drill",
+        slo_age_s=[round(max(slo_ages(x)), 1) for x in (first, second, third)],
+        queue_age_s=[
+            round(x[("reservation_cleanup_queue_oldest_message_age_seconds", q)], 1)
+            for x in (first, second, third)
+        ],
+        depth=[x[("reservation_cleanup_queue_depth", q)] for x in (first, second, third)],
+        web_scrape_ms=[round(t * 1000, 1) for t in (t1, t2, t3)],
+    )
+
+
+TRANSIENT_TRIGGER = """
+CREATE SEQUENCE IF NOT EXISTS obs_test_failures;
+CREATE OR REPLACE FUNCTION obs_test_fail_release() RETURNS trigger AS $$
+BEGIN
+  IF nextval('obs_test_failures') <= %(n)s THEN
+    RAISE EXCEPTION 'injected serialization failure' USING ERRCODE = '40001';
+  END IF;
+  RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER obs_test_fail_release BEFORE UPDATE ON reservations_reservation
+  FOR EACH ROW WHEN (NEW.status = 'released') EXECUTE FUNCTION obs_test_fail_release();
+"""
+
+
+def test_retries_add_to_attempts_and_retries_not_transitions(
+    clean: Any, tmp_path: Path, report: Any
+) -> None:
+    ids = create_eligible_holds(60, offerings=2, expired_seconds_ago=30)
+    injected = 25
+    with connection.cursor() as cur:
+        cur.execute(TRANSIENT_TRIGGER % {"n": injected})
+    port = free_port()
+    worker = metric_worker(tmp_path, "retry", port).start()
+    try:
+        worker.wait_ready()
+        sweep_shard(0, 1, trace_id="retry-drill")
+        wait_until(lambda: released_count(ids) == len(ids), timeout=120, what="releases")
+        wm = wait_until(
+            lambda: (
+                m
+                if total((m := scrape_worker(port)[0]), "reservation_cleanup_outcomes_total")
+                >= len(ids)
+                else None
+            ),
+            timeout=30,
+        )
+    finally:
+        worker.stop()
+        with connection.cursor() as cur:
+            cur.execute(
+                "DROP TRIGGER IF EXISTS obs_test_fail_release ON reservations_reservation; "
+                "DROP FUNCTION IF EXISTS obs_test_fail_release(); "
+                "DROP SEQUENCE IF EXISTS obs_test_failures"
+            )
+    attempts = total(wm, "reservation_cleanup_delivery_attempts_total")
+    retries = total(wm, "reservation_cleanup_retries_total")
+    transitions = total(wm, "reservation_cleanup_transitions_total")
+    assert retries == injected
+    assert attempts == len(ids) + injected
+    assert transitions == len(ids)
+    assert scalar("SELECT count(*) FROM cleanup_cleanupreceipt WHERE outcome='released'") == 60
+    report("retries", attempts=attempts, retries=retries, transitions=transitions)
+
+
+def test_scrape_time_stays_bounded_after_hundreds_of_child_recycles(
+    clean: Any, tmp_path: Path, report: Any
+) -> None:
+    port = free_port()
+    worker = metric_worker(tmp_path, "recycle", port, "--max-tasks-per-child", "1").start()
+    prom = tmp_path / "prom"
+    n = 300
+    try:
+        worker.wait_ready()
+        # Tiny tasks: release messages for holds that do not exist (outcome not_found).
+        messages = [build(1_000_000 + i, 1, _past(), 0, f"recycle-{i}") for i in range(n)]
+        publish_release_messages(messages)
+        samples: list[tuple[float, int, float]] = []
+
+        def progress() -> bool:
+            m, took = scrape_worker(port)
+            done = total(m, "reservation_cleanup_outcomes_total", outcome="not_found")
+            files = len(list(prom.rglob("*.db")))
+            samples.append((done, files, took))
+            return done >= n
+
+        wait_until(progress, timeout=240, interval=1.0, what="recycled tasks")
+        time.sleep(2.5)  # one more compaction pass
+        m, took = scrape_worker(port)
+        files = len(list(prom.rglob("*.db")))
+    finally:
+        worker.stop()
+    assert total(m, "reservation_cleanup_outcomes_total", outcome="not_found") == n
+    assert total(m, "reservation_cleanup_delivery_attempts_total") == n
+    # Without compaction: ~2 files (counter + histogram) per recycled child, ~600 here.
+    assert files <= 12, files
+    assert max(t for _, _, t in samples) < 0.5
+    report(
+        "recycles",
+        tasks=n,
+        files_after=files,
+        max_files_seen=max(f for _, f, _ in samples),
+        final_scrape_ms=round(took * 1000, 1),
+        max_scrape_ms=round(max(t for _, _, t in samples) * 1000, 1),
+    )
+
+
+def _past() -> Any:
+    from datetime import UTC, datetime, timedelta
+
+    return datetime.now(UTC) - timedelta(minutes=1)
+
+
+@pytest.fixture
+def report(request: pytest.FixtureRequest) -> Any:
+    def _report(name: str, **values: Any) -> None:
+        line = f"[obs-report] {name}: " + ", ".join(f"{k}={v}" for k, v in values.items())
+        print(line)
+        with open(Path(__file__).resolve().parents[2] / "var" / "obs-report.txt", "a") as fh:
+            fh.write(line + "\n")
+
+    return _report
