@@ -143,6 +143,13 @@ if CLEANUP_VISIBILITY_TIMEOUT <= _longest_hold:
         f"CLEANUP_VISIBILITY_TIMEOUT={CLEANUP_VISIBILITY_TIMEOUT} must exceed both "
         f"CLEANUP_TASK_TIME_LIMIT and CLEANUP_RETRY_BACKOFF_MAX (longest is {_longest_hold})"
     )
+if CLEANUP_MAX_DELIVERIES <= CLEANUP_MAX_RETRIES:
+    # Each Celery retry is a delivery too; a cap below the retries would dead-letter a message
+    # that is merely retrying a transient error.
+    raise ImproperlyConfigured(
+        f"CLEANUP_MAX_DELIVERIES={CLEANUP_MAX_DELIVERIES} must exceed "
+        f"CLEANUP_MAX_RETRIES={CLEANUP_MAX_RETRIES}"
+    )
 if not CLEANUP_SWEEP_TIME_BUDGET:
     CLEANUP_SWEEP_TIME_BUDGET = CLEANUP_TASK_SOFT_TIME_LIMIT / 2
 if CLEANUP_TASK_SOFT_TIME_LIMIT >= CLEANUP_TASK_TIME_LIMIT:
