@@ -54,6 +54,26 @@ phase "services" services_up
 phase "ruff" .venv/bin/ruff check .
 phase "mypy" .venv/bin/mypy .
 phase "pytest" .venv/bin/python -m pytest "$@"
+
+# Alert rules: `promtool test rules` when promtool is on PATH or installable (Debian package
+# `prometheus`, as root with apt-get); skipped with a notice otherwise. A failing rule test fails
+# the run.
+promtool_rules() {
+  if ! command -v promtool >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "promtool missing: installing the Debian package prometheus"
+      { apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 \
+        || { apt-get update >/dev/null 2>&1 \
+             && apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1; }; } \
+        || { echo "promtool not installable: skipping the alert rule tests"; return 0; }
+    else
+      echo "promtool not available: skipping the alert rule tests"
+      return 0
+    fi
+  fi
+  promtool check rules deploy/alerts.yml && promtool test rules deploy/alerts_test.yml
+}
+phase "promtool" promtool_rules
 echo "==> timings"
 printf '%s\n' "${timings[@]}"
 echo "total: $((SECONDS - total_start))s"
