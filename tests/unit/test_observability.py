@@ -30,8 +30,8 @@ def empty_broker() -> Iterator[None]:
     redis_client().flushdb()
 
 
-def scrape(client: Client, **headers: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    response = client.get("/metrics", **headers)
+def scrape(client: Client, token: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {token}")
     assert response.status_code == 200, response.content
     out = {}
     for family in text_string_to_metric_families(response.content.decode()):
@@ -129,7 +129,7 @@ def test_gauges_equal_sql_ground_truth_and_count_caps(client: Client, settings) 
         )
     settings.CLEANUP_ELIGIBLE_COUNT_CAP = 1000
 
-    m = scrape(client, HTTP_AUTHORIZATION="Bearer t")
+    m = scrape(client, "t")
 
     for k in range(4):
         shard = (("shard", str(k)),)
@@ -147,7 +147,7 @@ def test_gauges_equal_sql_ground_truth_and_count_caps(client: Client, settings) 
     assert any(name == "process_cpu_seconds_total" for name, _ in m)  # the process's own
 
     settings.CLEANUP_ELIGIBLE_COUNT_CAP = 10
-    m = scrape(client, HTTP_AUTHORIZATION="Bearer t")
+    m = scrape(client, "t")
     for k in range(4):
         shard = (("shard", str(k)),)
         assert m[("reservation_cleanup_eligible_reservations", shard)] == 10

@@ -49,7 +49,7 @@ def test_released_hold_names_the_task_and_trace(offering: Offering) -> None:
     assert story.verdict == "released at v1 by task task-123 (trace trace-abc) on w1@host"
     text = story.text()
     assert "reservation.held v1" in text and "reservation.released v1" in text
-    assert "receipt release:%d:1 → released" % hold.pk in text
+    assert f"receipt release:{hold.pk}:1 → released" in text
     assert "ada" not in text  # the holder is never shown
 
 

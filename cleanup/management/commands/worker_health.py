@@ -34,7 +34,7 @@ class Command(BaseCommand):
         except Exception as exc:  # noqa: BLE001 - the broker being down is "unhealthy"
             self.stderr.write(f"unhealthy: cannot reach the broker: {exc!r}")
             raise SystemExit(1) from None
-        if any(name in reply for reply in replies):
+        if any(name in reply for reply in replies or []):
             self.stdout.write(f"ok: {name} answered")
             return
         self.stderr.write(f"unhealthy: {name} did not answer within {options['timeout']} s")
