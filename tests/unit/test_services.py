@@ -794,3 +794,17 @@ def test_a_set_aside_hold_reclaimed_by_a_new_hold_can_still_be_read(make_offerin
     released = Reservation.objects.get(pk=hold.pk)
     assert released.status == Reservation.Status.RELEASED
     assert released.next_attempt_at == released.expires_at
+
+
+def test_a_set_aside_hold_can_still_be_read_through_the_orm(offering):
+    # given: a hold set aside after too many claims (next_attempt_at = 'infinity')
+    hold = services.hold_seat(offering.pk, "learner", ttl_seconds=60)
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE reservations_reservation SET next_attempt_at = 'infinity' WHERE id = %s",
+            [hold.pk],
+        )
+    # when: the admin, explain_hold or a service reads the row
+    loaded = Reservation.objects.get(pk=hold.pk)
+    # then: infinity reads as the largest datetime instead of raising
+    assert loaded.next_attempt_at.year == 9999
