@@ -267,3 +267,161 @@ def sweep_until(
                 return
             time.sleep(0.25)
     raise TimeoutError(f"sweeps did not finish the work in {timeout}s")
+
+
+# --- Helpers for the scenario and beat tests (appended) ------------------------------------
+
+
+def log_lines(paths: list[Path], needle: str) -> list[str]:
+    """Lines of the given log files that contain ``needle``."""
+    found: list[str] = []
+    for path in paths:
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        found.extend(line for line in text.splitlines() if needle in line)
+    return found
+
+
+def log_fields(line: str) -> dict[str, str]:
+    """``key=value`` pairs of one text-format log line (config.logging.KeyValueFormatter)."""
+    fields: dict[str, str] = {}
+    for token in line.split():
+        key, sep, value = token.partition("=")
+        if sep and key.isidentifier():
+            fields[key] = value
+    return fields
+
+
+def hold_messages(
+    ids: list[int], *, shard: int = 0, trace_id: str = "scenario"
+) -> list[dict[str, Any]]:
+    """Release messages for the holds as they are now (id, version, expires_at)."""
+    from cleanup.messages import build
+
+    rows = sql(
+        "SELECT id, version, expires_at FROM reservations_reservation WHERE id = ANY(%s) "
+        "ORDER BY id",
+        [ids],
+    )
+    return [build(rid, version, expires_at, shard, trace_id) for rid, version, expires_at in rows]
+
+
+def delivery_counts(keys: list[str]) -> list[int]:
+    """The delivery counter of each idempotency key (cleanup.deliveries), in order."""
+    from cleanup import deliveries
+
+    return [deliveries.current(key) for key in keys]
+
+
+def claim_counts(ids: list[int]) -> dict[int, int]:
+    return dict(
+        sql("SELECT id, claim_count FROM reservations_reservation WHERE id = ANY(%s)", [ids])
+    )
+
+
+def send_installed_sweeps() -> int:
+    """Send one sweep per *enabled* sweep entry of the installed beat schedule, with the
+    entry's own kwargs and queue, as beat would. Returns how many were sent."""
+    import json
+
+    from django_celery_beat.models import PeriodicTask
+
+    from cleanup.schedule import SWEEP_PREFIX
+    from cleanup.tasks import sweep_shard_task
+
+    sent = 0
+    for entry in PeriodicTask.objects.filter(name__startswith=SWEEP_PREFIX, enabled=True):
+        sweep_shard_task.apply_async(kwargs=json.loads(entry.kwargs), queue=entry.queue)
+        sent += 1
+    return sent
+
+
+@dataclass
+class Beat:
+    """A real ``celery beat`` process with the product's scheduler (LeaderDatabaseScheduler)."""
+
+    name: str
+    log_path: Path
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Beat:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [
+                celery_bin(),
+                "-A",
+                "config",
+                "beat",
+                "--loglevel",
+                "INFO",
+                "--pidfile",
+                str(self.log_path.with_suffix(".pid")),
+                "--schedule",
+                str(self.log_path.with_suffix(".schedule")),
+            ],
+            cwd=ROOT,
+            env=service_env(**self.env_overrides),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def lines(self, needle: str) -> list[str]:
+        return log_lines([self.log_path], needle)
+
+    def is_leader(self) -> bool:
+        return bool(self.lines("beat lease acquired"))
+
+    def sends(self, entry_prefix: str = "cleanup: sweep shard ") -> int:
+        """Sends logged so far ("Scheduler: Sending due task <name> (...)")."""
+        return len(self.lines(f"Sending due task {entry_prefix}"))
+
+    def stop(self, timeout: float = 15) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@contextmanager
+def beats(tmp_dir: Path, count: int = 1, **kwargs: Any) -> Iterator[list[Beat]]:
+    """``count`` beat processes, stopped (SIGTERM, then SIGKILL) on exit."""
+    started = [
+        Beat(f"beat{i}", tmp_dir / f"beat{i}-{os.getpid()}.log", **kwargs).start()
+        for i in range(count)
+    ]
+    try:
+        yield started
+    finally:
+        for b in started:
+            b.stop()

@@ -1,0 +1,136 @@
+"""install_schedule: idempotent, N rewrites the sweep entries; every bucket in exactly one shard."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection, transaction
+from django_celery_beat.models import PeriodicTask, PeriodicTasks
+
+from cleanup.schedule import (
+    PRUNE_NAME,
+    RELAY_NAME,
+    SWEEP_PREFIX,
+    install_schedule,
+    installed_shards,
+    sweep_entry_name,
+)
+from reservations import services
+from reservations.models import BUCKETS, Reservation
+
+pytestmark = [pytest.mark.django_db]
+
+
+def _sweep_entries() -> list[PeriodicTask]:
+    return list(PeriodicTask.objects.filter(name__startswith=SWEEP_PREFIX).order_by("name"))
+
+
+def test_install_schedule_creates_one_sweep_entry_per_shard():
+    # when
+    report = install_schedule(shards=4, every=2)
+    # then
+    entries = _sweep_entries()
+    assert report == {"shards": 4, "changed": 6, "removed": 0}  # 4 sweeps + relay + prune
+    assert [e.name for e in entries] == [sweep_entry_name(k, 4) for k in range(4)]
+    for k, entry in enumerate(entries):
+        assert json.loads(entry.kwargs) == {"shard": k, "shards": 4}
+        assert entry.task == "cleanup.sweep_shard"
+        assert entry.queue == "sweep"
+        assert entry.expire_seconds == 2
+        assert entry.interval is not None and entry.interval.every == 2
+        assert entry.enabled
+    assert PeriodicTask.objects.filter(name__in=[RELAY_NAME, PRUNE_NAME]).count() == 2
+    assert installed_shards() == 4
+
+
+def test_install_schedule_is_idempotent_and_does_not_touch_beats_change_marker():
+    install_schedule(shards=4, every=1)
+    marker = PeriodicTasks.last_change()
+    assert marker is not None
+    # when
+    report = install_schedule(shards=4, every=1)
+    # then
+    assert report == {"shards": 4, "changed": 0, "removed": 0}
+    assert PeriodicTasks.last_change() == marker
+
+
+def test_install_schedule_keeps_an_operators_disabled_entry_disabled():
+    install_schedule(shards=2, every=1)
+    entry = PeriodicTask.objects.get(name=sweep_entry_name(1, 2))
+    entry.enabled = False
+    entry.save()
+    # when
+    report = install_schedule(shards=2, every=1)
+    # then
+    assert report["changed"] == 0
+    assert PeriodicTask.objects.get(name=sweep_entry_name(1, 2)).enabled is False
+
+
+@pytest.mark.parametrize(("first", "second"), [(4, 3), (3, 5), (5, 4)])
+def test_a_new_shard_count_rewrites_the_sweep_entries(first, second):
+    install_schedule(shards=first, every=1)
+    before = PeriodicTasks.last_change()
+    # when
+    report = install_schedule(shards=second, every=1)
+    # then
+    entries = _sweep_entries()
+    assert [json.loads(e.kwargs) for e in entries] == [
+        {"shard": k, "shards": second} for k in range(second)
+    ]
+    assert {e.name for e in entries} == {sweep_entry_name(k, second) for k in range(second)}
+    assert report["removed"] == first
+    assert report["changed"] == second
+    assert installed_shards() == second
+    assert PeriodicTasks.last_change() > before  # beat reloads without a restart
+
+
+def test_a_new_interval_updates_interval_and_expiry():
+    install_schedule(shards=2, every=1)
+    # when
+    report = install_schedule(shards=2, every=7)
+    # then
+    assert report["changed"] == 2
+    for entry in _sweep_entries():
+        assert entry.interval is not None and entry.interval.every == 7
+        assert entry.expire_seconds == 7
+
+
+@pytest.mark.parametrize("shards", [1, 3, 4, 5])
+def test_every_bucket_belongs_to_exactly_one_shard(shards):
+    owners = {b: [k for k in range(shards) if b % shards == k] for b in range(BUCKETS)}
+    assert all(len(found) == 1 for found in owners.values())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_hold_is_claimed_by_exactly_one_shard_under_any_shard_count():
+    # given: holds covering all 1024 buckets, already expired
+    offering = services.create_offering("buckets", capacity=BUCKETS + 10)
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO reservations_reservation (offering_id, holder, status, expires_at, "
+            "next_attempt_at, version, claim_count, last_trace_id, created_at, updated_at, "
+            "release_reason) SELECT %s, 'l' || g, 'held', now() - interval '1 minute', "
+            "now() - interval '1 minute', 1, 0, '', now(), now(), '' "
+            "FROM generate_series(1, %s) g",
+            [offering.pk, BUCKETS + 10],
+        )
+    ids = set(Reservation.objects.values_list("id", flat=True))
+    buckets = set(Reservation.objects.values_list("bucket", flat=True))
+    assert buckets == set(range(BUCKETS))
+    for shards in (3, 4, 5):
+        # the ORM's shard filter partitions the holds
+        seen: list[int] = []
+        for k in range(shards):
+            seen.extend(Reservation.objects.in_shard(k, shards).values_list("id", flat=True))
+        assert sorted(seen) == sorted(ids)
+        # and so does the sweep's claim statement (lease 0: due again at once for the next N)
+        claimed: list[int] = []
+        for k in range(shards):
+            with transaction.atomic():
+                got = services.claim_expired(
+                    k, shards, batch_size=5000, lease_seconds=0, max_claims=100
+                )
+            assert all(c.bucket % shards == k for c in got)
+            claimed.extend(c.reservation_id for c in got)
+        assert sorted(claimed) == sorted(ids)
