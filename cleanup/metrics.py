@@ -93,17 +93,20 @@ _log = logging.getLogger("cleanup.metrics")
 RESERVATION_TABLE = "reservations_reservation"
 OUTBOX_TABLE = "reservations_outboxevent"
 
-# Index-ordered: reservations_held_expiry_idx (expires_at WHERE status='held') is read in order
-# and the scan stops at the first row of the shard. Never an aggregate over the backlog.
+# Index-ordered, per bucket of the shard (reservations_held_bucket_idx: bucket, expires_at
+# WHERE status='held'): one probe per bucket, the minimum of those. Never an aggregate over the
+# backlog, and an empty shard beside a large backlog elsewhere stays cheap.
 OLDEST_ELIGIBLE_SQL = (
-    f"SELECT EXTRACT(EPOCH FROM (now() - expires_at))::float8 FROM {RESERVATION_TABLE} "
-    f"WHERE status = 'held' AND expires_at <= now() AND bucket %% %s = %s "
-    f"ORDER BY expires_at LIMIT 1"
+    f"SELECT EXTRACT(EPOCH FROM (now() - min(o.expires_at)))::float8 "
+    f"FROM unnest(%s::smallint[]) AS b(bucket) CROSS JOIN LATERAL ("
+    f"SELECT expires_at FROM {RESERVATION_TABLE} WHERE status = 'held' AND bucket = b.bucket "
+    f"AND expires_at <= now() ORDER BY expires_at LIMIT 1) o"
 )
 # Counts at most cap + 1 rows: the answer is exact below the cap and "capped" above it.
 ELIGIBLE_COUNT_SQL = (
     f"SELECT count(*) FROM (SELECT 1 FROM {RESERVATION_TABLE} "
-    f"WHERE status = 'held' AND expires_at <= now() AND bucket %% %s = %s LIMIT %s) AS capped"
+    f"WHERE status = 'held' AND bucket = ANY(%s::smallint[]) AND expires_at <= now() "
+    f"LIMIT %s) AS capped"
 )
 OUTBOX_OLDEST_SQL = (
     f"SELECT EXTRACT(EPOCH FROM (now() - created_at))::float8 FROM {OUTBOX_TABLE} "
@@ -167,6 +170,8 @@ class BacklogCollector(Collector):
     def read_eligible(self) -> dict[str, list[Sample]]:
         from django.conf import settings
 
+        from reservations.services import shard_buckets
+
         shards = self._shards()
         cap = int(settings.CLEANUP_ELIGIBLE_COUNT_CAP)
 
@@ -175,10 +180,12 @@ class BacklogCollector(Collector):
             count: list[Sample] = []
             capped: list[Sample] = []
             for k in range(shards):
-                cur.execute(OLDEST_ELIGIBLE_SQL, [shards, k])
+                buckets = shard_buckets(k, shards)
+                cur.execute(OLDEST_ELIGIBLE_SQL, [buckets])
                 row = cur.fetchone()
-                oldest.append(((str(k),), max(0.0, float(row[0])) if row else 0.0))
-                cur.execute(ELIGIBLE_COUNT_SQL, [shards, k, cap + 1])
+                age = row[0] if row else None
+                oldest.append(((str(k),), max(0.0, float(age)) if age is not None else 0.0))
+                cur.execute(ELIGIBLE_COUNT_SQL, [buckets, cap + 1])
                 n = int(cur.fetchone()[0])
                 count.append(((str(k),), float(min(n, cap))))
                 capped.append(((str(k),), 1.0 if n > cap else 0.0))

@@ -92,19 +92,21 @@ class Reservation(models.Model):
             ),
         ]
         indexes = [
-            # The sweep's claim: WHERE status='held' AND next_attempt_at <= now()
-            #   AND expires_at <= now() AND bucket % N = k ORDER BY next_attempt_at LIMIT batch
-            #   FOR UPDATE SKIP LOCKED  (reservations.services.claim_expired)
+            # The sweep's claim, per bucket of the shard (a LATERAL per bucket):
+            #   WHERE status='held' AND bucket = b AND next_attempt_at <= now()
+            #   ORDER BY next_attempt_at LIMIT k  (reservations.services.claim_expired)
+            # Per bucket, so an empty shard next to a huge backlog in other shards costs one
+            # probe per bucket instead of a scan of everyone's backlog.
             models.Index(
-                fields=["next_attempt_at"],
-                name="reservations_claim_due_idx",
+                fields=["bucket", "next_attempt_at"],
+                name="reservations_claim_bucket_idx",
                 condition=Q(status="held"),
             ),
-            # The SLO gauge and availability: WHERE status='held' AND expires_at <= now()
-            #   [AND bucket % N = k | AND offering_id = x] ORDER BY expires_at LIMIT 1
+            # The SLO gauge, per bucket: WHERE status='held' AND bucket = b
+            #   AND expires_at <= now() ORDER BY expires_at LIMIT 1  (cleanup.metrics)
             models.Index(
-                fields=["expires_at"],
-                name="reservations_held_expiry_idx",
+                fields=["bucket", "expires_at"],
+                name="reservations_held_bucket_idx",
                 condition=Q(status="held"),
             ),
             models.Index(

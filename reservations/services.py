@@ -30,7 +30,7 @@ from .errors import (
     ReservationNotFound,
     StaleVersion,
 )
-from .models import Offering, OutboxEvent, Reservation
+from .models import BUCKETS, Offering, OutboxEvent, Reservation
 
 R = Reservation._meta.db_table
 O = Offering._meta.db_table  # noqa: E741 - a table name, not a variable to confuse
@@ -366,14 +366,26 @@ class TransientConflict(Exception):
     """A concurrent change raced a conditional update; retrying gives a definite answer."""
 
 
+# Candidates come from each bucket of the shard in due order (index reservations_claim_bucket_
+# idx, a few rows per bucket), then the oldest-due of them are locked, skipping locked rows.
+# The cost follows the batch and the number of buckets, never the table or other shards'
+# backlogs. Buckets are uniform (id % 1024), so a few rows per bucket fill a batch.
 _CLAIM_SQL = f"""
-WITH due AS (
-    SELECT id FROM {R}
-    WHERE status = 'held' AND next_attempt_at <= {_NOW} AND expires_at <= {_NOW}
-      AND bucket %% %(shards)s = %(shard)s
-    ORDER BY next_attempt_at, id
+WITH cand AS (
+    SELECT c.id, c.next_attempt_at
+    FROM unnest(%(buckets)s::smallint[]) AS b(bucket)
+    CROSS JOIN LATERAL (
+        SELECT id, next_attempt_at FROM {R}
+        WHERE status = 'held' AND bucket = b.bucket AND next_attempt_at <= {_NOW}
+        ORDER BY next_attempt_at
+        LIMIT %(per_bucket)s
+    ) c
+), due AS (
+    SELECT r.id FROM {R} r JOIN cand ON cand.id = r.id
+    WHERE r.status = 'held' AND r.next_attempt_at <= {_NOW} AND r.expires_at <= {_NOW}
+    ORDER BY cand.next_attempt_at, r.id
     LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF r SKIP LOCKED
 )
 UPDATE {R} r
 SET claim_count = r.claim_count + 1,
@@ -406,12 +418,15 @@ def claim_expired(
     """
     if not 0 <= shard < shards:
         raise ValueError(f"shard {shard} is outside 0..{shards - 1}")
+    buckets = shard_buckets(shard, shards)
+    # Twice the even share per bucket, so a batch fills even when buckets are uneven.
+    per_bucket = max(2, -(-2 * batch_size // len(buckets)))
     with connection.cursor() as cur:
         cur.execute(
             _CLAIM_SQL,
             {
-                "shard": shard,
-                "shards": shards,
+                "buckets": buckets,
+                "per_bucket": per_bucket,
                 "batch": batch_size,
                 "lease": lease_seconds,
                 "max_claims": max_claims,
@@ -433,6 +448,14 @@ def claim_expired(
     ]
     claimed.sort(key=lambda c: (c.expires_at, c.reservation_id))
     return claimed
+
+
+def shard_buckets(shard: int, shards: int) -> list[int]:
+    """The buckets of a shard: ``bucket % shards == shard``. Every bucket is in exactly one
+    shard for any ``shards``, so changing the shard count never strands a hold."""
+    if shards < 1 or not 0 <= shard < shards:
+        raise ValueError(f"shard {shard} of {shards} is not a valid shard")
+    return [b for b in range(BUCKETS) if b % shards == shard]
 
 
 def reschedule_claim(reservation_ids: Iterable[int]) -> int:
