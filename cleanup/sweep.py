@@ -2,7 +2,7 @@
 message per hold after the claim commits.
 
 - Claims go through ``reservations.services.claim_expired`` (FOR UPDATE SKIP LOCKED, a lease).
-- A per-shard transaction-level advisory lock makes a second sweep of the same shard a no-op.
+- A per-shard advisory lock, held for the whole run, makes a second sweep of the shard a no-op.
 - Backpressure: before each batch the release queue's depth is read; at or above
   ``CLEANUP_MAX_QUEUE_DEPTH`` the sweep stops, so a backlog never becomes repeated copies of
   still-queued holds. A global session advisory lock serializes "check depth → claim →
@@ -75,10 +75,23 @@ def shard_lock_key(shard: int, shards: int) -> int:
 def _try_shard_lock(shard: int, shards: int) -> bool:
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT pg_try_advisory_xact_lock(%s, %s)",
-            [LOCK_NAMESPACE, shard_lock_key(shard, shards)],
+            "SELECT pg_try_advisory_lock(%s, %s)", [LOCK_NAMESPACE, shard_lock_key(shard, shards)]
         )
         return bool(cur.fetchone()[0])
+
+
+def _release_shard_lock(shard: int, shards: int) -> None:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT pg_advisory_unlock(%s, %s)", [LOCK_NAMESPACE, shard_lock_key(shard, shards)]
+        )
+
+
+def _drop_leaked_locks() -> None:
+    """A sweep starts holding no advisory lock. If an earlier sweep on this (pooled)
+    connection was interrupted between taking a lock and its ``finally``, drop what it left."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_advisory_unlock_all()")
 
 
 def _acquire_publish_lock(deadline: float) -> bool:
@@ -115,13 +128,27 @@ def sweep_shard(
     result = SweepResult(shard, shards, trace_id or uuid.uuid4().hex)
     started = time.perf_counter()
     deadline = time.monotonic() + settings.CLEANUP_SWEEP_TIME_BUDGET
+    shard_locked = False
     try:
-        _sweep_batches(shard, shards, result, deadline, batch_size, max_batches, max_queue_depth)
+        _drop_leaked_locks()
+        # Session-level for the whole run: a second sweep of this shard meanwhile is a no-op.
+        # (A transaction-level lock would cover only one claim, and claims are already
+        # serialized by the publish lock, so it would never make the second sweep skip.)
+        shard_locked = _try_shard_lock(shard, shards)
+        if shard_locked:
+            _sweep_batches(
+                shard, shards, result, deadline, batch_size, max_batches, max_queue_depth
+            )
+        else:
+            result.skipped_locked = True
     except SoftTimeLimitExceeded:
         # A sweep is periodic, not poison: stop here. Claimed but unpublished holds come back
         # when their lease passes; the next sweep carries on.
         result.timed_out = True
         logger.warning("sweep hit its soft time limit", extra=result.as_dict())
+    finally:
+        if shard_locked:
+            _release_shard_lock(shard, shards)
     result.duration_s = time.perf_counter() - started
     metrics.record_sweep(
         shard, result.claimed, result.published, result.duration_s, result.backpressure
@@ -142,10 +169,15 @@ def _sweep_batches(
     from .tasks import publish_release_messages
 
     for _ in range(max_batches):
-        if time.monotonic() >= deadline or not _acquire_publish_lock(deadline):
+        if time.monotonic() >= deadline:
             result.budget_exhausted = True
             break
+        publish_locked = False
         try:
+            publish_locked = _acquire_publish_lock(deadline)
+            if not publish_locked:
+                result.budget_exhausted = True
+                break
             depth = broker.queue_depth(settings.CLEANUP_RELEASE_QUEUE)
             if depth >= max_queue_depth:
                 result.backpressure = True
@@ -155,9 +187,6 @@ def _sweep_batches(
                 )
                 break
             with transaction.atomic():
-                if not _try_shard_lock(shard, shards):
-                    result.skipped_locked = True
-                    break
                 claimed = claim_expired(
                     shard,
                     shards,
@@ -174,7 +203,8 @@ def _sweep_batches(
             messages = _messages_for(to_publish, shard, result.trace_id)
             publish_release_messages(messages)
         finally:
-            _release_publish_lock()
+            if publish_locked:
+                _release_publish_lock()
         result.batches += 1
         result.claimed += len(claimed)
         result.published += len(to_publish)

@@ -229,12 +229,13 @@ def released_count(ids: list[int]) -> int:
     )
 
 
-def run_sweeps(shards: int) -> None:
-    """Send one sweep per shard through the broker, as beat would."""
+def run_sweeps(shards: int, expires: float | None = None) -> None:
+    """Send one sweep per shard through the broker, as beat would (beat's entries carry
+    ``expire_seconds`` = the interval, so a sweep that waited a whole interval is dropped)."""
     from cleanup.tasks import sweep_shard_task
 
     for shard in range(shards):
-        sweep_shard_task.apply_async(kwargs={"shard": shard, "shards": shards})
+        sweep_shard_task.apply_async(kwargs={"shard": shard, "shards": shards}, expires=expires)
 
 
 @contextmanager
@@ -260,7 +261,7 @@ def sweep_until(
     """Send one sweep per shard every ``every`` seconds (as beat would) until ``done()``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        run_sweeps(shards)
+        run_sweeps(shards, expires=every)
         step_end = time.monotonic() + every
         while time.monotonic() < step_end:
             if done():
