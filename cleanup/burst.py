@@ -1,0 +1,483 @@
+"""The burst drill: create a burst of expiring holds, watch the pipeline drain it, check the
+invariants, and write a report (JSON, PNG plot, Markdown).
+
+Samples every second, from the sources the metrics use: the oldest eligible hold's age per shard
+(SQL), the eligible count, the release queue's depth and oldest message age
+(``cleanup.broker.queue_stats``), delivery attempts (the delivery counters), transitions (holds
+released), outcomes and retries (receipts), dead letters. Optionally renews a fraction of the
+holds before they expire, re-publishes a fraction of already published release messages, and —
+when it started the workers itself — drains one worker (SIGTERM) and SIGKILLs another.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from django.conf import settings
+from django.db import connection
+
+from reservations import services
+from reservations.errors import HoldExpired, NotHeld, StaleVersion
+
+from . import broker, deliveries
+from .invariants import invariant_violations
+from .messages import build, idempotency_key
+from .workers import WorkerProcess
+
+R = "reservations_reservation"
+RENEW_TTL_SECONDS = 3600  # renewed holds outlive the drill: they must stay held
+
+
+@dataclass
+class BurstConfig:
+    holds: int = 12000
+    window: float = 300.0
+    offerings: int = 8
+    shards: int = 4
+    lead: float = 3.0  # seconds before the first hold expires
+    renew_fraction: float = 0.0
+    duplicate_fraction: float = 0.0
+    drain_at: float | None = None
+    kill_at: float | None = None
+    workers: int = 0
+    concurrency: int = 1
+    send_sweeps: bool = True
+    sweep_every: float = 2.0
+    slo: float = 300.0
+    timeout: float | None = None
+    out: Path = Path("var/burst")
+    seed: int = 1
+
+
+@dataclass
+class Sample:
+    t: float
+    eligible: int
+    oldest_eligible_s: float | None
+    oldest_by_shard: dict[str, float]
+    queue_depth: int
+    oldest_message_s: float | None
+    unacked: int | None
+    released: int
+    deliveries: int
+    receipts: int
+    outcomes: dict[str, int]
+    retries: int
+    dead_letters: int
+    renewed: int
+    duplicates: int
+    workers_alive: int
+
+
+@dataclass
+class BurstState:
+    ids: list[int] = field(default_factory=list)
+    renew_set: set[int] = field(default_factory=set)
+    renewed: list[int] = field(default_factory=list)
+    renew_missed: int = 0
+    dup_candidates: set[int] = field(default_factory=set)
+    duplicated: set[int] = field(default_factory=set)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+
+
+def _rows(query: str, params: Any = None) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cur:
+        cur.execute(query, params)
+        return list(cur.fetchall()) if cur.description else []
+
+
+def create_holds(cfg: BurstConfig) -> list[int]:
+    """``cfg.holds`` held reservations over ``cfg.offerings`` offerings (seats accounted),
+    expiring evenly from now + lead to now + lead + window (window 0: all at now + lead);
+    ``next_attempt_at = expires_at`` as ``hold_seat`` sets it. Bulk SQL, one statement per
+    offering."""
+    n, k = cfg.holds, cfg.offerings
+    stamp = datetime.now(UTC).strftime("%H%M%S")
+    ids: list[int] = []
+    for i in range(k):
+        count = len(range(i, n, k))
+        if count == 0:
+            break
+        oid = _rows(
+            "INSERT INTO reservations_offering (name, capacity, seats_available, created_at) "
+            "VALUES (%s, %s, 0, now()) RETURNING id",
+            [f"burst-{stamp}-{i}", count],
+        )[0][0]
+        rows = _rows(
+            f"INSERT INTO {R} (offering_id, holder, status, expires_at, next_attempt_at, "
+            f"version, claim_count, last_trace_id, created_at, updated_at, release_reason) "
+            f"SELECT %(o)s, 'burst-' || p, 'held', e, e, 1, 0, '', now(), now(), '' "
+            f"FROM (SELECT g * %(k)s + %(i)s AS p FROM generate_series(0, %(c)s - 1) g) s, "
+            f"LATERAL (SELECT now() + make_interval(secs => %(lead)s + %(w)s * s.p / %(n)s) "
+            f"AS e) x RETURNING id",
+            {"o": oid, "k": k, "i": i, "c": count, "lead": cfg.lead, "w": cfg.window, "n": n},
+        )
+        ids.extend(r[0] for r in rows)
+    _rows(f"ANALYZE {R}")
+    return sorted(ids)
+
+
+def _renew_due(cfg: BurstConfig, state: BurstState) -> None:
+    """Renew renew-set holds that expire within the next 2.5 s (before they expire)."""
+    if not state.renew_set:
+        return
+    due = _rows(
+        f"SELECT id, version FROM {R} WHERE id = ANY(%s) AND status = 'held' AND version = 1 "
+        f"AND expires_at > now() AND expires_at <= now() + interval '2.5 s'",
+        [list(state.renew_set)],
+    )
+    for rid, version in due:
+        try:
+            services.renew(rid, version, ttl_seconds=RENEW_TTL_SECONDS)
+            state.renewed.append(rid)
+        except (HoldExpired, StaleVersion, NotHeld):
+            state.renew_missed += 1
+        state.renew_set.discard(rid)
+    # Those that expired before we got to them are ordinary eligible holds now.
+    gone = _rows(
+        f"SELECT id FROM {R} WHERE id = ANY(%s) AND expires_at <= now()", [list(state.renew_set)]
+    )
+    for (rid,) in gone:
+        state.renew_set.discard(rid)
+        state.renew_missed += 1
+
+
+def _publish_duplicates(cfg: BurstConfig, state: BurstState) -> None:
+    """Re-publish the release message of candidates a sweep has already published."""
+    todo = list(state.dup_candidates - state.duplicated)
+    if not todo:
+        return
+    rows = _rows(
+        f"SELECT id, version, expires_at, bucket FROM {R} WHERE id = ANY(%s) "
+        f"AND claim_count > 0",
+        [todo],
+    )
+    if not rows:
+        return
+    from .tasks import publish_release_messages
+
+    publish_release_messages(
+        [build(rid, v, exp, bucket % cfg.shards, "burst-duplicate") for rid, v, exp, bucket in rows]
+    )
+    state.duplicated.update(r[0] for r in rows)
+
+
+def _send_sweeps(cfg: BurstConfig) -> None:
+    from .tasks import sweep_shard_task
+
+    for shard in range(cfg.shards):
+        sweep_shard_task.apply_async(kwargs={"shard": shard, "shards": cfg.shards})
+
+
+def _delivery_total(keys: list[str]) -> int:
+    url = settings.CLEANUP_COUNTER_REDIS_URL
+    if not url:
+        return int(_rows("SELECT coalesce(sum(count), 0) FROM cleanup_deliverycount")[0][0])
+    client = deliveries._client(url)
+    total = 0
+    for start in range(0, len(keys), 5000):
+        chunk = [deliveries.KEY_PREFIX + k for k in keys[start : start + 5000]]
+        total += sum(int(v) for v in client.mget(chunk) if v is not None)
+    return total
+
+
+def sample(cfg: BurstConfig, state: BurstState, t: float, keys: list[str],
+           workers: list[WorkerProcess]) -> Sample:
+    lo, hi = state.ids[0], state.ids[-1]
+    shards = _rows(
+        f"SELECT bucket %% %s, count(*), EXTRACT(EPOCH FROM now() - min(expires_at))::float8 "
+        f"FROM {R} WHERE status = 'held' AND expires_at <= now() GROUP BY 1",
+        [cfg.shards],
+    )
+    by_shard = {str(s): round(float(age), 2) for s, _c, age in shards}
+    eligible = sum(int(c) for _s, c, _a in shards)
+    released = _rows(
+        f"SELECT count(*) FROM {R} WHERE id BETWEEN %s AND %s AND status = 'released'", [lo, hi]
+    )[0][0]
+    receipts = _rows(
+        "SELECT outcome, count(*), coalesce(sum(attempt - 1), 0) FROM cleanup_cleanupreceipt "
+        "WHERE reservation_id BETWEEN %s AND %s GROUP BY outcome",
+        [lo, hi],
+    )
+    outcomes = {o: int(c) for o, c, _r in receipts}
+    dead = _rows("SELECT count(*) FROM cleanup_deadletter WHERE created_at > now() - "
+                 "make_interval(secs => %s)", [t + 60])[0][0]
+    q = broker.queue_stats(settings.CLEANUP_RELEASE_QUEUE)
+    return Sample(
+        t=round(t, 2),
+        eligible=eligible,
+        oldest_eligible_s=max(by_shard.values()) if by_shard else None,
+        oldest_by_shard=by_shard,
+        queue_depth=q.depth,
+        oldest_message_s=None if q.oldest_age_seconds is None else round(q.oldest_age_seconds, 2),
+        unacked=q.unacked,
+        released=int(released),
+        deliveries=_delivery_total(keys),
+        receipts=sum(outcomes.values()),
+        outcomes=outcomes,
+        retries=sum(int(r) for _o, _c, r in receipts),
+        dead_letters=int(dead),
+        renewed=len(state.renewed),
+        duplicates=len(state.duplicated),
+        workers_alive=sum(1 for w in workers if w.alive()),
+    )
+
+
+def _bar(done: int, total: int, width: int = 24) -> str:
+    filled = int(width * done / total) if total else width
+    return "#" * filled + "-" * (width - filled)
+
+
+def progress_line(s: Sample, expected: int) -> str:
+    oldest = "-" if s.oldest_eligible_s is None else f"{s.oldest_eligible_s:.1f}s"
+    age = "-" if s.oldest_message_s is None else f"{s.oldest_message_s:.1f}s"
+    return (
+        f"\r[{s.t:6.0f}s] |{_bar(s.released, expected)}| released {s.released}/{expected} "
+        f"eligible {s.eligible} oldest {oldest} queue {s.queue_depth} (oldest {age}) "
+        f"workers {s.workers_alive}   "
+    )
+
+
+def run(cfg: BurstConfig, stream: TextIO = sys.stderr) -> dict[str, Any]:
+    """Run the drill; return the report (also written to ``cfg.out``)."""
+    rng = random.Random(cfg.seed)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    state = BurstState()
+    workers: list[WorkerProcess] = []
+    if cfg.workers:
+        stamp = datetime.now(UTC).strftime("%H%M%S")
+        workers = [
+            WorkerProcess(f"burst{i}-{stamp}", cfg.concurrency, cfg.out / f"worker{i}.log")
+            for i in range(cfg.workers)
+        ]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.wait_ready()
+    timeout = cfg.timeout if cfg.timeout is not None else cfg.lead + cfg.window + 600
+    try:
+        state.ids = create_holds(cfg)
+        t0 = time.monotonic()
+        state.events.append({"t": 0.0, "event": "holds created", "count": len(state.ids)})
+        if cfg.renew_fraction:
+            state.renew_set = set(rng.sample(state.ids, int(len(state.ids) * cfg.renew_fraction)))
+        if cfg.duplicate_fraction:
+            rest = [i for i in state.ids if i not in state.renew_set]
+            state.dup_candidates = set(rng.sample(rest, int(len(rest) * cfg.duplicate_fraction)))
+        keys = [idempotency_key(i, 1) for i in state.ids]
+        drained = killed = False
+        last_sweep = -math.inf
+        finished = False
+        while True:
+            t = time.monotonic() - t0
+            if cfg.send_sweeps and t - last_sweep >= cfg.sweep_every:
+                _send_sweeps(cfg)
+                last_sweep = t
+            if workers and cfg.drain_at is not None and not drained and t >= cfg.drain_at:
+                workers[0].terminate()
+                drained = True
+                state.events.append(
+                    {"t": round(t, 2), "event": f"drain (SIGTERM) {workers[0].name}"}
+                )
+            if workers and cfg.kill_at is not None and not killed and t >= cfg.kill_at:
+                victim = workers[-1] if len(workers) > 1 else workers[0]
+                victim.kill()
+                killed = True
+                state.events.append({"t": round(t, 2), "event": f"kill (SIGKILL) {victim.name}"})
+            _renew_due(cfg, state)
+            _publish_duplicates(cfg, state)
+            s = sample(cfg, state, t, keys, workers)
+            state.samples.append(s)
+            expected = len(state.ids) - len(state.renewed) - len(state.renew_set)
+            stream.write(progress_line(s, expected))
+            stream.flush()
+            past_window = t >= cfg.lead + cfg.window
+            dups_done = not (state.dup_candidates - state.duplicated)
+            if (past_window and s.eligible == 0 and s.queue_depth == 0 and dups_done
+                    and s.released >= expected and not state.renew_set):
+                finished = True
+                break
+            if t >= timeout:
+                break
+            time.sleep(max(0.0, 1.0 - ((time.monotonic() - t0) - t)))
+        stream.write("\n")
+        elapsed = time.monotonic() - t0
+    finally:
+        for w in workers:
+            w.stop(timeout=60)
+    renewed = sorted(state.renewed)
+    renewed_set = set(renewed)
+    expected_released = [i for i in state.ids if i not in renewed_set]
+    violations = invariant_violations(expected_released, renewed)
+    if not finished:
+        violations.insert(0, f"did not finish within {timeout:.0f} s")
+    report = build_report(cfg, state, elapsed, finished, violations, workers)
+    write_outputs(cfg, report, state)
+    return report
+
+
+def build_report(cfg: BurstConfig, state: BurstState, elapsed: float, finished: bool,
+                 violations: list[str], workers: list[WorkerProcess]) -> dict[str, Any]:
+    lo, hi = state.ids[0], state.ids[-1]
+    stats = _rows(
+        "SELECT count(*), avg(duration_ms), percentile_cont(0.5) WITHIN GROUP (ORDER BY "
+        "duration_ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY queue_age_seconds), "
+        "EXTRACT(EPOCH FROM max(created_at) - min(created_at))::float8 "
+        "FROM cleanup_cleanupreceipt WHERE reservation_id BETWEEN %s AND %s",
+        [lo, hi],
+    )[0]
+    receipts, mean_ms, median_ms, p99_queue_age, busy_s = stats
+    lateness = _rows(
+        f"SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY "
+        f"EXTRACT(EPOCH FROM released_at - expires_at)), "
+        f"max(EXTRACT(EPOCH FROM released_at - expires_at))::float8 "
+        f"FROM {R} WHERE id BETWEEN %s AND %s AND status = 'released'",
+        [lo, hi],
+    )[0]
+    last = state.samples[-1] if state.samples else None
+    ages = [s.oldest_eligible_s or 0.0 for s in state.samples]
+    above = sum(1 for a in ages if a > cfg.slo)
+    consumers = cfg.workers * cfg.concurrency
+    processed = int(receipts or 0)
+    # Effective service time per consumer: consumer-seconds while receipts were being written,
+    # over messages processed (includes Celery/broker overhead and the lost consumers' time).
+    service_eff = consumers * float(busy_s) / processed if consumers and processed and busy_s \
+        else None
+    arrival = cfg.holds / cfg.window if cfg.window else None
+    return {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},
+        "finished": finished,
+        "elapsed_s": round(elapsed, 2),
+        "holds": len(state.ids),
+        "renewed": len(state.renewed),
+        "renew_missed": state.renew_missed,
+        "duplicates_published": len(state.duplicated),
+        "events": state.events,
+        "summary": {
+            "peak_oldest_eligible_s": max(ages) if ages else None,
+            "seconds_above_slo": above,
+            "slo_s": cfg.slo,
+            "peak_eligible": max((s.eligible for s in state.samples), default=0),
+            "peak_queue_depth": max((s.queue_depth for s in state.samples), default=0),
+            "released": last.released if last else 0,
+            "outcomes": last.outcomes if last else {},
+            "deliveries": last.deliveries if last else 0,
+            "retries": last.retries if last else 0,
+            "dead_letters": last.dead_letters if last else 0,
+            "receipts": processed,
+            "processing_window_s": None if busy_s is None else round(float(busy_s), 2),
+            "processing_rate_per_s": round(processed / float(busy_s), 2) if busy_s else None,
+            "release_db_ms_mean": None if mean_ms is None else round(float(mean_ms), 2),
+            "release_db_ms_median": None if median_ms is None else round(float(median_ms), 2),
+            "queue_age_p99_s": None if p99_queue_age is None else round(float(p99_queue_age), 2),
+            "release_lateness_p50_s": None if not lateness[0] else round(lateness[0][0], 2),
+            "release_lateness_p99_s": None if not lateness[0] else round(lateness[0][1], 2),
+            "release_lateness_max_s": None if lateness[1] is None else round(lateness[1], 2),
+        },
+        "capacity_inputs": {
+            "arrival_rate_per_s": arrival,
+            "consumers": consumers or None,
+            "service_time_s": None if service_eff is None else round(service_eff, 5),
+            "service_time_note": "consumers × processing window ÷ messages processed",
+        },
+        "invariants": {"ok": not violations, "violations": violations},
+        "workers": [{"name": w.name, "pid": w.pid, "log": str(w.log_path)} for w in workers],
+        "samples": [asdict(s) for s in state.samples],
+    }
+
+
+def write_outputs(cfg: BurstConfig, report: dict[str, Any], state: BurstState) -> None:
+    (cfg.out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    plot(cfg, report, state, cfg.out / "plot.png")
+    (cfg.out / "report.md").write_text(markdown(cfg, report))
+
+
+def plot(cfg: BurstConfig, report: dict[str, Any], state: BurstState, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ts = [s.t for s in state.samples]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
+    shards = sorted({k for s in state.samples for k in s.oldest_by_shard}, key=int)
+    for k in shards:
+        ax1.plot(ts, [s.oldest_by_shard.get(k, 0.0) for s in state.samples], lw=0.8, alpha=0.6,
+                 label=f"shard {k}")
+    ax1.plot(ts, [s.oldest_eligible_s or 0.0 for s in state.samples], color="black", lw=2,
+             label="oldest eligible (max)")
+    ax1.axhline(cfg.slo, color="red", ls="--", label=f"SLO {cfg.slo:g} s")
+    ax1.set_ylabel("oldest eligible hold age (s)")
+    ax1.legend(loc="upper left", fontsize=8, ncol=3)
+    ax1.grid(alpha=0.3)
+    ax2.plot(ts, [s.eligible for s in state.samples], label="eligible holds (backlog)", lw=2)
+    ax2.plot(ts, [s.queue_depth for s in state.samples], label="release queue depth", lw=1.5)
+    ax2.plot(ts, [s.released for s in state.samples], label="released (cumulative)", lw=1,
+             ls=":")
+    ax2.set_ylabel("holds / messages")
+    ax2.set_xlabel("seconds since the holds were created")
+    ax2.grid(alpha=0.3)
+    for ev in state.events:
+        if "drain" in ev["event"] or "kill" in ev["event"]:
+            color = "orange" if "drain" in ev["event"] else "purple"
+            for ax in (ax1, ax2):
+                ax.axvline(ev["t"], color=color, ls="-.")
+            ax1.text(ev["t"], 0.97, " ".join(ev["event"].split(" ")[:2]), color=color,
+                     fontsize=8, rotation=90, ha="right", va="top",
+                     transform=ax1.get_xaxis_transform())
+    ax2.legend(loc="upper right", fontsize=8)
+    ok = "invariants OK" if report["invariants"]["ok"] else "INVARIANTS FAILED"
+    fig.suptitle(f"Burst: {report['holds']:,} holds over {cfg.window:g} s, "
+                 f"{cfg.workers or '?'} workers × {cfg.concurrency} — {ok}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(cfg: BurstConfig, report: dict[str, Any]) -> str:
+    s = report["summary"]
+    lines = [
+        f"# Burst drill — {report['holds']:,} holds over {cfg.window:g} s",
+        "",
+        f"- workers: {cfg.workers or 'an already running fleet'} × concurrency {cfg.concurrency}; "
+        f"shards {cfg.shards}; sweeps every {cfg.sweep_every:g} s "
+        f"({'sent by the drill' if cfg.send_sweeps else 'beat'})",
+        f"- finished: **{report['finished']}** in {report['elapsed_s']} s",
+        f"- peak oldest eligible age: **{s['peak_oldest_eligible_s']} s** (SLO {s['slo_s']:g} s; "
+        f"{s['seconds_above_slo']} samples above)",
+        f"- peak backlog: {s['peak_eligible']:,} eligible; peak queue depth "
+        f"{s['peak_queue_depth']:,}",
+        f"- released {s['released']:,}; renewed {report['renewed']} (missed "
+        f"{report['renew_missed']}); duplicates published {report['duplicates_published']}",
+        f"- outcomes (receipts): {json.dumps(s['outcomes'])} — a duplicate of a handled key "
+        f"ends already_handled without a second receipt (the key is unique), so duplicates "
+        f"show as delivery attempts beyond transitions",
+        f"- delivery attempts {s['deliveries']:,}; retries {s['retries']}; dead letters "
+        f"{s['dead_letters']}",
+        f"- processing rate {s['processing_rate_per_s']} msg/s over {s['processing_window_s']} s; "
+        f"release transaction mean {s['release_db_ms_mean']} ms",
+        f"- release lateness (released_at − expires_at): p50 {s['release_lateness_p50_s']} s, "
+        f"p99 {s['release_lateness_p99_s']} s, max {s['release_lateness_max_s']} s",
+        f"- measured service time per consumer: {report['capacity_inputs']['service_time_s']} s "
+        f"(`manage.py capacity_plan --from-report report.json`)",
+        "",
+        "## Events",
+        *[f"- t={e['t']} s: {e['event']}" for e in report["events"]],
+        "",
+        "## Invariants",
+        "- all OK" if report["invariants"]["ok"]
+        else "\n".join(f"- FAILED: {v}" for v in report["invariants"]["violations"]),
+        "",
+        "![plot](plot.png)",
+        "",
+    ]
+    return "\n".join(lines)

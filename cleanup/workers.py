@@ -1,0 +1,129 @@
+"""Start and stop real ``celery worker`` processes (the burst drill and the benchmarks).
+
+Each worker is its own process group, so a SIGKILL takes its pool children too, exactly as a
+lost node would. Only processes started here are ever signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PRODUCT_QUEUES = "sweep,cleanup,maintenance"
+
+
+def celery_bin() -> str:
+    return str(Path(sys.executable).with_name("celery"))
+
+
+@dataclass
+class WorkerProcess:
+    name: str
+    concurrency: int
+    log_path: Path
+    queues: str = PRODUCT_QUEUES
+    env: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        env = dict(os.environ)
+        env.update(self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self.proc = subprocess.Popen(
+            [
+                celery_bin(), "-A", "config", "worker",
+                "-Q", self.queues,
+                "-c", str(self.concurrency),
+                "-n", f"{self.name}@%h",
+                "--without-gossip", "--without-mingle",
+                "--loglevel", "INFO",
+                *self.extra_args,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"worker {self.name} exited:\n{self.log_tail()}")
+            if b" ready." in self.log_path.read_bytes():
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"worker {self.name} not ready in {timeout}s:\n{self.log_tail()}")
+
+    def children(self) -> list[int]:
+        try:
+            text = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
+        except OSError:
+            return []
+        return [int(p) for p in text.split()]
+
+    def memory(self) -> dict[str, dict[str, int]]:
+        """VmHWM (peak RSS) and VmRSS in kB of the main process and each pool child."""
+        out: dict[str, dict[str, int]] = {}
+        for label, pid in [("main", self.pid)] + [(f"child-{p}", p) for p in self.children()]:
+            values: dict[str, int] = {}
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    key, _, rest = line.partition(":")
+                    if key in ("VmHWM", "VmRSS"):
+                        values[key] = int(rest.split()[0])
+            except OSError:
+                continue
+            out[label] = values
+        return out
+
+    def terminate(self) -> None:
+        """Warm shutdown (SIGTERM): the running task finishes, prefetched ones are restored."""
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = 30) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: the main process and its pool children."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
