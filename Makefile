@@ -17,3 +17,7 @@ embedded-status:
 
 embedded-stop:
 	.venv/bin/python scripts/services.py stop
+
+# Benchmarks (private DB reservations_bench, Redis DB 5): prints a table, writes bench/results/.
+bench:
+	.venv/bin/python bench/run.py $(ARGS)
