@@ -83,6 +83,8 @@ def plan(
     retry_ratio: float = 0.0,
     consumers_per_node: int = 2,
     lose_one_node: bool = True,
+    arrival_source: str = "given",
+    service_source: str = "given",
 ) -> CapacityPlan:
     """The whole plan, with every step written out in ``steps`` for an operator to check."""
     steps: list[str] = []
@@ -95,7 +97,7 @@ def plan(
             f"= {arrival_rate_per_s:g} msg/s"
         )
     else:
-        steps.append(f"peak arrival rate λ = {arrival_rate_per_s:g} msg/s (given)")
+        steps.append(f"peak arrival rate λ = {arrival_rate_per_s:g} msg/s ({arrival_source})")
     if service_time_s is None:
         if not per_worker_rate:
             raise ValueError("give a service time or a per-worker rate > 0")
@@ -105,7 +107,7 @@ def plan(
             f"= {service_time_s:g} s"
         )
     else:
-        steps.append(f"service time S = {service_time_s:g} s (given)")
+        steps.append(f"service time S = {service_time_s:g} s ({service_source})")
     if consumers_per_node < 1:
         raise ValueError("consumers_per_node must be >= 1")
     result = CapacityPlan(

@@ -35,15 +35,19 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **opts: Any) -> None:
         arrival = opts["arrival_rate"]
         service = opts["service_time"]
+        sources = {"arrival_source": "given", "service_source": "given"}
         if opts["from_report"]:
             try:
                 report = json.loads(opts["from_report"].read_text())
                 inputs = capacity.inputs_from_report(report)
             except (OSError, ValueError) as exc:
                 raise CommandError(f"{opts['from_report']}: {exc}") from exc
-            service = service or inputs["service_time_s"]
+            if service is None:
+                service = inputs["service_time_s"]
+                sources["service_source"] = "measured in the burst report"
             if arrival is None and opts["holds"] is None:
                 arrival = inputs["arrival_rate_per_s"]
+                sources["arrival_source"] = "the burst report's holds ÷ window"
             self.stdout.write(f"from report {opts['from_report']}: measured S = {service:g} s")
         try:
             result = capacity.plan(
@@ -56,6 +60,7 @@ class Command(BaseCommand):
                 retry_ratio=opts["retry_ratio"],
                 consumers_per_node=opts["consumers_per_node"],
                 lose_one_node=opts["nodes"] > 0,
+                **sources,
             )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
