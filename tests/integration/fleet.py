@@ -234,8 +234,9 @@ def run_sweeps(shards: int, expires: float | None = None) -> None:
     ``expire_seconds`` = the interval, so a sweep that waited a whole interval is dropped)."""
     from cleanup.tasks import sweep_shard_task
 
+    options: dict[str, Any] = {} if expires is None else {"expires": expires}
     for shard in range(shards):
-        sweep_shard_task.apply_async(kwargs={"shard": shard, "shards": shards}, expires=expires)
+        sweep_shard_task.apply_async(kwargs={"shard": shard, "shards": shards}, **options)
 
 
 @contextmanager
