@@ -348,8 +348,6 @@ def sweep_cost(small: int, large: int, eligible: int, batch: int) -> dict[str, A
     for label, total in (("small", small), ("large", large)):
         reset()
         create_holds(eligible, other=total - eligible)
-        params = {"shard": 0, "shards": 4, "batch": batch, "lease": 300, "max_claims": 10,
-                  "trace": "bench", "now": None}
         times = []
         claimed = 0
         for _ in range(7):
@@ -362,10 +360,27 @@ def sweep_cost(small: int, large: int, eligible: int, batch: int) -> dict[str, A
                     raise _Rollback
             except _Rollback:
                 pass
+        # EXPLAIN exactly the statement claim_expired runs (captured, whatever its SQL is now).
+        captured: list[tuple[str, Any]] = []
+
+        def capture(execute: Any, query: str, qparams: Any, many: bool, context: Any,
+                    sink: list[tuple[str, Any]] = captured) -> Any:
+            sink.append((query, qparams))
+            return execute(query, qparams, many, context)
+
+        plan = ""
         try:
             with transaction.atomic():
-                plan = "\n".join(r[0] for r in sql(
-                    "EXPLAIN (ANALYZE, BUFFERS) " + services._CLAIM_SQL, params))
+                with connection.execute_wrapper(capture):
+                    services.claim_expired(0, 4, batch_size=batch, lease_seconds=300,
+                                           max_claims=10)
+                raise _Rollback
+        except _Rollback:
+            pass
+        try:
+            with transaction.atomic():
+                query, qparams = captured[-1]
+                plan = "\n".join(r[0] for r in sql("EXPLAIN (ANALYZE, BUFFERS) " + query, qparams))
                 raise _Rollback
         except _Rollback:
             pass
@@ -434,7 +449,8 @@ def main() -> int:
     parser.add_argument("--rss-tasks", type=int, default=100000)
     parser.add_argument("--sweep-rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=2, help="best of N for the drains")
-    parser.add_argument("--skip", default="", help="comma list: rss,sweep,events,layouts,batch")
+    parser.add_argument("--skip", default="",
+                        help="comma list: rss,sweep,events,layouts,batch,drains")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     drain = args.drain_holds or args.holds
@@ -453,13 +469,18 @@ def main() -> int:
         top["runs"] = [x["rate"] for x in runs]
         return top
 
+    path = RESULTS / f"{STAMP}.json"
+
     def step(name: str) -> None:
+        path.write_text(json.dumps(res, indent=2, default=str) + "\n")  # partial results
         print(f"[{time.strftime('%H:%M:%S')}] {name} …", flush=True)
 
     step("commit latency"); res["commit_latency"] = commit_latency()  # noqa: E702
     step("set-based CTE"); res["set_based"] = best(set_based, args.holds)  # noqa: E702
     step("psycopg loop"); res["psycopg_loop"] = psycopg_loop(args.holds, args.loop_rows)  # noqa: E702
     layouts = [(1, 2)] if "layouts" in skip else [(1, 2), (2, 1)]
+    if "drains" in skip:
+        layouts = []
     res["noop"] = {}
     res["per_reservation"] = {}
     for lay in layouts:
@@ -467,12 +488,13 @@ def main() -> int:
         step(f"no-op drain {key}"); res["noop"][key] = best(noop_drain, drain, lay)  # noqa: E702
         step(f"per-reservation drain {key}")
         res["per_reservation"][key] = best(product_drain, drain, lay)
-    best_layout = max(res["per_reservation"], key=lambda k: res["per_reservation"][k]["rate"])
+    best_layout = max(res["per_reservation"], key=lambda k: res["per_reservation"][k]["rate"],
+                      default="1x2")
     lay_t = tuple(int(x) for x in best_layout.split("x"))
-    if "events" not in skip:
+    if "events" not in skip and "drains" not in skip:
         step(f"per-reservation drain {best_layout}, task events on")
         res["per_reservation_events"] = product_drain(drain, lay_t, events=True)  # type: ignore[arg-type]
-    if "batch" not in skip and batch_available():
+    if "batch" not in skip and "drains" not in skip and batch_available():
         step(f"batched drain {best_layout}")
         res["batched"] = best(product_drain, drain, lay_t, mode="batch")
     else:
@@ -486,7 +508,6 @@ def main() -> int:
         res["rss"] = rss(args.rss_tasks, (1, 2))
     reset()
     res["ratios"] = ratios(res, best_layout)
-    path = RESULTS / f"{STAMP}.json"
     path.write_text(json.dumps(res, indent=2, default=str) + "\n")
     print_table(res, best_layout)
     print(f"\nwritten {path.relative_to(ROOT)}")
