@@ -498,8 +498,9 @@ def main() -> int:
         step(f"batched drain {best_layout}")
         res["batched"] = best(product_drain, drain, lay_t, mode="batch")
     else:
-        res["batched"] = {"skipped": "batched release mode (CLEANUP_RELEASE_MODE=batch) is not "
-                                     "in git HEAD yet" if "batch" not in skip else "--skip batch"}
+        skipped = skip & {"batch", "drains"}
+        res["batched"] = {"skipped": f"--skip {','.join(sorted(skipped))}" if skipped else
+                          "batched release mode (CLEANUP_RELEASE_MODE=batch) is not in git HEAD"}
     if "sweep" not in skip:
         step("sweep cost 20k vs 1M rows")
         res["sweep"] = sweep_cost(args.holds, args.sweep_rows, 2000, 500)
