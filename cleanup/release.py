@@ -4,10 +4,10 @@ message's receipt; acknowledgment (acks_late) follows the commit.
 Order of decisions (DESIGN "Outcomes"): malformed → receipt exists → the domain's answer
 (not_found, already_handled, renewed, no_longer_held, not_expired, released).
 
-The domain statement runs first and the receipt insert second, so a release costs two
-statements plus the commit. That keeps the order above: duplicates of one key serialize on the
-hold's row lock, and a receipt conflict overrides whatever the domain said (it changed nothing,
-since a hold can be released at one version only once).
+The release and its receipt are one statement (autocommit: one round trip, no BEGIN/COMMIT).
+That keeps the order above: duplicates of one key serialize on the hold's row lock, the later
+one finds the hold released at this version, and for any outcome other than ``released`` a
+receipt conflict overrides what the domain said (it changed nothing).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from django.db import connection, transaction
 
-from reservations.services import ReleaseOutcome, release_if_expired
+from reservations.services import ReleaseOutcome, release_if_expired_with
 
 from .messages import ReleaseMessage
 from .models import CleanupReceipt
@@ -43,40 +43,69 @@ class ReceiptConflictAfterRelease(Exception):
     """Should be impossible: a receipt existed for a key whose hold was just released."""
 
 
+# Attached to the release statement: the receipt of a message that released its hold commits
+# in the same statement (one round trip in autocommit). No ON CONFLICT here: a receipt that
+# already exists for a key whose hold is being released would be a broken invariant, and the
+# unique violation rolls the whole statement back.
+_RECEIPT_FOR_RELEASED = (
+    f"INSERT INTO {RECEIPT_TABLE} (idempotency_key, reservation_id, version, outcome, attempt, "
+    f"worker, task_id, trace_id, queue_age_seconds, duration_ms, created_at) "
+    f"SELECT %(key)s, rel.id, rel.version, 'released', %(attempt)s, %(worker)s, %(task)s, "
+    f"%(trace)s, %(age)s, "
+    f"%(pre_ms)s + EXTRACT(EPOCH FROM clock_timestamp() - statement_timestamp()) * 1000, now() "
+    f"FROM rel RETURNING id"
+)
+
+
 def release(message: ReleaseMessage, attempt: Attempt) -> str:
     """Apply the release; return the outcome. Transient database errors propagate to the task
-    (which retries); the transaction is rolled back and nothing is half-done."""
+    (which retries); nothing is half-done.
+
+    Hot path: one statement in autocommit — lock the offering, release the hold, give the seat
+    back, write the outbox event and this message's receipt. Otherwise (nothing released) the
+    receipt records why, unless one already exists (→ ``already_handled``)."""
     started = time.perf_counter()
-    with transaction.atomic():
-        outcome = release_if_expired(message.reservation_id, message.version).value
-        if outcome not in NO_RECEIPT:
-            duration_ms = (time.perf_counter() - started) * 1000
-            with connection.cursor() as cur:
-                cur.execute(
-                    f"INSERT INTO {RECEIPT_TABLE} (idempotency_key, reservation_id, version, "
-                    f"outcome, attempt, worker, task_id, trace_id, queue_age_seconds, "
-                    f"duration_ms, created_at) "
-                    f"VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, now()) "
-                    f"ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
-                    [
-                        message.idempotency_key,
-                        message.reservation_id,
-                        message.version,
-                        outcome,
-                        attempt.attempt,
-                        attempt.worker[:200],
-                        attempt.task_id[:64],
-                        message.trace_id,
-                        attempt.queue_age_seconds,
-                        duration_ms,
-                    ],
-                )
-                inserted = cur.fetchone() is not None
-            if not inserted:
-                if outcome == ReleaseOutcome.RELEASED.value:
-                    raise ReceiptConflictAfterRelease(message.idempotency_key)
-                outcome = ALREADY_HANDLED
-    return outcome
+    params = {
+        "key": message.idempotency_key,
+        "attempt": attempt.attempt,
+        "worker": attempt.worker[:200],
+        "task": attempt.task_id[:64],
+        "trace": message.trace_id,
+        "age": attempt.queue_age_seconds,
+    }
+    params["pre_ms"] = (time.perf_counter() - started) * 1000
+    outcome = release_if_expired_with(
+        message.reservation_id,
+        message.version,
+        attach_sql=_RECEIPT_FOR_RELEASED,
+        attach_params=params,
+    ).value
+    if outcome == ReleaseOutcome.RELEASED.value or outcome in NO_RECEIPT:
+        return outcome
+    duration_ms = (time.perf_counter() - started) * 1000
+    with connection.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {RECEIPT_TABLE} (idempotency_key, reservation_id, version, "
+            f"outcome, attempt, worker, task_id, trace_id, queue_age_seconds, "
+            f"duration_ms, created_at) "
+            f"VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, now()) "
+            f"ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
+            [
+                message.idempotency_key,
+                message.reservation_id,
+                message.version,
+                outcome,
+                attempt.attempt,
+                attempt.worker[:200],
+                attempt.task_id[:64],
+                message.trace_id,
+                attempt.queue_age_seconds,
+                duration_ms,
+            ],
+        )
+        inserted = cur.fetchone() is not None
+    # A receipt for this key already exists: the message was handled before.
+    return outcome if inserted else ALREADY_HANDLED
 
 
 def release_batch(messages: list[ReleaseMessage], attempt: Attempt) -> dict[int, str]:

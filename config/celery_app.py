@@ -2,13 +2,15 @@
 
 import os
 
-from celery import Celery  # (celery does not import prometheus_client)
-
-# Before any project module: sets PROMETHEUS_MULTIPROC_DIR for a worker (FIELD-NOTES §3).
-import cleanup.worker_boot  # noqa: F401
+from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
 
 app = Celery("reservations")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+# Celery's Django fixup closes every database connection before and after *each task* unless
+# this is set (celery/fixups/django.py: close_database), so each release would open a new
+# PostgreSQL connection (~10 ms here, more than the release itself). Reuse a connection for
+# this many tasks instead; a broken one surfaces as a transient error and is retried.
+app.conf["CELERY_DB_REUSE_MAX"] = int(os.environ.get("CELERY_DB_REUSE_MAX", "1000"))
 app.autodiscover_tasks()

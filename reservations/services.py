@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -272,7 +272,7 @@ def cancel(
 # One statement: lock the offering (a FOR UPDATE subquery is locked when it yields its row,
 # before the UPDATE locks the hold: offerings before reservations), move the hold to released
 # at the version the message saw, give the seat back and write the outbox event.
-_RELEASE_SQL = f"""
+_RELEASE_CTES = f"""
 WITH off AS (
     SELECT o.id FROM {O} o
     WHERE o.id = (SELECT offering_id FROM {R} WHERE id = %(id)s)
@@ -302,8 +302,9 @@ WITH off AS (
     FROM rel
     RETURNING id
 )
-SELECT (SELECT count(*) FROM rel), (SELECT count(*) FROM seat), (SELECT count(*) FROM ev)
 """
+_RELEASE_SQL = _RELEASE_CTES + "SELECT (SELECT count(*) FROM rel), 0"
+
 
 
 def release_if_expired(
@@ -318,24 +319,48 @@ def release_if_expired(
     Returns the outcome in DESIGN's order (steps 3–8). Safe to call any number of times: only
     one call can move a hold to released, and the outbox's unique constraint backs that up.
     """
-    # No savepoint when nested (the cleanup's receipt transaction): two fewer round trips, and
-    # an error here aborts the caller's transaction anyway.
-    with transaction.atomic(savepoint=False):
-        with connection.cursor() as cur:
-            cur.execute(
-                _RELEASE_SQL,
-                {"id": reservation_id, "v": expected_version, "reason": reason, "now": now},
-            )
-            released, _seats, _events = cur.fetchone()
-            if released:
-                return ReleaseOutcome.RELEASED
-            # No change: a new statement (new snapshot under READ COMMITTED) says why.
-            cur.execute(
-                f"SELECT status, version, released_version, expires_at <= {_NOW} "
-                f"FROM {R} WHERE id = %(id)s",
-                {"id": reservation_id, "now": now},
-            )
-            row = cur.fetchone()
+    return release_if_expired_with(reservation_id, expected_version, reason=reason, now=now)
+
+
+def release_if_expired_with(
+    reservation_id: int,
+    expected_version: int,
+    *,
+    reason: str = "expired",
+    now: datetime | None = None,
+    attach_sql: str = "",
+    attach_params: dict[str, Any] | None = None,
+) -> ReleaseOutcome:
+    """``release_if_expired``, plus an optional caller-supplied write that commits atomically
+    with the release: ``attach_sql`` is one data-modifying statement reading the released row
+    from the CTE ``rel`` (id, offering_id, version, expires_at), e.g. ``INSERT … SELECT … FROM
+    rel``. The domain knows nothing of it; it only runs it in the same statement.
+
+    The release is a single statement, so outside a transaction it needs no BEGIN/COMMIT
+    round trips: the hot path (a hold that is released) costs one round trip.
+    """
+    params: dict[str, Any] = {
+        "id": reservation_id,
+        "v": expected_version,
+        "reason": reason,
+        "now": now,
+    }
+    sql = _RELEASE_SQL
+    if attach_sql:
+        sql = f"{_RELEASE_CTES}, attached AS ({attach_sql})\nSELECT (SELECT count(*) FROM rel), 0"
+        params.update(attach_params or {})
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        released = cur.fetchone()[0]
+        if released:
+            return ReleaseOutcome.RELEASED
+        # No change: a new statement (a new snapshot under READ COMMITTED) says why.
+        cur.execute(
+            f"SELECT status, version, released_version, expires_at <= {_NOW} "
+            f"FROM {R} WHERE id = %(id)s",
+            {"id": reservation_id, "now": now},
+        )
+        row = cur.fetchone()
     return classify_no_release(row, expected_version)
 
 

@@ -18,6 +18,7 @@ from cleanup.models import DeadLetter
 from cleanup.tasks import publish_release_messages
 from reservations import services
 
+from .conftest import SessionFleet
 from .fleet import (
     Worker,
     create_eligible_holds,
@@ -38,8 +39,9 @@ BATCH_ENV = {"CLEANUP_RELEASE_MODE": "batch", "CLEANUP_RELEASE_BATCH_SIZE": "50"
 
 @pytest.fixture(scope="module")
 def batch_workers(
-    django_db_setup: None, tmp_path_factory: pytest.TempPathFactory
+    session_fleet: SessionFleet, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[Worker]]:
+    session_fleet.pause()  # batch-mode workers only on these queues
     logs = tmp_path_factory.mktemp("batch-workers")
     workers = [
         Worker(f"bw{i}-{uuid.uuid4().hex[:6]}", 2, logs / f"bw{i}.log", env_overrides=BATCH_ENV)

@@ -12,20 +12,46 @@ from .fleet import ROOT, service_env
 pytestmark = [pytest.mark.workers, pytest.mark.slow]
 
 
-def test_small_burst_with_a_drain_and_a_kill_passes_its_invariant_checks(clean, tmp_path):
+def test_small_burst_with_a_drain_and_a_kill_passes_its_invariant_checks(
+    clean, exclusive_workers, tmp_path
+):
     # given: 300 holds expiring over 5 s, three workers started by the drill
     out = tmp_path / "burst"
     # when
     proc = subprocess.run(
         [
-            sys.executable, "manage.py", "burst",
-            "--holds", "300", "--window", "5", "--lead", "2",
-            "--workers", "3", "--concurrency", "1",
-            "--drain-at", "3", "--kill-at", "6",
-            "--renew-fraction", "0.05", "--duplicate-fraction", "0.05",
-            "--sweep-every", "2", "--timeout", "240", "--out", str(out),
+            sys.executable,
+            "manage.py",
+            "burst",
+            "--holds",
+            "300",
+            "--window",
+            "5",
+            "--lead",
+            "2",
+            "--workers",
+            "3",
+            "--concurrency",
+            "1",
+            "--drain-at",
+            "3",
+            "--kill-at",
+            "6",
+            "--renew-fraction",
+            "0.05",
+            "--duplicate-fraction",
+            "0.05",
+            "--sweep-every",
+            "2",
+            "--timeout",
+            "240",
+            "--out",
+            str(out),
         ],
-        cwd=ROOT, capture_output=True, text=True, timeout=290,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=290,
         # A lease longer than the drill: the killed worker's messages come back through the
         # visibility timeout (15 s in test settings), not through re-claims of queued holds.
         env=service_env(CLEANUP_LEASE_SECONDS="120"),

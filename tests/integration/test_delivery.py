@@ -22,6 +22,8 @@ import psycopg
 import pytest
 from django.conf import settings
 
+from cleanup import deliveries
+from cleanup.broker import queue_stats
 from cleanup.messages import build
 from cleanup.models import DeadLetter
 from cleanup.tasks import publish_release_messages
@@ -109,12 +111,14 @@ def status_of(hold_id: int) -> str:
     return str(scalar("SELECT status FROM reservations_reservation WHERE id = %s", [hold_id]))
 
 
-def test_a_pool_child_killed_mid_release_is_redelivered_and_released_once(clean, tmp_path):
+def test_a_pool_child_killed_mid_release_is_redelivered_and_released_once(
+    clean, exclusive_workers, tmp_path
+):
     # given: one worker, one pool process, the release parked inside its transaction
     hold_id, offering_id = one_eligible_hold()
     with dedicated(tmp_path, {"concurrency": 1}) as (worker,):
         with offering_locked(offering_id):
-            publish_for(hold_id)
+            key = publish_for(hold_id)["idempotency_key"]
             wait_until(blocked_backends, timeout=30, what="release waiting on the row lock")
             children = worker.children()
             assert len(children) == 1
@@ -122,10 +126,12 @@ def test_a_pool_child_killed_mid_release_is_redelivered_and_released_once(clean,
             killed_at = time.monotonic()
             os.kill(children[0], signal.SIGKILL)
             wait_until(lambda: worker.children() and worker.children() != children, timeout=30)
-        # then: reject_on_worker_lost puts the message back at once; a new child releases it
+        # then: reject_on_worker_lost puts the message back at once and a new child handles
+        # it (its orphaned statement may have committed meanwhile: then already_handled)
+        wait_until(lambda: deliveries.current(key) >= 2, timeout=60, what="redelivery")
         wait_until(lambda: status_of(hold_id) == "released", timeout=60, what="released")
         recovery = time.monotonic() - killed_at
-    print(f"\nrecovery after a pool child SIGKILL: {recovery:.2f}s")
+    print(f"\npool child SIGKILL: message redelivered and handled after {recovery:.2f}s")
     assert outcome_counts() == {"released": 1}
     assert invariant_violations(expected_released=[hold_id]) == []
     receipt_attempt = scalar("SELECT attempt FROM cleanup_cleanupreceipt")
@@ -133,25 +139,45 @@ def test_a_pool_child_killed_mid_release_is_redelivered_and_released_once(clean,
     assert recovery < 30
 
 
-def test_a_worker_killed_whole_mid_release_is_recovered_by_another_worker(clean, tmp_path):
-    # given: worker A parks the release mid-transaction; worker B stands by
+@pytest.mark.parametrize("orphan_statement", ["commits", "is_aborted"])
+def test_a_worker_killed_whole_mid_release_is_recovered_by_another_worker(
+    clean, exclusive_workers, tmp_path, orphan_statement
+):
+    """The release is one autocommit statement. When its worker dies while the statement waits
+    on a lock, PostgreSQL may still finish it (it notices the dead client only when it answers)
+    or the server may drop it; either way the message comes back after the visibility timeout
+    and the hold is released exactly once."""
+    # given: worker A parks the release inside its statement; worker B starts later
     hold_id, offering_id = one_eligible_hold()
+    message = None
     with dedicated(tmp_path, {"concurrency": 1}) as (worker_a,):
         with offering_locked(offering_id):
-            publish_for(hold_id)
-            wait_until(blocked_backends, timeout=30, what="release waiting on the row lock")
+            message = publish_for(hold_id)
+            backends = wait_until(blocked_backends, timeout=30, what="release waiting")
             # when: the whole worker (main process and child) is SIGKILLed: no Celery code
             # runs, the message stays in kombu's unacked set
             killed_at = time.monotonic()
             worker_a.kill()
+            if orphan_statement == "is_aborted":
+                assert scalar("SELECT pg_terminate_backend(%s)", [backends[0]]) is True
+        if orphan_statement == "commits":
+            wait_until(lambda: status_of(hold_id) == "released", timeout=30, what="orphan commit")
+        else:
+            time.sleep(1)
+            assert status_of(hold_id) == "held"
         with dedicated(tmp_path, {"concurrency": 1}):
-            # then: after the visibility timeout another worker's restore scan brings it back
-            wait_until(lambda: status_of(hold_id) == "released", timeout=90, what="released")
+            # then: after the visibility timeout another worker's restore scan brings the
+            # message back, and it is handled (released, or already_handled)
+            key = message["idempotency_key"]
+            wait_until(lambda: deliveries.current(key) >= 2, timeout=90, what="redelivery")
+            wait_until(lambda: status_of(hold_id) == "released", timeout=30, what="released")
             recovery = time.monotonic() - killed_at
+            wait_until(lambda: queue_stats(settings.CLEANUP_RELEASE_QUEUE).unacked == 0, timeout=30)
     print(
-        f"\nrecovery after a whole-worker SIGKILL: {recovery:.2f}s "
-        f"(visibility timeout {settings.CLEANUP_VISIBILITY_TIMEOUT}s, "
-        f"restore scan every {settings.CLEANUP_UNACKED_RESTORE_INTERVAL}s)"
+        f"\nwhole-worker SIGKILL, orphan statement {orphan_statement}: message redelivered "
+        f"and handled after {recovery:.2f}s (visibility timeout "
+        f"{settings.CLEANUP_VISIBILITY_TIMEOUT}s, restore scan every "
+        f"{settings.CLEANUP_UNACKED_RESTORE_INTERVAL}s)"
     )
     assert outcome_counts() == {"released": 1}
     assert invariant_violations(expected_released=[hold_id]) == []
@@ -159,7 +185,9 @@ def test_a_worker_killed_whole_mid_release_is_recovered_by_another_worker(clean,
     assert recovery < settings.CLEANUP_VISIBILITY_TIMEOUT + 30
 
 
-def test_a_terminated_database_connection_is_retried_then_released_once(clean, tmp_path):
+def test_a_terminated_database_connection_is_retried_then_released_once(
+    clean, exclusive_workers, tmp_path
+):
     # given
     hold_id, offering_id = one_eligible_hold()
     with dedicated(tmp_path, {"concurrency": 1}):
@@ -290,10 +318,10 @@ MALFORMED: dict[str, tuple[dict[str, Any], str, str]] = {
 
 
 def test_malformed_messages_are_dead_lettered_with_a_reason_and_valid_ones_keep_flowing(
-    clean, tmp_path
+    clean, exclusive_workers, tmp_path
 ):
     # given: two workers that cap deliveries at 3 and can run the poison task
-    env = {"CLEANUP_MAX_DELIVERIES": "3"}
+    env = {"CLEANUP_MAX_DELIVERIES": "3", "CLEANUP_MAX_RETRIES": "2"}
     holds = create_eligible_holds(50, offerings=2)
     with dedicated(
         tmp_path,

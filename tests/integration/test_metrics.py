@@ -97,7 +97,9 @@ def total(m: Samples, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in m.items() if n == name and want <= set(ls))
 
 
-def test_drained_consumer_drill(clean: Any, tmp_path: Path, client: Client, report: Any) -> None:
+def test_drained_consumer_drill(
+    clean: Any, exclusive_workers: None, tmp_path: Path, client: Client, report: Any
+) -> None:
     settings.METRICS_TOKEN = "drill"
     install_schedule(2, 3600)
     ids = create_eligible_holds(400, offerings=4, expired_seconds_ago=30)
@@ -160,7 +162,7 @@ CREATE TRIGGER obs_test_fail_release BEFORE UPDATE ON reservations_reservation
 
 
 def test_retries_add_to_attempts_and_retries_not_transitions(
-    clean: Any, tmp_path: Path, report: Any
+    clean: Any, exclusive_workers: None, tmp_path: Path, report: Any
 ) -> None:
     ids = create_eligible_holds(60, offerings=2, expired_seconds_ago=30)
     injected = 25
@@ -200,7 +202,7 @@ def test_retries_add_to_attempts_and_retries_not_transitions(
 
 
 def test_scrape_time_stays_bounded_after_hundreds_of_child_recycles(
-    clean: Any, tmp_path: Path, report: Any
+    clean: Any, exclusive_workers: None, tmp_path: Path, report: Any
 ) -> None:
     port = free_port()
     worker = metric_worker(tmp_path, "recycle", port, "--max-tasks-per-child", "1").start()
