@@ -87,3 +87,24 @@ def clean(transactional_db: None) -> Iterator[None]:
         cur.execute(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")
     yield
     purge_broker()
+    # pytest-django truncates every table after the test; a worker still finishing a task (or a
+    # sweep sent by beat just before the purge) would deadlock with that TRUNCATE. Wait until
+    # no other session of the test database is running a statement or holding a transaction.
+    _wait_for_quiet_database()
+
+
+def _wait_for_quiet_database(timeout: float = 30) -> None:
+    import time
+
+    from django.db import connection
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND state IN ('active', 'idle in transaction')"
+            )
+            if cur.fetchone()[0] == 0:
+                return
+        time.sleep(0.1)
