@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ from django.db import connection
 
 # The invariants moved to the product (the burst drill checks them too); re-exported here.
 from cleanup.invariants import invariant_violations as invariant_violations
+from cleanup.workers import WorkerProcess, celery_bin
 
 ROOT = Path(__file__).resolve().parents[2]
 QUEUES = "sweep,cleanup,maintenance"
@@ -53,98 +53,24 @@ def service_env(**overrides: str) -> dict[str, str]:
     return env
 
 
-def celery_bin() -> str:
-    return str(Path(sys.executable).with_name("celery"))
+class Worker(WorkerProcess):
+    """A product worker (``cleanup.workers``) on the tests' database and broker."""
 
-
-@dataclass
-class Worker:
-    name: str
-    concurrency: int
-    log_path: Path
-    extra_args: list[str] = field(default_factory=list)
-    env_overrides: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Worker:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [
-                celery_bin(),
-                "-A",
-                "config",
-                "worker",
-                "-Q",
-                QUEUES,
-                "-c",
-                str(self.concurrency),
-                "-n",
-                f"{self.name}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "--loglevel",
-                "INFO",
-                *self.extra_args,
-            ],
-            cwd=ROOT,
-            env=service_env(**self.env_overrides),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+    def __init__(
+        self,
+        name: str,
+        concurrency: int,
+        log_path: Path,
+        extra_args: list[str] | None = None,
+        env_overrides: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(
+            name,
+            concurrency,
+            log_path,
+            env=service_env(**(env_overrides or {})),
+            extra_args=list(extra_args or []),
         )
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise RuntimeError(f"worker {self.name} exited:\n{self.log_tail()}")
-            if b" ready." in self.log_path.read_bytes():
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"worker {self.name} not ready in {timeout}s:\n{self.log_tail()}")
-
-    def children(self) -> list[int]:
-        """Pool child pids (prefork)."""
-        path = Path(f"/proc/{self.pid}/task/{self.pid}/children")
-        try:
-            return [int(p) for p in path.read_text().split()]
-        except OSError:
-            return []
-
-    def stop(self, timeout: float = 30) -> None:
-        """Warm shutdown (SIGTERM): running tasks finish, prefetched ones are restored."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group: main process and pool children."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(10)
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
 
 def purge_broker() -> None:
