@@ -148,18 +148,36 @@ def _reset_connection_on_transient(exc: BaseException) -> None:
             pass
 
 
-@shared_task(
-    bind=True,
-    base=CleanupTask,
-    name="cleanup.release_reservation",
-    # Transient errors retry with exponential backoff and full jitter (uniform in
-    # [0, min(backoff_max, 2**n)]), capped below the visibility timeout (settings check it).
-    autoretry_for=TRANSIENT_ERRORS,
-    retry_backoff=True,
-    retry_backoff_max=settings.CLEANUP_RETRY_BACKOFF_MAX,
-    retry_jitter=True,
-    max_retries=settings.CLEANUP_MAX_RETRIES,
-)
+# Release tasks: transient errors retry with exponential backoff and full jitter (uniform in
+# [0, min(backoff_max, 2**n)]), capped below the visibility timeout (settings check it).
+RELEASE_TASK_OPTIONS: dict[str, Any] = {
+    "bind": True,
+    "base": CleanupTask,
+    "autoretry_for": TRANSIENT_ERRORS,
+    "retry_backoff": True,
+    "retry_backoff_max": settings.CLEANUP_RETRY_BACKOFF_MAX,
+    "retry_jitter": True,
+    "max_retries": settings.CLEANUP_MAX_RETRIES,
+}
+
+
+def _dead_letter_malformed(
+    task: CleanupTask, exc: MalformedMessage, message: Any, age: float | None
+) -> dict[str, Any]:
+    deadletters.record(
+        DeadLetter.Reason.MALFORMED,
+        error=str(exc),
+        task_name=task.name,
+        task_id=task.request.id or "",
+        payload=message,
+        message=message if isinstance(message, dict) else None,
+        delivery_count=getattr(task.request, "delivery_count", 0) or 0,
+    )
+    metrics.record_outcome("malformed", None, age)
+    return {"outcome": "malformed", "reason": str(exc)}
+
+
+@shared_task(name="cleanup.release_reservation", **RELEASE_TASK_OPTIONS)
 def release_reservation_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     age = queue_age(self.request)
@@ -167,17 +185,7 @@ def release_reservation_task(self: CleanupTask, message: dict[str, Any]) -> dict
     try:
         parsed = validate(message)
     except MalformedMessage as exc:
-        deadletters.record(
-            DeadLetter.Reason.MALFORMED,
-            error=str(exc),
-            task_name=self.name,
-            task_id=self.request.id or "",
-            payload=message,
-            message=message if isinstance(message, dict) else None,
-            delivery_count=getattr(self.request, "delivery_count", 0) or 0,
-        )
-        metrics.record_outcome("malformed", None, age)
-        return {"outcome": "malformed", "reason": str(exc)}
+        return _dead_letter_malformed(self, exc, message, age)
     attempt = Attempt(
         attempt=attempt_no,
         worker=self.request.hostname or HOSTNAME,
@@ -213,16 +221,7 @@ def _log_attempt(
     logger.info("release attempt", extra=extra)
 
 
-@shared_task(
-    bind=True,
-    base=CleanupTask,
-    name="cleanup.release_batch",
-    autoretry_for=TRANSIENT_ERRORS,
-    retry_backoff=True,
-    retry_backoff_max=settings.CLEANUP_RETRY_BACKOFF_MAX,
-    retry_jitter=True,
-    max_retries=settings.CLEANUP_MAX_RETRIES,
-)
+@shared_task(name="cleanup.release_batch", **RELEASE_TASK_OPTIONS)
 def release_batch_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, Any]:
     """Batched mode: one message, many holds, one transaction; per-hold outcomes."""
     started = time.perf_counter()
@@ -230,16 +229,7 @@ def release_batch_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, 
     try:
         batch = validate_batch(message)
     except MalformedMessage as exc:
-        deadletters.record(
-            DeadLetter.Reason.MALFORMED,
-            error=str(exc),
-            task_name=self.name,
-            task_id=self.request.id or "",
-            payload=message,
-            delivery_count=getattr(self.request, "delivery_count", 0) or 0,
-        )
-        metrics.record_outcome("malformed", None, age)
-        return {"outcome": "malformed", "reason": str(exc)}
+        return _dead_letter_malformed(self, exc, message, age)
     for item, reason in batch.rejected:
         deadletters.record(
             DeadLetter.Reason.MALFORMED,
