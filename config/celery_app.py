@@ -2,7 +2,10 @@
 
 import os
 
-from celery import Celery
+from celery import Celery  # (celery does not import prometheus_client)
+
+# Before any project module: sets PROMETHEUS_MULTIPROC_DIR for a worker (FIELD-NOTES §3).
+import cleanup.worker_boot  # noqa: F401
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
 
