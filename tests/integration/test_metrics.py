@@ -242,7 +242,9 @@ def test_scrape_time_stays_bounded_after_hundreds_of_child_recycles(
     assert total(m, "reservation_cleanup_outcomes_total", outcome="not_found") == n
     assert total(m, "reservation_cleanup_delivery_attempts_total") == n
     # Without compaction: 2 files (counter + histogram) per recycled child, ~400 here.
-    assert max(f for _, f, _ in samples) <= 12
+    # Between compaction passes (every second) the files of children that exited meanwhile
+    # accumulate: a few recycles' worth, never the whole history.
+    assert max(f for _, f, _ in samples) <= 40
     assert files <= 12, files
     # Bounded: with the files bounded, a scrape once the pool is quiet is cheap. Scrapes during
     # the run compete with a fork per second on a shared 2-core box, so they are reported only.
