@@ -58,6 +58,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _has_header(path: str) -> bool:
+    """An mmap file starts with an 8-byte header (used size + padding) once initialized."""
+    try:
+        return os.path.getsize(path) >= 8
+    except OSError:
+        return False
+
+
 def compact(path: str) -> dict[str, int]:
     """Fold dead pids' counter/histogram files into one archive per type; returns counts."""
     from prometheus_client.mmap_dict import MmapedDict
@@ -77,6 +85,9 @@ def compact(path: str) -> dict[str, int]:
             if not dead:
                 continue
             totals: dict[str, float] = defaultdict(float)
+            for f in [f for f in dead if not _has_header(f)]:
+                os.remove(f)  # died before writing anything
+                dead.remove(f)
             sources = ([archive] if os.path.exists(archive) else []) + dead
             for f in sources:
                 for key, value, _ts, _pos in MmapedDict.read_all_values_from_file(f):
@@ -110,8 +121,12 @@ def _collector_class() -> Any:
         """Reads the directory under the compactor's lock."""
 
         def collect(self) -> Any:
+            # A child that is starting creates its file empty and sizes it a moment later;
+            # prometheus_client's reader fails on such a file (struct.error → HTTP 500 for the
+            # whole scrape). Skip files that have no header yet: they hold no samples.
             with _lock:
-                return list(super().collect())
+                files = [f for f in glob.glob(os.path.join(self._path, "*.db")) if _has_header(f)]
+                return list(self.merge(files, accumulate=True))
 
     return LockedMultiProcessCollector
 

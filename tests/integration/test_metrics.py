@@ -262,7 +262,9 @@ def report(request: pytest.FixtureRequest) -> Any:
     def _report(name: str, **values: Any) -> None:
         line = f"[obs-report] {name}: " + ", ".join(f"{k}={v}" for k, v in values.items())
         print(line)
-        with open(Path(__file__).resolve().parents[2] / "var" / "obs-report.txt", "a") as fh:
+        path = Path(__file__).resolve().parents[2] / "var" / "obs-report.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)  # var/ is not in a fresh clone
+        with path.open("a") as fh:
             fh.write(line + "\n")
 
     return _report
