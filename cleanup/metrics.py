@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -116,22 +115,42 @@ OUTBOX_OLDEST_SQL = (
 Sample = tuple[tuple[str, ...], float]
 
 
-def desired_consumers() -> float | None:
-    """The hook for ``reservation_cleanup_desired_consumers`` (None = not exported).
+# Measured over this window: terminal outcomes per second and their mean duration (receipts,
+# index cleanup_receipt_created_idx).
+DESIRED_WINDOW_S = 60
 
-    For now plain arithmetic from settings: ceil(peak arrivals/s × (1 + headroom) / releases/s
-    one consumer sustains). Both ``CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S`` and
-    ``CLEANUP_CAPACITY_PER_CONSUMER_PER_S`` must be set. A teammate replaces this with a
-    computation from observed rates; keep the signature.
+
+def desired_consumers(
+    processed_in_window: int,
+    mean_duration_ms: float | None,
+    backlog_growth_per_s: float,
+) -> float | None:
+    """``reservation_cleanup_desired_consumers``: consumers = arrival rate × service time ÷
+    utilization (``cleanup.capacity.compute_desired_consumers``), with
+    - arrival rate = holds processed per second over the window + the growth of the eligible
+      backlog per second (what arrives is either processed or waiting), or the planned peak
+      ``CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S`` when that is higher;
+    - service time = 1 / ``CLEANUP_CAPACITY_PER_CONSUMER_PER_S`` when set (e.g. from a burst
+      report, which includes Celery's own per-message cost), else the receipts' mean duration
+      (the release itself only, so a lower bound);
+    - ``CLEANUP_CAPACITY_HEADROOM`` as the retry/headroom ratio; utilization target 0.7.
+    None (not exported) while no service time is known.
     """
     from django.conf import settings
 
-    arrivals = float(getattr(settings, "CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S", 0) or 0)
+    from .capacity import compute_desired_consumers
+
+    planned = float(getattr(settings, "CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S", 0) or 0)
     per_consumer = float(getattr(settings, "CLEANUP_CAPACITY_PER_CONSUMER_PER_S", 0) or 0)
     headroom = float(getattr(settings, "CLEANUP_CAPACITY_HEADROOM", 0.5) or 0)
-    if arrivals <= 0 or per_consumer <= 0:
+    arrivals = max(planned, processed_in_window / DESIRED_WINDOW_S + max(0.0, backlog_growth_per_s))
+    if per_consumer > 0:
+        service_time = 1.0 / per_consumer
+    elif mean_duration_ms:
+        service_time = mean_duration_ms / 1000.0
+    else:
         return None
-    return float(math.ceil(arrivals * (1 + headroom) / per_consumer))
+    return float(compute_desired_consumers(arrivals, service_time, 0.7, headroom))
 
 
 class BacklogCollector(Collector):
@@ -145,6 +164,7 @@ class BacklogCollector(Collector):
         self._last: dict[str, dict[str, list[Sample]]] = {}
         self._errors: dict[str, float] = {s: 0.0 for s in self.SECTIONS}
         self._durations: dict[str, float] = {}
+        self._previous_backlog: tuple[float, float] | None = None
 
     # -- readings ---------------------------------------------------------------------------
 
@@ -251,10 +271,31 @@ class BacklogCollector(Collector):
 
         return self._db(run)
 
-    @staticmethod
-    def read_desired_consumers() -> dict[str, list[Sample]]:
-        value = desired_consumers()
-        return {"desired_consumers": [] if value is None else [((), value)]}
+    def read_desired_consumers(self) -> dict[str, list[Sample]]:
+        from .models import CleanupReceipt
+
+        # Backlog growth from this refresh's eligible count and the previous one.
+        backlog = sum(v for _, v in self._last.get("eligible", {}).get("eligible_reservations", []))
+        now = time.monotonic()
+        previous = self._previous_backlog
+        self._previous_backlog = (now, backlog)
+        growth = 0.0
+        if previous is not None and now > previous[0]:
+            growth = (backlog - previous[1]) / (now - previous[0])
+
+        def run(cur: Any) -> dict[str, list[Sample]]:
+            cur.execute(
+                f"SELECT count(*), avg(duration_ms) FROM {CleanupReceipt._meta.db_table} "
+                f"WHERE created_at > now() - make_interval(secs => %s)",
+                [DESIRED_WINDOW_S],
+            )
+            processed, mean_ms = cur.fetchone()
+            value = desired_consumers(
+                int(processed), float(mean_ms) if mean_ms is not None else None, growth
+            )
+            return {"desired_consumers": [] if value is None else [((), value)]}
+
+        return self._db(run)
 
     # -- collection -------------------------------------------------------------------------
 
@@ -332,5 +373,7 @@ GAUGE_HELP = {
     "queue_unacked": "Messages fetched by workers and not yet acknowledged (Redis)",
     "outbox_oldest_unpublished_age_seconds": "Age of the oldest unpublished outbox event (0: none)",
     "dead_letters_open": "Dead letters not yet resolved (requeued)",
-    "desired_consumers": "Consumers needed for the planned peak (capacity settings)",
+    "desired_consumers": (
+        "Consumers needed: measured arrival rate x service time / 0.7 utilization, with headroom"
+    ),
 }

@@ -57,3 +57,34 @@ def test_command_from_a_burst_report(tmp_path, capsys):
     )
     call_command("capacity_plan", "--from-report", str(report), "--utilization", "1.0")
     assert "at utilization 1.0: ceil(2) = 2 consumers" in capsys.readouterr().out
+
+
+def test_the_desired_consumers_gauge_follows_the_measured_rate_and_service_time(db, settings):
+    # given: 600 releases in the last minute (10/s), each taking 100 ms, no planned peak
+    from cleanup.metrics import BacklogCollector
+    from cleanup.models import CleanupReceipt
+
+    settings.CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S = 0
+    settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 0
+    settings.CLEANUP_CAPACITY_HEADROOM = 0
+    CleanupReceipt.objects.bulk_create(
+        CleanupReceipt(
+            idempotency_key=f"release:{i}:1",
+            reservation_id=i,
+            version=1,
+            outcome="released",
+            duration_ms=100.0,
+        )
+        for i in range(1, 601)
+    )
+    # when
+    reading = BacklogCollector().read_desired_consumers()
+    # then: 10/s × 0.1 s = 1 busy consumer → ceil(1 / 0.7) = 2
+    assert reading == {"desired_consumers": [((), 2.0)]}
+
+
+def test_the_desired_consumers_gauge_is_absent_without_a_known_service_time(db, settings):
+    from cleanup.metrics import BacklogCollector
+
+    settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 0
+    assert BacklogCollector().read_desired_consumers() == {"desired_consumers": []}
