@@ -1,12 +1,18 @@
-"""A worker consumer that dead-letters what Celery cannot turn into a task.
+"""A worker consumer that turns whatever a single message raises into a dead letter.
 
-- An undecodable body: Celery logs it and acks it, sending no signal (``on_decode_error``);
-  this subclass records a dead letter first.
-- A body that decodes but has the wrong shape (not ``[args, kwargs, embed]``): Celery's
-  request constructor raises, and the exception escapes the consumer and **kills the worker's
-  main process** ("Unrecoverable error"); the message then comes back after the visibility
-  timeout and kills the next worker. This subclass catches it, dead-letters the message and
-  rejects it (no requeue).
+Celery's consumer runs a message through decoding, the task registry, the request constructor
+and the hand-off to a pool child in the worker's *main* process. An exception anywhere there
+stops the worker ("Unrecoverable error"), the message is restored, and it stops the next worker
+the same way: one message can take down a fleet. This subclass:
+
+1. screens the message before anything decodes it deeply (``cleanup.screening``): body size,
+   JSON nesting, the types of the headers Celery reads, an unknown task name, the body's shape;
+2. runs Celery's own handler inside a catch-all, so anything else a single message raises
+   (decode errors, ``RecursionError``, ``MemoryError``, a bug) is contained too;
+3. records a dead letter with the reason and a bounded copy of the message, then rejects the
+   message without requeue (the dead letter row is the copy that is kept).
+
+Only connection-level errors propagate: they restart the consumer, and the broker redelivers.
 Set by the ``worker_consumer`` setting.
 """
 
@@ -17,37 +23,83 @@ from collections.abc import Callable
 from typing import Any
 
 from celery.worker.consumer import Consumer
+from kombu.exceptions import ContentDisallowed, DecodeError
 from vine import promise
+
+from . import screening
+from .models import DeadLetter
+from .signals import dead_letter_message, dead_letter_undecodable
 
 logger = logging.getLogger("cleanup.consumer")
 
-# What a malformed message makes Celery's request constructor raise.
-SHAPE_ERRORS = (ValueError, TypeError, KeyError, AttributeError, IndexError, UnicodeError)
+
+# celery-types does not declare the consumer's runtime attributes (strategies, errors).
+_Consumer: Any = Consumer
 
 
-class DeadLetteringConsumer(Consumer):  # type: ignore[misc]
+class DeadLetteringConsumer(_Consumer):
     def on_decode_error(self, message: Any, exc: Exception) -> None:
-        from .signals import dead_letter_undecodable
-
         try:
             dead_letter_undecodable(message, exc)
         finally:
             super().on_decode_error(message, exc)
 
+    def _set_aside(self, message: Any, reason: str, error: str) -> None:
+        """Dead-letter and reject one message; never raises but for the connection."""
+        logger.error(
+            "message set aside before reaching a task", extra={"reason": reason, "error": error}
+        )
+        dead_letter_message(message, reason, error)
+        if not message.acknowledged:
+            message.reject_log_error(logger, self.connection_errors)  # type: ignore[attr-defined]
+
+    def _screen(self, message: Any) -> tuple[str, str] | None:
+        """(reason, error) when the message must not go on to Celery's handler."""
+        problem = screening.check_raw(message.body)
+        if problem:
+            return DeadLetter.Reason.REJECTED, problem
+        headers = message.headers
+        if not isinstance(headers, dict) or "task" not in headers:
+            return None  # not a task message: Celery's own path dead-letters it (task_rejected)
+        name = headers["task"]
+        if not isinstance(name, str):
+            return DeadLetter.Reason.REJECTED, "header 'task' must be a string"
+        if name not in self.strategies:
+            # Handled here: Celery's unknown-task path decodes the body again and raises when
+            # it cannot (no 'id' header plus an undecodable body stopped the worker).
+            return DeadLetter.Reason.UNKNOWN_TASK, f"no task named {name[:200]!r} is registered"
+        problem = screening.check_headers(headers)
+        if problem:
+            return DeadLetter.Reason.REJECTED, problem
+        try:
+            payload = message.payload  # decoded once; kombu caches it for the request
+        except (DecodeError, ContentDisallowed) as exc:
+            return DeadLetter.Reason.REJECTED, f"undecodable message: {exc!r}"[:2000]
+        problem = screening.check_payload(payload)
+        if problem:
+            return DeadLetter.Reason.REJECTED, problem
+        return None
+
     def create_task_handler(self, promise: Any = promise) -> Callable[[Any], Any]:
         handler = super().create_task_handler(promise)
+        fatal = tuple(self.connection_errors) + tuple(self.channel_errors)
 
         def on_task_received(message: Any) -> Any:
             try:
-                return handler(message)
-            except SHAPE_ERRORS as exc:
-                from .signals import dead_letter_rejected
-
-                logger.error("message has the wrong shape; dead-lettered", exc_info=True)
+                problem = self._screen(message)
+                if problem is None:
+                    return handler(message)
+                self._set_aside(message, *problem)
+            except fatal:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one message must never stop the worker
+                logger.error("message raised before reaching a task", exc_info=True)
                 try:
-                    dead_letter_rejected(message=message, exc=exc)
-                finally:
-                    message.reject_log_error(logger, self.connection_errors)  # type: ignore[attr-defined]
-                return None
+                    self._set_aside(message, DeadLetter.Reason.REJECTED, repr(exc)[:2000])
+                except fatal:
+                    raise
+                except Exception:  # noqa: BLE001
+                    logger.exception("could not set the message aside")
+            return None
 
         return on_task_received

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from reservations import services as reservation_services
@@ -23,20 +23,56 @@ from .models import DeadLetter
 
 logger = logging.getLogger(__name__)
 
-PAYLOAD_LIMIT = 8192
+PAYLOAD_LIMIT = 8192  # characters of the raw payload a dead letter keeps
+MESSAGE_LIMIT = 8192  # characters of JSON a dead letter keeps as the parsed message
+_BIGINT_MAX = 2**63 - 1
+_INT_MAX = 2**31 - 1
+
+
+def clean_text(value: Any, limit: int) -> str:
+    """Text PostgreSQL can store: lone surrogates replaced, NUL escaped, cut at ``limit``."""
+    text = value if isinstance(value, str) else str(value)
+    text = text[: limit * 2]  # bound the work before any copy below
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text[:limit]
 
 
 def _truncate(payload: Any) -> str:
     if isinstance(payload, bytes | bytearray | memoryview):
-        text = bytes(payload).decode("utf-8", errors="replace")
+        text = bytes(payload[: PAYLOAD_LIMIT * 4]).decode("utf-8", errors="replace")
     elif isinstance(payload, str):
         text = payload
     else:
         try:
             text = json.dumps(payload, default=repr)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             text = repr(payload)
-    return text[:PAYLOAD_LIMIT]
+    return clean_text(text, PAYLOAD_LIMIT)
+
+
+def _storable_message(message: Any) -> dict[str, Any] | None:
+    """The parsed message as JSON PostgreSQL accepts (no NUL, no lone surrogate), if small."""
+    if not isinstance(message, dict):
+        return None
+    try:
+        text = json.dumps(message, ensure_ascii=False)
+        text.encode("utf-8")
+    except (TypeError, ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
+        return None
+    if len(text) > MESSAGE_LIMIT or "\x00" in text or "\\u0000" in text:
+        return None
+    return message
+
+
+def _in_range(value: Any, maximum: int) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= maximum:
+        return value
+    return None
 
 
 def record(
@@ -53,58 +89,89 @@ def record(
     idempotency_key: str = "",
     trace_id: str = "",
 ) -> DeadLetter | None:
-    """Write a dead letter in its own transaction. Never raises: when the database itself is
-    down, the dead letter is logged and counted, and the hold's lease brings it back later."""
+    """Write a dead letter in its own transaction. Never raises, and stores *something* for
+    every input: every field is bounded and sanitized first, and when the full row still
+    cannot be written a bare row with the reason and the error is tried. Only when the
+    database itself is unreachable is the dead letter just logged and counted (the hold's
+    lease then brings the hold back to a later sweep)."""
+    try:
+        return _record(
+            reason,
+            error=error,
+            task_name=task_name,
+            task_id=task_id,
+            payload=payload,
+            message=message,
+            delivery_count=delivery_count,
+            reservation_id=reservation_id,
+            version=version,
+            idempotency_key=idempotency_key,
+            trace_id=trace_id,
+        )
+    except Exception:  # noqa: BLE001 - a dead letter is the last resort; it never raises
+        logger.exception("dead letter could not be recorded", extra={"reason": reason})
+        return None
+
+
+def _record(
+    reason: str,
+    *,
+    error: str,
+    task_name: str,
+    task_id: str,
+    payload: Any,
+    message: dict[str, Any] | None,
+    delivery_count: int,
+    reservation_id: int | None,
+    version: int | None,
+    idempotency_key: str,
+    trace_id: str,
+) -> DeadLetter | None:
+    if not isinstance(message, dict):
+        message = None
     if message is not None:
-        reservation_id = reservation_id or _int_or_none(message.get("reservation_id"))
-        version = version or _int_or_none(message.get("version"))
-        idempotency_key = idempotency_key or str(message.get("idempotency_key", ""))[:120]
-        trace_id = trace_id or str(message.get("trace_id", ""))[:64]
-    metrics.record_dead_letter(reason)
+        reservation_id = reservation_id or message.get("reservation_id")
+        version = version or message.get("version")
+        idempotency_key = idempotency_key or str(message.get("idempotency_key", ""))
+        trace_id = trace_id or str(message.get("trace_id", ""))
+    fields: dict[str, Any] = {
+        "reason": clean_text(reason, 32),
+        "error": clean_text(error, 4000),
+        "task_name": clean_text(task_name, 200),
+        "task_id": clean_text(task_id, 64),
+        "reservation_id": _in_range(reservation_id, _BIGINT_MAX),
+        "version": _in_range(version, _INT_MAX),
+        "idempotency_key": clean_text(idempotency_key, 120),
+        "trace_id": clean_text(trace_id, 64),
+        "delivery_count": max(0, min(int(delivery_count or 0), _INT_MAX)),
+    }
+    metrics.record_dead_letter(fields["reason"])
     log_fields = {
-        "reason": reason,
-        "task": task_name,
-        "task_id": task_id,
-        "reservation_id": reservation_id,
-        "version": version,
-        "trace_id": trace_id,
-        "deliveries": delivery_count,
-        "error": error[:500],
+        **{k: v for k, v in fields.items() if k != "task_name"},
+        "task": fields["task_name"],
+        "error": fields["error"][:500],
     }
     try:
         with transaction.atomic():
             letter = DeadLetter.objects.create(
-                reason=reason,
-                error=error[:4000],
-                task_name=task_name[:200],
-                task_id=task_id[:64],
                 payload=_truncate(payload if payload is not None else message),
-                message=message if _jsonable(message) else None,
-                delivery_count=delivery_count,
-                reservation_id=reservation_id,
-                version=version,
-                idempotency_key=idempotency_key,
-                trace_id=trace_id,
+                message=_storable_message(message),
+                **fields,
             )
-    except DatabaseError:
+    except (OperationalError, InterfaceError):
         logger.exception("dead letter could not be stored", extra=log_fields)
         return None
+    except DatabaseError as exc:
+        # Something in the row was still unacceptable: keep the reason and the error.
+        logger.exception("dead letter stored without its payload", extra=log_fields)
+        with transaction.atomic():
+            letter = DeadLetter.objects.create(
+                reason=fields["reason"],
+                error=clean_text(f"{fields['error']} [row rejected: {exc!r}]", 4000),
+                task_name=fields["task_name"],
+            )
     logger.warning("dead-lettered", extra={**log_fields, "dead_letter_id": letter.pk})
     return letter
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _jsonable(value: Any) -> bool:
-    if value is None:
-        return False
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 def requeue(letters: Iterable[DeadLetter], *, dry_run: bool = False) -> Counter[str]:

@@ -12,6 +12,9 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 MAX_TRACE_ID = 64
+# What the columns can hold: ids are PostgreSQL bigint, versions and shards integer.
+BIGINT_MAX = 2**63 - 1
+INT_MAX = 2**31 - 1
 
 
 class MalformedMessage(ValueError):
@@ -57,7 +60,7 @@ def build(
     ).as_dict()
 
 
-def _int(raw: dict[str, Any], name: str, minimum: int) -> int:
+def _int(raw: dict[str, Any], name: str, minimum: int, maximum: int = INT_MAX) -> int:
     if name not in raw:
         raise MalformedMessage(f"missing field {name!r}")
     value = raw[name]
@@ -66,6 +69,8 @@ def _int(raw: dict[str, Any], name: str, minimum: int) -> int:
         raise MalformedMessage(f"field {name!r} must be an integer, got {type(value).__name__}")
     if value < minimum:
         raise MalformedMessage(f"field {name!r} must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise MalformedMessage(f"field {name!r} must be <= {maximum}, got {str(value)[:40]}")
     return value
 
 
@@ -77,19 +82,31 @@ def _str(raw: dict[str, Any], name: str, max_length: int) -> str:
         raise MalformedMessage(f"field {name!r} must be a string, got {type(value).__name__}")
     if len(value) > max_length:
         raise MalformedMessage(f"field {name!r} is longer than {max_length} characters")
+    # PostgreSQL text holds neither NUL nor a lone surrogate (which is not UTF-8 at all).
+    if "\x00" in value:
+        raise MalformedMessage(f"field {name!r} contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise MalformedMessage(f"field {name!r} is not valid Unicode text") from None
     return value
+
+
+def _schema_version(raw: dict[str, Any]) -> int:
+    schema_version = _int(raw, "schema_version", 1)
+    if schema_version != SCHEMA_VERSION:
+        raise MalformedMessage(
+            f"unsupported schema_version {schema_version} (this worker reads {SCHEMA_VERSION})"
+        )
+    return schema_version
 
 
 def validate(raw: object) -> ReleaseMessage:
     """Return the message, or raise ``MalformedMessage`` saying what is wrong."""
     if not isinstance(raw, dict):
         raise MalformedMessage(f"message must be a JSON object, got {type(raw).__name__}")
-    schema_version = _int(raw, "schema_version", 1)
-    if schema_version != SCHEMA_VERSION:
-        raise MalformedMessage(
-            f"unsupported schema_version {schema_version} (this worker reads {SCHEMA_VERSION})"
-        )
-    reservation_id = _int(raw, "reservation_id", 1)
+    schema_version = _schema_version(raw)
+    reservation_id = _int(raw, "reservation_id", 1, BIGINT_MAX)
     version = _int(raw, "version", 1)
     shard = _int(raw, "shard", 0)
     key = _str(raw, "idempotency_key", 120)
@@ -165,11 +182,7 @@ def validate_batch(raw: object) -> BatchMessage:
     validated on its own, and malformed items are returned in ``rejected`` with a reason."""
     if not isinstance(raw, dict):
         raise MalformedMessage(f"message must be a JSON object, got {type(raw).__name__}")
-    schema_version = _int(raw, "schema_version", 1)
-    if schema_version != SCHEMA_VERSION:
-        raise MalformedMessage(
-            f"unsupported schema_version {schema_version} (this worker reads {SCHEMA_VERSION})"
-        )
+    schema_version = _schema_version(raw)
     if raw.get("kind") != BATCH_KIND:
         raise MalformedMessage(f"field 'kind' must be {BATCH_KIND!r}")
     shard = _int(raw, "shard", 0)

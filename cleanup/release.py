@@ -27,8 +27,20 @@ logger = logging.getLogger("cleanup.release")
 
 ALREADY_HANDLED = ReleaseOutcome.ALREADY_HANDLED.value
 RECEIPT_TABLE = CleanupReceipt._meta.db_table
-# not_expired records no receipt: the same key may legitimately be released later.
-NO_RECEIPT = {ReleaseOutcome.NOT_EXPIRED.value}
+# Outcomes that record no receipt, because the same key may legitimately be released later:
+# not_expired (the hold expires later at the same version) and not_found (a message may name
+# an id before its hold exists; a receipt would then block that hold's release for good).
+NO_RECEIPT = {ReleaseOutcome.NOT_EXPIRED.value, ReleaseOutcome.NOT_FOUND.value}
+# A released hold's receipt replaces a non-released receipt for the same key (one written by an
+# older version of this code, say): exactly one 'released' receipt per hold, and never an
+# integrity error that would leave an expired hold held.
+_UPSERT_RELEASED = (
+    f"ON CONFLICT (idempotency_key) DO UPDATE SET outcome = EXCLUDED.outcome, "
+    f"attempt = EXCLUDED.attempt, worker = EXCLUDED.worker, task_id = EXCLUDED.task_id, "
+    f"trace_id = EXCLUDED.trace_id, queue_age_seconds = EXCLUDED.queue_age_seconds, "
+    f"duration_ms = EXCLUDED.duration_ms, created_at = EXCLUDED.created_at "
+    f"WHERE EXCLUDED.outcome = 'released' AND {RECEIPT_TABLE}.outcome <> 'released'"
+)
 
 
 @dataclass(frozen=True)
@@ -44,16 +56,14 @@ class ReceiptConflictAfterRelease(Exception):
 
 
 # Attached to the release statement: the receipt of a message that released its hold commits
-# in the same statement (one round trip in autocommit). No ON CONFLICT here: a receipt that
-# already exists for a key whose hold is being released would be a broken invariant, and the
-# unique violation rolls the whole statement back.
+# in the same statement (one round trip in autocommit).
 _RECEIPT_FOR_RELEASED = (
     f"INSERT INTO {RECEIPT_TABLE} (idempotency_key, reservation_id, version, outcome, attempt, "
     f"worker, task_id, trace_id, queue_age_seconds, duration_ms, created_at) "
     f"SELECT %(key)s, rel.id, rel.version, 'released', %(attempt)s, %(worker)s, %(task)s, "
     f"%(trace)s, %(age)s, "
     f"%(pre_ms)s + EXTRACT(EPOCH FROM clock_timestamp() - statement_timestamp()) * 1000, now() "
-    f"FROM rel RETURNING id"
+    f"FROM rel {_UPSERT_RELEASED} RETURNING id"
 )
 
 
@@ -129,8 +139,7 @@ def release_batch(messages: list[ReleaseMessage], attempt: Attempt) -> dict[int,
                     f"SELECT k, r, v, o, %(attempt)s, %(worker)s, %(task)s, t, %(age)s, "
                     f"%(ms)s, now() FROM unnest(%(keys)s::text[], %(ids)s::bigint[], "
                     f"%(versions)s::int[], %(outcomes)s::text[], %(traces)s::text[]) "
-                    f"AS x(k, r, v, o, t) "
-                    f"ON CONFLICT (idempotency_key) DO NOTHING RETURNING reservation_id",
+                    f"AS x(k, r, v, o, t) {_UPSERT_RELEASED} RETURNING reservation_id",
                     {
                         "attempt": attempt.attempt,
                         "worker": attempt.worker[:200],

@@ -18,18 +18,56 @@ def stamp_enqueued_at(headers: dict[str, Any] | None = None, **_: Any) -> None:
         headers["enqueued_at"] = time.time()
 
 
+# A dead letter keeps the start of a body; the rest is never decoded or copied.
+RAW_BODY_LIMIT = 8192
+
+
 def _raw(message: Any) -> dict[str, Any]:
+    """A bounded, JSON-safe description of a broker message (never raises)."""
     try:
         body = message.body
     except Exception:  # noqa: BLE001
         body = None
+    size = len(body) if isinstance(body, bytes | bytearray | str) else None
+    if isinstance(body, bytes | bytearray):
+        body = bytes(body[:RAW_BODY_LIMIT]).decode("utf-8", "replace")
+    elif isinstance(body, str):
+        body = body[:RAW_BODY_LIMIT]
     return {
-        "headers": getattr(message, "headers", None),
-        "content_type": getattr(message, "content_type", None),
-        "content_encoding": getattr(message, "content_encoding", None),
-        "delivery_info": getattr(message, "delivery_info", None),
-        "body": body.decode("utf-8", "replace") if isinstance(body, bytes) else body,
+        "headers": _bounded(getattr(message, "headers", None)),
+        "content_type": _bounded(getattr(message, "content_type", None)),
+        "content_encoding": _bounded(getattr(message, "content_encoding", None)),
+        "delivery_info": _bounded(getattr(message, "delivery_info", None)),
+        "body_bytes": size,
+        "body": body,
     }
+
+
+def _bounded(value: Any, limit: int = 2048) -> Any:
+    """Small JSON-safe values as they are; anything else as a cut repr."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    text = value if isinstance(value, str) else repr(value)
+    return text[:limit]
+
+
+def _header(message: Any, name: str, limit: int) -> str:
+    headers = getattr(message, "headers", None)
+    value = headers.get(name, "") if isinstance(headers, dict) else ""
+    return value[:limit] if isinstance(value, str) else repr(value)[:limit]
+
+
+def dead_letter_message(message: Any, reason: str, error: str) -> None:
+    """A dead letter for a broker message that never reached a task (never raises)."""
+    from . import deadletters
+
+    deadletters.record(
+        reason,
+        error=error,
+        task_name=_header(message, "task", 200),
+        task_id=_header(message, "id", 64),
+        payload=_raw(message),
+    )
 
 
 @task_unknown.connect
@@ -54,19 +92,11 @@ def dead_letter_rejected(message: Any = None, exc: Any = None, **_: Any) -> None
     deadletters.record(
         DeadLetter.Reason.REJECTED,
         error=repr(exc) if exc is not None else "message is not a task message",
-        task_name=str((getattr(message, "headers", None) or {}).get("task", ""))[:200],
-        task_id=str((getattr(message, "headers", None) or {}).get("id", ""))[:64],
+        task_name=_header(message, "task", 200),
+        task_id=_header(message, "id", 64),
         payload=_raw(message),
     )
 
 
 def dead_letter_undecodable(message: Any, exc: BaseException) -> None:
-    from . import deadletters
-
-    deadletters.record(
-        DeadLetter.Reason.REJECTED,
-        error=f"undecodable message: {exc!r}",
-        task_name=str((getattr(message, "headers", None) or {}).get("task", ""))[:200],
-        task_id=str((getattr(message, "headers", None) or {}).get("id", ""))[:64],
-        payload=_raw(message),
-    )
+    dead_letter_message(message, DeadLetter.Reason.REJECTED, f"undecodable message: {exc!r}")

@@ -9,13 +9,16 @@
 A proxy in front must not forward REMOTE_ADDR from a header you do not control.
 
 /healthz: the process is up (200, no dependencies). /readyz: the database and the broker
-answer, with timings (503 when either does not).
+answer (503 when either does not). Anyone may read the status; timings and error texts (which
+name hosts and ports) are shown only to callers allowed to read /metrics and to staff users,
+and are always logged.
 """
 
 from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
 import time
 from functools import lru_cache
 from typing import Any
@@ -33,6 +36,8 @@ from prometheus_client import (
 from prometheus_client.registry import Collector
 
 from .metrics import BacklogCollector
+
+logger = logging.getLogger("cleanup.views")
 
 
 class _DefaultRegistryCollector(Collector):
@@ -138,10 +143,23 @@ def _check_broker() -> None:
         conn.ensure_connection(max_retries=1, timeout=5)
 
 
+def _may_see_details(request: HttpRequest) -> bool:
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated and user.is_staff:
+        return True
+    if not settings.METRICS_TOKEN and not settings.METRICS_ALLOW_IPS:
+        return bool(settings.DEBUG)
+    return metrics_access(request) is None
+
+
 @require_GET
 def readyz(request: HttpRequest) -> JsonResponse:
     checks = {"database": _timed(_check_database), "broker": _timed(_check_broker)}
     ready = all(c["ok"] for c in checks.values())
     if not checks["database"]["ok"]:
         connection.close()  # a broken handle must not serve the next request
+    if not ready:
+        logger.warning("not ready", extra={"checks": checks})
+    if not _may_see_details(request):
+        checks = {name: {"ok": check["ok"]} for name, check in checks.items()}
     return JsonResponse({"ready": ready, "checks": checks}, status=200 if ready else 503)

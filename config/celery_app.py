@@ -7,7 +7,9 @@ from celery import Celery  # (celery does not import prometheus_client)
 # Before any project module: sets PROMETHEUS_MULTIPROC_DIR for a worker (FIELD-NOTES §3).
 import cleanup.worker_boot  # noqa: F401
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+# Without the variable, production: it refuses to start without real secrets, where a
+# development default would run with DEBUG and public keys.
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 
 app = Celery("reservations")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -13,6 +13,12 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from django.core.exceptions import ImproperlyConfigured
 
 _MISSING = object()
+
+# Values the development and test settings fill in; production refuses every one of them.
+DEVELOPMENT_VALUES: dict[str, frozenset[str]] = {
+    "SECRET_KEY": frozenset({"local-dev-only-not-secret", "test-only-not-secret"}),
+    "RESERVATIONS_API_TOKEN": frozenset({"local-dev-token", "test-token"}),
+}
 _TRUE = {"1", "true"}
 _FALSE = {"0", "false"}
 

@@ -90,6 +90,9 @@ CLEANUP_SWEEP_QUEUE = env_str("CLEANUP_SWEEP_QUEUE", "sweep")
 CLEANUP_RELEASE_QUEUE = env_str("CLEANUP_RELEASE_QUEUE", "cleanup")
 CLEANUP_MAINTENANCE_QUEUE = env_str("CLEANUP_MAINTENANCE_QUEUE", "maintenance")
 CLEANUP_EVENTS_QUEUE = env_str("CLEANUP_EVENTS_QUEUE", "reservation-events")
+# The largest message body a worker looks at; anything larger is dead-lettered unread
+# (a batch of 1,000 holds is about 170 KB). See docs/HARDENING.md.
+CLEANUP_MAX_MESSAGE_BYTES = env_int("CLEANUP_MAX_MESSAGE_BYTES", 1024 * 1024, minimum=64 * 1024)
 CLEANUP_DEAD_LETTER_QUEUE = env_str("CLEANUP_DEAD_LETTER_QUEUE", "dlq.cleanup")
 
 # Time limits bound a stuck release; the soft limit leaves room to roll back and log.
@@ -166,6 +169,9 @@ if BROKER_IS_REDIS:
         "unacked_restore_interval": CLEANUP_UNACKED_RESTORE_INTERVAL,
         "unacked_restore_throttle": 1,
     }
+if CELERY_BROKER_URL.startswith("redis://"):
+    # kombu's Redis transport with every list entry screened before kombu decodes it.
+    CELERY_BROKER_TRANSPORT = "cleanup.redis_transport:Transport"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # JSON only: a pickle payload would execute code; anything else is rejected and dead-lettered.
 CELERY_TASK_SERIALIZER = "json"
@@ -211,7 +217,9 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 METRICS_ALLOW_IPS = env_list("METRICS_ALLOW_IPS", [])
 METRICS_STATEMENT_TIMEOUT_MS = env_int("METRICS_STATEMENT_TIMEOUT_MS", 2000, minimum=1)
 WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0, minimum=0)
-WORKER_METRICS_ADDR = env_str("WORKER_METRICS_ADDR", "0.0.0.0")  # noqa: S104
+# The worker metrics endpoint has no authentication: loopback unless a deployment binds it to
+# the private network its Prometheus scrapes from (compose does).
+WORKER_METRICS_ADDR = env_str("WORKER_METRICS_ADDR", "127.0.0.1")
 # How often a worker's main process folds dead pool children's metric files into an archive.
 WORKER_METRICS_COMPACT_INTERVAL = env_float("WORKER_METRICS_COMPACT_INTERVAL", 30, minimum=0.1)
 # reservation_cleanup_desired_consumers = ceil(peak arrivals/s × (1 + headroom) / per consumer/s);

@@ -275,7 +275,7 @@ MALFORMED: dict[str, tuple[dict[str, Any], str, str]] = {
     "body is an object, not [args, kwargs, embed]": (
         {"body": json.dumps({"a": 1})},
         "rejected",
-        "unpack",
+        "[args, kwargs, embed]",
     ),
     "missing argument": ({"body": _body()}, "malformed", "missing a required argument"),
     "extra argument": ({"body": _body(GOOD, 2)}, "malformed", "too many positional"),

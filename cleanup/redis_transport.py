@@ -1,0 +1,111 @@
+"""kombu's Redis transport, with every list entry screened before kombu decodes it.
+
+A Redis queue is a list of JSON envelopes that kombu writes and reads. Anything that can write
+to Redis can push an entry that is not JSON, is JSON nested deep enough to exhaust the
+recursion limit, or is JSON without the envelope's fields; kombu then raises inside its event
+loop, before Celery sees a message, and the worker stops. The entry has already been popped, so
+nothing would even keep it. This transport screens each popped entry (``cleanup.screening``);
+one that fails becomes a dead letter with the raw entry (bounded) and the reason, and the
+worker reads on. Selected by the ``broker_transport`` setting when the broker is Redis.
+
+``Channel._brpop_read`` below is kombu 5.7's own, with the screening between the pop and the
+delivery; a unit test fails when kombu's version of it changes (tests/unit/test_screening.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from queue import Empty
+from typing import Any
+
+from kombu.transport import redis
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import loads
+
+from . import screening
+
+logger = logging.getLogger("cleanup.redis_transport")
+
+# kombu's type stubs lack the Redis channel's private helpers this module calls.
+_RedisChannel: Any = redis.Channel
+_RedisTransport: Any = redis.Transport
+
+# An envelope carries the body base64-encoded (4/3 of its size) plus headers and properties.
+ENVELOPE_SLACK = 1.5
+
+
+def dead_letter_entry(item: bytes | str, queue: str, problem: str) -> None:
+    from . import deadletters
+    from .models import DeadLetter
+
+    raw = item if isinstance(item, bytes) else item.encode("utf-8", "surrogatepass")
+    logger.error("broker entry set aside", extra={"queue": queue, "error": problem})
+    deadletters.record(
+        DeadLetter.Reason.REJECTED,
+        error=f"not a broker envelope: {problem}",
+        payload={"queue": queue, "entry_bytes": len(raw), "entry": raw[:8192]},
+    )
+
+
+def screen_entry(item: bytes | str, queue: str) -> dict[str, Any] | None:
+    """The decoded envelope, or ``None`` once a bad entry has been dead-lettered."""
+    problem = screening.check_raw(item, "broker entry", slack=ENVELOPE_SLACK)
+    payload: Any = None
+    if problem is None:
+        try:
+            payload = loads(bytes_to_str(item))
+        except Exception as exc:  # noqa: BLE001 - whatever the decoder raises, set it aside
+            problem = f"not JSON ({type(exc).__name__}: {str(exc)[:200]})"
+    if problem is None:
+        problem = screening.check_envelope(payload)
+        if problem is not None:
+            problem = problem.removeprefix("not a broker envelope: ")
+    if problem is None:
+        return payload  # type: ignore[no-any-return]
+    try:
+        dead_letter_entry(item, queue, problem)
+    except Exception:  # noqa: BLE001
+        logger.exception("could not dead-letter a broker entry")
+    return None
+
+
+class Channel(_RedisChannel):
+    def _brpop_read(self, **options: Any) -> bool:
+        try:
+            try:
+                dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
+            except self.connection_errors:
+                # if there's a ConnectionError, disconnect so the next
+                # iteration will reconnect automatically.
+                self.client.connection.disconnect()
+                raise
+            if dest__item:
+                dest, item = dest__item
+                dest = bytes_to_str(dest).rsplit(self.sep, 1)[0]
+                self._queue_cycle.rotate(dest)
+                payload = screen_entry(item, dest)
+                if payload is not None:
+                    self.connection._deliver(payload, dest)
+                return True
+            else:
+                raise Empty()
+        finally:
+            self._in_poll = None
+            self._flush_brpop_reauth()
+
+    def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
+        with self.conn_or_acquire() as client:
+            for pri in self.priority_steps:
+                item = client.rpop(self._q_for_pri(queue, pri))
+                if item:
+                    self._maybe_update_queues_expire(client, queue)
+                    payload = screen_entry(item, queue)
+                    if payload is None:
+                        raise Empty()  # set aside; the next poll reads on
+                    return payload
+            self._maybe_update_queues_expire(client, queue)
+            raise Empty()
+
+
+class Transport(_RedisTransport):
+    Channel = Channel

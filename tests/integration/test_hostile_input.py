@@ -1,0 +1,340 @@
+"""Hostile and corrupt input against a real worker on the real broker.
+
+Each case is published the way an attacker with write access to the broker (or a Flower login)
+could, one at a time, and each must end as one dead letter with a reason while the worker's main
+process stays up and keeps releasing valid holds. Runs on Redis and, with ``CELERY_BROKER_URL``
+set to an ``amqp://`` URL, on RabbitMQ (the Redis-only cases skip there: RabbitMQ has no
+envelope to corrupt).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from cleanup.messages import build
+from cleanup.models import DeadLetter
+from cleanup.tasks import publish_release_messages
+from config.celery_app import app
+
+from .fleet import (
+    Worker,
+    create_eligible_holds,
+    invariant_violations,
+    outcome_counts,
+    purge_broker,
+    scalar,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.workers]
+
+RELEASE_TASK = "cleanup.release_reservation"
+
+
+def _good(rid: int = 1, version: int = 1, **changes: Any) -> dict[str, Any]:
+    message = {
+        "schema_version": 1,
+        "reservation_id": rid,
+        "version": version,
+        "expires_at": "2026-01-01T00:00:00+00:00",
+        "idempotency_key": f"release:{rid}:{version}",
+        "shard": 0,
+        "trace_id": "hostile",
+    }
+    message.update(changes)
+    return message
+
+
+def _body(*args: Any) -> str:
+    return json.dumps([list(args), {}, {"callbacks": None, "errbacks": None}])
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def publish_raw(
+    body: Any,
+    *,
+    task: str | None = RELEASE_TASK,
+    headers: dict[str, Any] | None = None,
+    with_id: bool = True,
+    content_type: str = "application/json",
+    encoding: str = "utf-8",
+) -> str:
+    """Publish bytes/str as they are, with hand-made task headers, to the release queue."""
+    task_id = str(uuid.uuid4())
+    all_headers: dict[str, Any] = {}
+    if task is not None:
+        all_headers = {"lang": "py", "task": task, "retries": 0, "origin": "hostile"}
+        if with_id:
+            all_headers.update(id=task_id, root_id=task_id, parent_id=None)
+    all_headers.update(headers or {})
+    with app.connection_for_write() as conn:
+        conn.Producer().publish(
+            body,
+            exchange="",
+            routing_key=settings.CLEANUP_RELEASE_QUEUE,
+            headers=all_headers,
+            content_type=content_type,
+            content_encoding=encoding,
+        )
+    return task_id
+
+
+def push_redis_entry(entry: bytes | str) -> str:
+    """LPUSH a raw entry onto the release queue's Redis list, as anything that can write to
+    Redis could: no kombu envelope at all, or a broken one."""
+    from cleanup.broker import redis_client
+
+    redis_client().lpush(settings.CLEANUP_RELEASE_QUEUE, entry)
+    return ""
+
+
+@dataclass(frozen=True)
+class Case:
+    send: Callable[[], str]  # returns the task id it used, or ""
+    reason: str
+    words: str  # must appear in the dead letter's error
+    redis_only: bool = False
+
+
+def _envelope(raw_body: bytes, **changes: Any) -> str:
+    import base64
+
+    envelope: dict[str, Any] = {
+        "body": base64.b64encode(raw_body).decode(),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {"lang": "py", "task": RELEASE_TASK, "id": str(uuid.uuid4()), "retries": 0},
+        "properties": {
+            "delivery_info": {"exchange": "", "routing_key": "cleanup"},
+            "priority": 0,
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+        },
+    }
+    envelope.update(changes)
+    return json.dumps(envelope)
+
+
+BIG = 2 * 1024 * 1024
+
+CASES: dict[str, Case] = {
+    # -- stopped the worker's main process before (Celery/billiard/kombu raised outside a task)
+    "unknown task, no id header, body not JSON": Case(
+        lambda: publish_raw(b"{not json", task="cleanup.no_such_task", with_id=False),
+        "unknown_task",
+        "no_such_task",
+    ),
+    "unknown task, no id header, pickle content type": Case(
+        lambda: publish_raw(
+            b"\x80\x04K\x01.",
+            task="cleanup.no_such_task",
+            with_id=False,
+            content_type="application/x-python-serialize",
+            encoding="binary",
+        ),
+        "unknown_task",
+        "no_such_task",
+    ),
+    "argument nested 900 deep": Case(
+        lambda: publish_raw(f"[[{_nested(900)}], {{}}, {{}}]"), "rejected", "nested deeper"
+    ),
+    "body nested 100,000 deep": Case(
+        lambda: publish_raw(_nested(100_000)), "rejected", "nested deeper"
+    ),
+    "timelimit header is garbage": Case(
+        lambda: publish_raw(_body(_good()), headers={"timelimit": "garbage"}),
+        "rejected",
+        "timelimit",
+    ),
+    "timelimit header has strings": Case(
+        lambda: publish_raw(_body(_good()), headers={"timelimit": ["a", "b"]}),
+        "rejected",
+        "timelimit",
+    ),
+    "eta header is garbage": Case(
+        lambda: publish_raw(_body(_good()), headers={"eta": "tomorrow-ish"}), "rejected", "eta"
+    ),
+    "expires header is garbage": Case(
+        lambda: publish_raw(_body(_good()), headers={"expires": {"a": 1}}), "rejected", "expires"
+    ),
+    "retries header is a string": Case(
+        lambda: publish_raw(_body(_good()), headers={"retries": "many"}), "rejected", "retries"
+    ),
+    "task header is not a string": Case(
+        lambda: (
+            publish_raw(_body(_good()), task=None, headers={"task": ["x"], "id": "1"}) and ""
+        ),  # the id header is the hand-made "1"
+        "rejected",
+        "task",
+    ),
+    "2 MB body": Case(lambda: publish_raw(_body(_good(trace_id="x" * BIG))), "rejected", "bytes"),
+    # -- left no trace before (acked with only a log line)
+    "reservation_id 2**64": Case(
+        lambda: publish_raw(_body(_good(rid=2**64))), "malformed", "reservation_id"
+    ),
+    "version 2**40": Case(lambda: publish_raw(_body(_good(version=2**40))), "malformed", "version"),
+    "lone surrogate in trace_id": Case(
+        lambda: publish_raw(_body(_good(trace_id="\ud800"))), "malformed", "trace_id"
+    ),
+    "NUL byte in trace_id": Case(
+        lambda: publish_raw(_body(_good(trace_id="a\x00b"))), "malformed", "trace_id"
+    ),
+    "body is an object with three keys": Case(
+        lambda: publish_raw(json.dumps({"args": [_good()], "kwargs": {}, "embed": {}})),
+        "rejected",
+        "[args, kwargs, embed]",
+    ),
+    "kwargs is not a mapping": Case(
+        lambda: publish_raw(json.dumps([[_good()], [1, 2], {}])),
+        "rejected",
+        "kwargs",
+    ),
+    # -- Redis list entries that are not kombu envelopes (stopped the worker inside kombu)
+    "redis entry is not JSON": Case(
+        lambda: push_redis_entry(b"\xff\xfe not json"), "rejected", "envelope", redis_only=True
+    ),
+    "redis entry is JSON nested 100,000 deep": Case(
+        lambda: push_redis_entry(_nested(100_000)), "rejected", "envelope", redis_only=True
+    ),
+    "redis entry is a JSON list": Case(
+        lambda: push_redis_entry("[1, 2, 3]"), "rejected", "envelope", redis_only=True
+    ),
+    "redis envelope without properties": Case(
+        lambda: push_redis_entry(json.dumps({"body": "e30=", "headers": {}})),
+        "rejected",
+        "envelope",
+        redis_only=True,
+    ),
+    "redis envelope whose body is not base64": Case(
+        lambda: push_redis_entry(_envelope(b"", body="%%% not base64 %%%")),
+        "rejected",
+        "envelope",
+        redis_only=True,
+    ),
+}
+
+
+@pytest.fixture
+def hostile_worker(clean: None, exclusive_workers: None, tmp_path: Path) -> Iterator[Worker]:
+    worker = Worker(f"hostile-{uuid.uuid4().hex[:6]}", 2, tmp_path / "hostile.log").start()
+    try:
+        worker.wait_ready()
+        yield worker
+    finally:
+        worker.kill()
+
+
+@pytest.fixture
+def restarted() -> Iterator[list[Worker]]:
+    """Workers a test had to start again (only when a case stopped one); killed at the end."""
+    started: list[Worker] = []
+    yield started
+    for worker in started:
+        worker.kill()
+
+
+def _publish_valid(hold_id: int) -> None:
+    expires_at = scalar("SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id])
+    publish_release_messages([build(hold_id, 1, expires_at, 0, f"valid-{hold_id}")])
+
+
+def test_each_hostile_message_is_one_dead_letter_and_the_worker_keeps_releasing(
+    hostile_worker: Worker, tmp_path: Path, restarted: list[Worker]
+) -> None:
+    # given: one worker, and one valid expired hold per hostile case
+    on_redis = settings.BROKER_IS_REDIS
+    cases = {name: case for name, case in CASES.items() if on_redis or not case.redis_only}
+    holds = create_eligible_holds(len(cases), offerings=2)
+    worker = hostile_worker
+    main_pid = worker.pid
+    failures: list[str] = []
+    stopped: list[str] = []
+    for hold_id, (name, case) in zip(holds, cases.items(), strict=True):
+        before = DeadLetter.objects.count()
+        # when: the hostile message, then a valid one behind it
+        task_id = case.send()
+        _publish_valid(hold_id)
+
+        # then: the valid hold is released (the worker got past the hostile message) ...
+        def released_or_stopped(hold_id: int = hold_id, worker: Worker = worker) -> bool:
+            status = scalar("SELECT status FROM reservations_reservation WHERE id = %s", [hold_id])
+            return not worker.alive() or status == "released"
+
+        def dead_lettered(before: int = before) -> bool:
+            return DeadLetter.objects.count() > before
+
+        try:
+            wait_until(released_or_stopped, timeout=45, what=f"the valid hold behind {name!r}")
+            if worker.alive():
+                wait_until(dead_lettered, timeout=15, what=f"a dead letter for {name!r}")
+        except TimeoutError as exc:
+            failures.append(f"{name}: {exc}")
+            continue
+        # ... by the same main process, and exactly one dead letter says why
+        if not worker.alive() or worker.pid != main_pid:
+            # Say which case stopped it, then carry on with a fresh worker and an empty queue
+            # (the message would come back and stop the next worker too).
+            stopped.append(name)
+            purge_broker()
+            worker = Worker(f"hostile-{uuid.uuid4().hex[:6]}", 2, tmp_path / "hostile2.log")
+            restarted.append(worker.start())
+            worker.wait_ready()
+            main_pid = worker.pid
+            continue
+        letters = list(DeadLetter.objects.order_by("id")[before:])
+        if len(letters) != 1:
+            failures.append(f"{name}: {len(letters)} dead letters")
+            continue
+        letter = letters[0]
+        if letter.reason != case.reason or case.words not in letter.error:
+            failures.append(f"{name}: got {letter.reason}: {letter.error[:200]!r}")
+        if task_id and letter.task_id and letter.task_id != task_id:
+            failures.append(f"{name}: dead letter names task {letter.task_id}, sent {task_id}")
+        if len(letter.payload) > 8192 or len(json.dumps(letter.message or {})) > 16384:
+            failures.append(f"{name}: dead letter stores {len(letter.payload)} payload chars")
+    assert stopped == [], f"these stopped the worker's main process: {stopped}"
+    assert failures == [], "\n" + "\n".join(failures) + "\n" + worker.log_tail(30)
+    # and: nothing but the valid holds was released, each once; seats are conserved
+    assert outcome_counts() == {"released": len(holds)}
+    assert invariant_violations(expected_released=holds) == []
+    assert worker.alive() and worker.pid == main_pid
+
+
+def test_an_unstorable_message_still_leaves_a_dead_letter_row(hostile_worker: Worker) -> None:
+    # given: a malformed release message whose fields PostgreSQL cannot store as they are
+    hostile = _good(rid=2**64, version=2**40, trace_id="\ud800\x00" + "y" * 100_000)
+    hostile["idempotency_key"] = "\x00" * 200
+    # when
+    publish_raw(_body(hostile))
+    # then: a bounded, sanitized row exists and the worker is still up
+    letter = wait_until(lambda: DeadLetter.objects.first(), timeout=45, what="a dead letter")
+    assert letter.reason == "malformed"
+    assert letter.reservation_id is None and letter.version is None
+    assert "\x00" not in letter.payload and len(letter.payload) <= 8192
+    assert hostile_worker.alive()
+
+
+def test_hostile_messages_never_count_against_a_real_hold(hostile_worker: Worker) -> None:
+    # given: a hold whose key an attacker reuses in messages that fail validation
+    hold_id = create_eligible_holds(1, offerings=1)[0]
+    for _ in range(5):
+        publish_raw(_body(_good(rid=hold_id, trace_id="\x00")))
+    wait_until(lambda: DeadLetter.objects.count() == 5, timeout=45, what="five dead letters")
+    # when: the real message comes
+    _publish_valid(hold_id)
+    # then: it is released, not set aside as poison
+    wait_until(lambda: outcome_counts().get("released") == 1, timeout=45, what="the real release")
+    time.sleep(0.5)
+    assert DeadLetter.objects.count() == 5

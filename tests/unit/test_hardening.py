@@ -1,0 +1,296 @@
+"""Bounds on hostile input, checked without a worker: message validation ranges, the screening
+the consumer and the Redis transport apply, dead letters that are always stored, and receipts
+that never block a real release."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from cleanup import deadletters, screening
+from cleanup.messages import MalformedMessage, build, validate
+from cleanup.models import CleanupReceipt, DeadLetter
+from cleanup.release import Attempt, release, release_batch
+from reservations import services
+from reservations.models import Reservation
+
+GOOD = {
+    "schema_version": 1,
+    "reservation_id": 1,
+    "version": 1,
+    "expires_at": "2026-01-01T00:00:00+00:00",
+    "idempotency_key": "release:1:1",
+    "shard": 0,
+    "trace_id": "t",
+}
+
+
+# --- message validation -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"reservation_id": 2**63, "idempotency_key": f"release:{2**63}:1"}, "reservation_id"),
+        ({"reservation_id": 2**64, "idempotency_key": f"release:{2**64}:1"}, "reservation_id"),
+        ({"version": 2**31, "idempotency_key": "release:1:2147483648"}, "version"),
+        ({"version": 2**40, "idempotency_key": f"release:1:{2**40}"}, "version"),
+        ({"shard": 2**31}, "shard"),
+        ({"trace_id": "\ud800"}, "'trace_id' is not valid Unicode"),
+        ({"trace_id": "a\x00b"}, "'trace_id' contains a NUL"),
+        ({"expires_at": "2026-01-01T00:00:00+00:00\x00"}, "'expires_at' contains a NUL"),
+    ],
+)
+def test_values_no_column_can_hold_are_malformed(changes: dict, words: str) -> None:
+    with pytest.raises(MalformedMessage, match=words.replace("(", r"\(")):
+        validate({**GOOD, **changes})
+
+
+def test_the_largest_storable_values_are_valid() -> None:
+    rid, version = 2**63 - 1, 2**31 - 1
+    message = validate(
+        {
+            **GOOD,
+            "reservation_id": rid,
+            "version": version,
+            "idempotency_key": f"release:{rid}:{version}",
+        }
+    )
+    assert (message.reservation_id, message.version) == (rid, version)
+
+
+# --- screening ----------------------------------------------------------------------------
+
+
+def test_nesting_depth_counts_brackets_outside_strings_only() -> None:
+    assert screening.nesting_depth("[" * 40 + "]" * 40) > screening.MAX_NESTING
+    assert screening.nesting_depth(json.dumps(["[" * 1000, {"k": "{" * 1000}])) <= 2
+    batch = json.dumps([[{"items": [{"a": 1}] * 1000}], {}, {"chain": None}])
+    assert screening.check_raw(batch) is None
+
+
+def test_oversized_and_overdeep_bodies_are_refused_before_decoding(settings) -> None:
+    settings.CLEANUP_MAX_MESSAGE_BYTES = 64 * 1024
+    assert "exceeds CLEANUP_MAX_MESSAGE_BYTES" in (
+        screening.check_raw(b"x" * (64 * 1024 + 1)) or ""
+    )
+    assert "nested deeper than 32" in (screening.check_raw(b"[" * 10_000) or "")
+    assert screening.check_raw(json.dumps([[GOOD], {}, {}])) is None
+
+
+@pytest.mark.parametrize(
+    ("headers", "words"),
+    [
+        ({"id": "x", "timelimit": "garbage"}, "timelimit"),
+        ({"id": "x", "timelimit": ["a", "b"]}, "timelimit"),
+        ({"id": "x", "timelimit": [float("inf"), None]}, "timelimit"),
+        ({"id": "x", "timelimit": [1, 2, 3]}, "timelimit"),
+        ({"id": "x", "eta": "soon"}, "eta"),
+        ({"id": "x", "expires": 5}, "expires"),
+        ({"id": "x", "retries": "1"}, "retries"),
+        ({"id": "x", "retries": True}, "retries"),
+        ({"id": ["x"]}, "'id'"),
+        ({}, "'id' is missing"),
+        ({"id": "x", "stamped_headers": [1]}, "stamped_headers"),
+        ({"id": "x", "replaced_task_nesting": "deep"}, "replaced_task_nesting"),
+    ],
+)
+def test_garbage_in_a_header_celery_reads_is_refused(headers: dict, words: str) -> None:
+    problem = screening.check_headers(headers)
+    assert problem is not None and words in problem
+
+
+def test_headers_celery_itself_sends_pass() -> None:
+    headers = {
+        "lang": "py",
+        "task": "cleanup.release_reservation",
+        "id": "6f1c",
+        "shadow": None,
+        "eta": "2026-01-01T00:00:00+00:00",
+        "expires": None,
+        "group": None,
+        "group_index": None,
+        "retries": 0,
+        "timelimit": [None, 8],
+        "root_id": "6f1c",
+        "parent_id": None,
+        "argsrepr": "({},)",
+        "kwargsrepr": "{}",
+        "origin": "gen1@host",
+        "ignore_result": True,
+        "replaced_task_nesting": 0,
+        "stamped_headers": None,
+        "stamps": {},
+        "enqueued_at": 1764500000.5,
+    }
+    assert screening.check_headers(headers) is None
+
+
+@pytest.mark.parametrize(
+    ("payload", "words"),
+    [
+        ({"args": [], "kwargs": {}, "embed": {}}, "[args, kwargs, embed]"),
+        ([[], {}], "[args, kwargs, embed]"),
+        (["x", {}, {}], "args must be a list"),
+        ([[], [1, 2], {}], "kwargs must be an object"),
+        ([[], {}, "e"], "embed must be an object"),
+    ],
+)
+def test_a_task_body_that_celery_cannot_unpack_is_refused(payload: object, words: str) -> None:
+    problem = screening.check_payload(payload)
+    assert problem is not None and words in problem
+    assert screening.check_payload([[GOOD], {}, None]) is None
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ([1, 2], "a JSON list"),
+        ({"body": "e30="}, "'properties'"),
+        ({"properties": {"delivery_tag": 1}}, "delivery_tag"),
+        ({"properties": {"delivery_tag": "t"}}, "delivery_info"),
+        (
+            {
+                "body": "%%%",
+                "properties": {
+                    "delivery_tag": "t",
+                    "body_encoding": "base64",
+                    "delivery_info": {"exchange": "", "routing_key": "cleanup"},
+                },
+            },
+            "base64",
+        ),
+    ],
+)
+def test_a_redis_entry_that_is_not_an_envelope_is_refused(entry: object, words: str) -> None:
+    problem = screening.check_envelope(entry)
+    assert problem is not None and words in problem
+
+
+def test_our_redis_read_is_still_kombus_own_with_screening_added() -> None:
+    """cleanup.redis_transport copies kombu 5.7's ``Channel._brpop_read`` and ``_get`` and adds
+    the screening; when kombu changes them this fails, and the copy must be redone."""
+    from kombu.transport import redis
+
+    read = inspect.getsource(redis.Channel._brpop_read)
+    get = inspect.getsource(redis.Channel._get)
+    assert "self.connection._deliver(loads(bytes_to_str(item)), dest)" in read
+    assert "self._flush_brpop_reauth()" in read
+    assert "return loads(bytes_to_str(item))" in get
+    assert "self._maybe_update_queues_expire(client, queue)" in get
+
+
+# --- dead letters are always stored -------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "message",
+    [
+        {**GOOD, "reservation_id": 2**64},
+        {**GOOD, "version": 2**40},
+        {**GOOD, "trace_id": "\ud800"},
+        {**GOOD, "trace_id": "a\x00b", "idempotency_key": "\x00" * 500},
+        {**GOOD, "trace_id": "x" * (2 * 1024 * 1024)},
+        {"deep": json.loads("[" * 500 + "]" * 500)},
+    ],
+    ids=["id 2**64", "version 2**40", "lone surrogate", "NUL bytes", "2 MB", "deep"],
+)
+def test_record_stores_a_bounded_row_for_any_message(message: dict) -> None:
+    letter = deadletters.record(
+        DeadLetter.Reason.MALFORMED, error="bad \x00 \ud800", message=message, payload=message
+    )
+    assert letter is not None
+    stored = DeadLetter.objects.get(pk=letter.pk)
+    assert stored.reason == "malformed"
+    assert len(stored.payload) <= deadletters.PAYLOAD_LIMIT
+    assert stored.message is None or len(json.dumps(stored.message)) <= deadletters.MESSAGE_LIMIT
+    assert stored.reservation_id in (None, 1) and stored.version in (None, 1)
+    assert "\x00" not in stored.error + stored.payload + stored.trace_id
+
+
+@pytest.mark.django_db
+def test_record_never_raises_and_keeps_the_reason_when_the_row_is_refused(monkeypatch) -> None:
+    monkeypatch.setattr(deadletters, "_storable_message", lambda m: {"bad": "\x00"})
+    letter = deadletters.record(DeadLetter.Reason.FAILED, error="boom", message=dict(GOOD))
+    assert letter is not None
+    assert DeadLetter.objects.get(pk=letter.pk).error.startswith("boom [row rejected")
+
+
+# --- receipts never block a real release --------------------------------------------------
+
+
+def _expire(hold_id: int) -> None:
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE reservations_reservation SET expires_at = now() - interval '1 minute' "
+            "WHERE id = %s",
+            [hold_id],
+        )
+
+
+def _message(hold_id: int, version: int = 1) -> object:
+    return validate(build(hold_id, version, timezone.now() - timedelta(minutes=1), 0, "t"))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("path", ["single", "batch"])
+def test_a_message_for_a_hold_that_does_not_exist_yet_never_blocks_its_release(path) -> None:
+    # given: a message naming the id the next hold will get, handled before the hold exists
+    offering = services.create_offering("future", 2)
+    first = services.hold_seat(offering.pk, "a", 60)
+    future_id = first.pk + 1
+    attempt = Attempt(1, "w@h", "task-1", 0.1)
+
+    def handle() -> str:
+        message = _message(future_id)
+        if path == "single":
+            return release(message, attempt)  # type: ignore[arg-type]
+        return release_batch([message], attempt)[future_id]  # type: ignore[list-item]
+
+    assert handle() == "not_found"
+    # when: that hold is created, expires, and its release message comes
+    later = services.hold_seat(offering.pk, "b", 60)
+    assert later.pk == future_id
+    _expire(later.pk)
+    # then: it is released, with exactly one 'released' receipt
+    assert handle() == "released"
+    assert Reservation.objects.get(pk=later.pk).status == "released"
+    receipts = list(CleanupReceipt.objects.filter(reservation_id=future_id))
+    assert [(r.idempotency_key, r.outcome) for r in receipts] == [
+        (f"release:{future_id}:1", "released")
+    ]
+    offering.refresh_from_db()
+    assert offering.seats_available == 1  # one seat back, one still held by the first hold
+    assert handle() == "already_handled"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("path", ["single", "batch"])
+def test_an_old_non_released_receipt_for_the_key_is_replaced_by_the_release(path) -> None:
+    # given: a not_found receipt an older version wrote for a key whose hold now expired
+    offering = services.create_offering("legacy", 1)
+    hold = services.hold_seat(offering.pk, "a", 60)
+    _expire(hold.pk)
+    CleanupReceipt.objects.create(
+        idempotency_key=f"release:{hold.pk}:1",
+        reservation_id=hold.pk,
+        version=1,
+        outcome="not_found",
+    )
+    attempt = Attempt(2, "w@h", "task-2", 0.1)
+    # when
+    if path == "single":
+        outcome = release(_message(hold.pk), attempt)  # type: ignore[arg-type]
+    else:
+        outcome = release_batch([_message(hold.pk)], attempt)[hold.pk]  # type: ignore[list-item]
+    # then
+    assert outcome == "released"
+    receipt = CleanupReceipt.objects.get(idempotency_key=f"release:{hold.pk}:1")
+    assert (receipt.outcome, receipt.attempt, receipt.task_id) == ("released", 2, "task-2")
+    assert Reservation.objects.get(pk=hold.pk).status == "released"
