@@ -304,8 +304,8 @@ def test_each_hostile_message_is_one_dead_letter_and_the_worker_keeps_releasing(
             failures.append(f"{name}: dead letter names task {letter.task_id}, sent {task_id}")
         if len(letter.payload) > 8192 or len(json.dumps(letter.message or {})) > 16384:
             failures.append(f"{name}: dead letter stores {len(letter.payload)} payload chars")
-    assert stopped == [], f"these stopped the worker's main process: {stopped}"
-    assert failures == [], "\n" + "\n".join(failures) + "\n" + worker.log_tail(30)
+    report = [f"stopped the worker's main process: {name}" for name in stopped] + failures
+    assert report == [], "\n" + "\n".join(report) + "\n" + worker.log_tail(30)
     # and: nothing but the valid holds was released, each once; seats are conserved
     assert outcome_counts() == {"released": len(holds)}
     assert invariant_violations(expected_released=holds) == []
