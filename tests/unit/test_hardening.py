@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import json
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -100,13 +101,13 @@ def test_oversized_and_overdeep_bodies_are_refused_before_decoding(settings) -> 
         ({"id": "x", "replaced_task_nesting": "deep"}, "replaced_task_nesting"),
     ],
 )
-def test_garbage_in_a_header_celery_reads_is_refused(headers: dict, words: str) -> None:
+def test_garbage_in_a_header_celery_reads_is_refused(headers: dict[str, Any], words: str) -> None:
     problem = screening.check_headers(headers)
     assert problem is not None and words in problem
 
 
 def test_headers_celery_itself_sends_pass() -> None:
-    headers = {
+    headers: dict[str, Any] = {
         "lang": "py",
         "task": "cleanup.release_reservation",
         "id": "6f1c",
@@ -177,8 +178,9 @@ def test_our_redis_read_is_still_kombus_own_with_screening_added() -> None:
     the screening; when kombu changes them this fails, and the copy must be redone."""
     from kombu.transport import redis
 
-    read = inspect.getsource(redis.Channel._brpop_read)
-    get = inspect.getsource(redis.Channel._get)
+    channel: Any = redis.Channel
+    read = inspect.getsource(channel._brpop_read)
+    get = inspect.getsource(channel._get)
     assert "self.connection._deliver(loads(bytes_to_str(item)), dest)" in read
     assert "self._flush_brpop_reauth()" in read
     assert "return loads(bytes_to_str(item))" in get

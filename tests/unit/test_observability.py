@@ -78,8 +78,8 @@ def test_readyz_reports_dependencies_with_timings_to_a_metrics_reader(
     client: Client, monkeypatch, settings
 ) -> None:
     settings.METRICS_TOKEN = "t" * 40
-    auth = {"HTTP_AUTHORIZATION": "Bearer " + "t" * 40}
-    body = client.get("/readyz", **auth).json()
+    auth = "Bearer " + "t" * 40
+    body = client.get("/readyz", HTTP_AUTHORIZATION=auth).json()
     assert body["ready"] is True
     assert body["checks"]["database"]["ok"] and body["checks"]["broker"]["ok"]
     assert body["checks"]["database"]["ms"] >= 0
@@ -88,7 +88,7 @@ def test_readyz_reports_dependencies_with_timings_to_a_metrics_reader(
         raise ConnectionError("broker down at 10.0.0.5:6379")
 
     monkeypatch.setattr("cleanup.views._check_broker", down)
-    response = client.get("/readyz", **auth)
+    response = client.get("/readyz", HTTP_AUTHORIZATION=auth)
     assert response.status_code == 503
     assert response.json()["checks"]["broker"]["error"] == (
         "ConnectionError: broker down at 10.0.0.5:6379"
