@@ -232,9 +232,9 @@ def psycopg_loop(holds: int, rows: int) -> dict[str, Any]:
         t = time.perf_counter()
         for rid, version in ids:
             with conn.transaction():
-                row = conn.execute(services._RELEASE_SQL,
-                                   {"id": rid, "v": version, "reason": "expired", "now": None}
-                                   ).fetchone()
+                row = conn.execute(services._RELEASE_CTES + " SELECT count(*) FROM released_rows",
+                                   {"ids": [rid], "versions": [version], "reason": "expired",
+                                    "now": None}).fetchone()
                 assert row is not None and row[0] == 1
                 conn.execute(receipt, [f"release:{rid}:{version}", rid, version])
         elapsed = time.perf_counter() - t

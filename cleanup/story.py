@@ -7,7 +7,7 @@ Used by ``manage.py explain_hold <id>`` and by the hold's admin page.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -51,14 +51,16 @@ def _db_now() -> datetime:
         return cur.fetchone()[0]  # type: ignore[no-any-return]
 
 
+_NEVER = datetime.max.replace(tzinfo=UTC)
+
+
 def _secs(delta: Any) -> int:
     return int(delta.total_seconds())
 
 
 def explain(reservation_id: int) -> Story:
     story = Story(reservation_id=reservation_id, found=False)
-    # next_attempt_at may be 'infinity' (set aside), which Python cannot load: read it in SQL.
-    hold = Reservation.objects.defer("next_attempt_at").filter(pk=reservation_id).first()
+    hold = Reservation.objects.filter(pk=reservation_id).first()
     receipts = list(CleanupReceipt.objects.filter(reservation_id=reservation_id).order_by("id"))
     letters = list(DeadLetter.objects.filter(reservation_id=reservation_id).order_by("id"))
     if hold is None:
@@ -138,21 +140,10 @@ def explain(reservation_id: int) -> Story:
         story.events.append((now, f"delivery counters unavailable: {exc!r}"[:200]))
     traces = [hold.last_trace_id] + [r.trace_id for r in receipts] + [d.trace_id for d in letters]
     story.trace_ids = list(dict.fromkeys(t for t in traces if t))
-    next_attempt_at = _next_attempt_at(reservation_id)
+    # A set-aside hold's 'infinity' loads as datetime.max (reservations.db): "never".
+    next_attempt_at = None if hold.next_attempt_at == _NEVER else hold.next_attempt_at
     story.verdict = _verdict(hold, next_attempt_at, receipts, letters, now)
     return story
-
-
-def _next_attempt_at(reservation_id: int) -> datetime | None:
-    """The hold's next_attempt_at; None when it is 'infinity' (set aside after too many claims)."""
-    with connection.cursor() as cur:
-        cur.execute(
-            f"SELECT CASE WHEN isfinite(next_attempt_at) THEN next_attempt_at END "
-            f"FROM {Reservation._meta.db_table} WHERE id = %s",
-            [reservation_id],
-        )
-        row = cur.fetchone()
-    return row[0] if row else None
 
 
 def _verdict(

@@ -11,7 +11,7 @@ The clock is PostgreSQL's ``now()``. The ``now`` parameters exist for unit tests
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -40,11 +40,6 @@ E = OutboxEvent._meta.db_table
 RECLAIM_LIMIT = 50
 # ``now`` for SQL: the explicit test clock when given, else the database clock.
 _NOW = "COALESCE(%(now)s::timestamptz, now())"
-# A hold leaving ``held`` drops a set-aside lease (``infinity``): Python's datetime cannot load
-# it, so any ORM read of the row (the service's own return value, the admin) would fail.
-_FINITE_NEXT_ATTEMPT = (
-    "CASE WHEN isfinite(next_attempt_at) THEN next_attempt_at ELSE expires_at END"
-)
 
 
 class ReleaseOutcome(StrEnum):
@@ -253,8 +248,7 @@ def cancel(
             if _lock_offering_of(cur, reservation_id) is None:
                 raise ReservationNotFound(f"hold {reservation_id} does not exist")
             cur.execute(
-                f"UPDATE {R} SET status = 'cancelled', version = version + 1, updated_at = now(), "
-                f"next_attempt_at = {_FINITE_NEXT_ATTEMPT} "
+                f"UPDATE {R} SET status = 'cancelled', version = version + 1, updated_at = now() "
                 f"WHERE id = %(id)s AND version = %(v)s AND status = 'held' "
                 f"RETURNING version, offering_id",
                 {"id": reservation_id, "v": expected_version},
@@ -269,42 +263,118 @@ def cancel(
     return Reservation.objects.get(pk=reservation_id)
 
 
-# One statement: lock the offering (a FOR UPDATE subquery is locked when it yields its row,
-# before the UPDATE locks the hold: offerings before reservations), move the hold to released
-# at the version the message saw, give the seat back and write the outbox event.
+# The release statement, for one hold or many (``unnest`` of ids and expected versions):
+# 1. ``off`` locks every offering involved, ascending id. The UPDATE reads it through a scalar
+#    subquery, which PostgreSQL evaluates once, in full, before the first hold row qualifies:
+#    all offerings are locked before any hold (offerings before reservations).
+# 2. ``released_rows`` moves each hold that is still held at the version its caller saw and has
+#    expired to released, recording that version.
+# 3. ``seat`` gives the seats back, one UPDATE per offering; ``ev`` writes one
+#    ``reservation.released`` outbox event per hold.
+# 4. An optional ``AttachedWrite`` (the caller's, e.g. a receipt) reads ``released_rows``.
+# "(status = 'held') IS TRUE" keeps the planner on the primary key: a plain status = 'held' lets
+# it pick the partial held-index and filter by id, which scans every held row when the table's
+# statistics are stale (seen after bulk inserts: 80 ms per release).
+RELEASED_ROWS = "released_rows"
 _RELEASE_CTES = f"""
-WITH off AS (
+WITH wanted AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(versions)s::int[]) AS w(id, version)
+), off AS (
     SELECT o.id FROM {O} o
-    WHERE o.id = (SELECT offering_id FROM {R} WHERE id = %(id)s)
+    WHERE o.id IN (SELECT offering_id FROM {R} WHERE id = ANY(%(ids)s::bigint[]))
+    ORDER BY o.id
     FOR UPDATE
-), rel AS (
+), {RELEASED_ROWS} AS (
     UPDATE {R} r
     SET status = 'released', released_version = r.version, released_at = now(),
-        release_reason = %(reason)s, updated_at = now(),
-        next_attempt_at = {_FINITE_NEXT_ATTEMPT.replace("next_attempt_at", "r.next_attempt_at")}
-    FROM off
-    -- "(status = 'held') IS TRUE" keeps the planner on the primary key: a plain status = 'held'
-    -- lets it pick the partial held-index and filter by id, which scans every held row when
-    -- the table's statistics are stale (seen after bulk inserts: 80 ms per release).
-    WHERE r.id = %(id)s AND r.offering_id = off.id AND r.version = %(v)s
+        release_reason = %(reason)s, updated_at = now()
+    FROM wanted
+    WHERE r.id = wanted.id AND r.version = wanted.version
+      AND r.offering_id = ANY((SELECT array_agg(id) FROM off)::bigint[])
       AND (r.status = 'held') IS TRUE AND r.expires_at <= {_NOW}
     RETURNING r.id, r.offering_id, r.version, r.expires_at
 ), seat AS (
-    UPDATE {O} o SET seats_available = o.seats_available + 1
-    FROM rel WHERE o.id = rel.offering_id
+    UPDATE {O} o SET seats_available = o.seats_available + g.n
+    FROM (SELECT offering_id, count(*) AS n FROM {RELEASED_ROWS} GROUP BY offering_id) g
+    WHERE o.id = g.offering_id
     RETURNING o.id
 ), ev AS (
     INSERT INTO {E} (kind, reservation_id, version, payload, created_at)
-    SELECT 'reservation.released', rel.id, rel.version,
-           jsonb_build_object('offering_id', rel.offering_id, 'expires_at', rel.expires_at,
+    SELECT 'reservation.released', x.id, x.version,
+           jsonb_build_object('offering_id', x.offering_id, 'expires_at', x.expires_at,
                               'reason', %(reason)s::text),
            now()
-    FROM rel
+    FROM {RELEASED_ROWS} x
     RETURNING id
-)
-"""
-_RELEASE_SQL = _RELEASE_CTES + "SELECT (SELECT count(*) FROM rel), 0"
+)"""
 
+
+@dataclass(frozen=True)
+class AttachedWrite:
+    """A write the caller commits atomically with a release, in the same statement.
+
+    ``sql`` is one data-modifying statement that reads the CTE named by ``RELEASED_ROWS``
+    (columns ``id``, ``offering_id``, ``version``, ``expires_at``: one row per hold this call
+    released), e.g. ``INSERT … SELECT … FROM released_rows``. Its placeholders are named
+    (``%(name)s``) and must not collide with the release's own: ``ids``, ``versions``,
+    ``reason``, ``now``. The domain runs it and knows nothing else of it.
+    """
+
+    sql: str
+    params: Mapping[str, Any]
+
+
+def release_holds(
+    items: Sequence[tuple[int, int]],
+    *,
+    reason: str = "expired",
+    now: datetime | None = None,
+    attach: AttachedWrite | None = None,
+) -> dict[int, ReleaseOutcome]:
+    """Release each ``(reservation_id, expected_version)`` that is still held at that version
+    and has expired; return every hold's outcome, in DESIGN's order (steps 3–8).
+
+    Safe to call any number of times: only one call can move a hold to released. A hold listed
+    twice is decided once (its first version). One statement: outside a transaction it needs
+    no BEGIN/COMMIT, so releasing one hold costs one round trip; only holds that were not
+    released cost a second statement, which says why.
+    """
+    wanted: dict[int, int] = {}
+    for reservation_id, version in items:
+        wanted.setdefault(reservation_id, version)
+    if not wanted:
+        return {}
+    ids = sorted(wanted)
+    params: dict[str, Any] = {
+        "ids": ids,
+        "versions": [wanted[i] for i in ids],
+        "reason": reason,
+        "now": now,
+    }
+    sql = _RELEASE_CTES
+    if attach is not None:
+        sql += f", attached AS ({attach.sql})"
+        params.update(attach.params)
+    sql += f"\nSELECT id FROM {RELEASED_ROWS}"
+    outcomes: dict[int, ReleaseOutcome] = {}
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        for (released_id,) in cur.fetchall():
+            outcomes[released_id] = ReleaseOutcome.RELEASED
+        rest = [i for i in ids if i not in outcomes]
+        if rest:
+            # A new statement (a new snapshot under READ COMMITTED) says why.
+            cur.execute(
+                f"SELECT id, status, version, released_version, expires_at <= {_NOW} "
+                f"FROM {R} WHERE id = ANY(%(ids)s)",
+                {"ids": rest, "now": now},
+            )
+            rows = {row[0]: row[1:] for row in cur.fetchall()}
+            for reservation_id in rest:
+                outcomes[reservation_id] = classify_no_release(
+                    rows.get(reservation_id), wanted[reservation_id]
+                )
+    return outcomes
 
 
 def release_if_expired(
@@ -314,54 +384,10 @@ def release_if_expired(
     reason: str = "expired",
     now: datetime | None = None,
 ) -> ReleaseOutcome:
-    """Release the hold if it is still held at ``expected_version`` and has expired.
-
-    Returns the outcome in DESIGN's order (steps 3–8). Safe to call any number of times: only
-    one call can move a hold to released, and the outbox's unique constraint backs that up.
-    """
-    return release_if_expired_with(reservation_id, expected_version, reason=reason, now=now)
-
-
-def release_if_expired_with(
-    reservation_id: int,
-    expected_version: int,
-    *,
-    reason: str = "expired",
-    now: datetime | None = None,
-    attach_sql: str = "",
-    attach_params: dict[str, Any] | None = None,
-) -> ReleaseOutcome:
-    """``release_if_expired``, plus an optional caller-supplied write that commits atomically
-    with the release: ``attach_sql`` is one data-modifying statement reading the released row
-    from the CTE ``rel`` (id, offering_id, version, expires_at), e.g. ``INSERT … SELECT … FROM
-    rel``. The domain knows nothing of it; it only runs it in the same statement.
-
-    The release is a single statement, so outside a transaction it needs no BEGIN/COMMIT
-    round trips: the hot path (a hold that is released) costs one round trip.
-    """
-    params: dict[str, Any] = {
-        "id": reservation_id,
-        "v": expected_version,
-        "reason": reason,
-        "now": now,
-    }
-    sql = _RELEASE_SQL
-    if attach_sql:
-        sql = f"{_RELEASE_CTES}, attached AS ({attach_sql})\nSELECT (SELECT count(*) FROM rel), 0"
-        params.update(attach_params or {})
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        released = cur.fetchone()[0]
-        if released:
-            return ReleaseOutcome.RELEASED
-        # No change: a new statement (a new snapshot under READ COMMITTED) says why.
-        cur.execute(
-            f"SELECT status, version, released_version, expires_at <= {_NOW} "
-            f"FROM {R} WHERE id = %(id)s",
-            {"id": reservation_id, "now": now},
-        )
-        row = cur.fetchone()
-    return classify_no_release(row, expected_version)
+    """``release_holds`` for one hold."""
+    return release_holds([(reservation_id, expected_version)], reason=reason, now=now)[
+        reservation_id
+    ]
 
 
 def classify_no_release(row: Sequence[object] | None, expected_version: int) -> ReleaseOutcome:

@@ -6,8 +6,8 @@ from django.utils import timezone
 
 from cleanup.messages import MalformedMessage, build_batch, validate_batch
 from reservations import services
-from reservations.bulk import release_many_if_expired
 from reservations.services import ReleaseOutcome
+from reservations.services import release_holds as release_many_if_expired
 
 
 def _scenario(offering_capacity: int = 10):
