@@ -314,7 +314,7 @@ def product_drain(holds: int, layout: tuple[int, int], *, events: bool = False,
     create_holds(holds)
     env = {"CELERY_TASK_EVENTS": str(events).lower(), "CLEANUP_RELEASE_MODE": mode}
     name = f"{mode}-{layout[0]}x{layout[1]}-{'ev' if events else 'noev'}"
-    workers = start_layout(name, layout, "sweep,cleanup,maintenance", env)
+    workers = start_layout(name, layout, "", env)
     memory: dict[str, Any] = {}
     try:
         t0 = time.perf_counter()

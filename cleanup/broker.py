@@ -8,7 +8,6 @@ RabbitMQ: depth from a passive declare; there is no peek, so the age is not avai
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from dataclasses import dataclass
@@ -118,9 +117,4 @@ def _amqp_depth(queue: str) -> int:
         return int(count)
 
 
-def decode_body(message: dict[str, Any]) -> Any:
-    """The decoded body of a raw kombu Redis message (base64 JSON)."""
-    body = message.get("body", "")
-    if message.get("properties", {}).get("body_encoding") == "base64":
-        body = base64.b64decode(body)
-    return json.loads(body)
+

@@ -23,7 +23,6 @@ import logging
 import os
 import threading
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
@@ -192,6 +191,4 @@ def stop_compactor(**_: Any) -> None:
     _stop.set()
 
 
-def metrics_files(path: str | None = None) -> list[Path]:
-    path = path or multiproc_dir()
-    return sorted(Path(path).glob("*.db")) if path else []
+

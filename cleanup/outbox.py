@@ -22,11 +22,11 @@ from kombu import Exchange, Queue
 
 from reservations.models import OutboxEvent
 
+from . import locks
 from .models import CleanupReceipt, DeadLetter
 
 logger = logging.getLogger("cleanup.outbox")
 
-RELAY_LOCK = (727, 1)
 
 
 def relay_batch(limit: int | None = None) -> int:
@@ -41,7 +41,7 @@ def relay_batch(limit: int | None = None) -> int:
     )
     with transaction.atomic():
         with connection.cursor() as cur:
-            cur.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", list(RELAY_LOCK))
+            cur.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", list(locks.OUTBOX_RELAY))
             if not cur.fetchone()[0]:
                 return 0
         events = list(

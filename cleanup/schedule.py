@@ -23,13 +23,14 @@ from django.db import transaction
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from django_celery_beat.schedulers import DatabaseScheduler
 
+from . import locks
+
 logger = logging.getLogger("cleanup.schedule")
 
 SWEEP_PREFIX = "cleanup: sweep shard "
 SWEEP_TASK = "cleanup.sweep_shard"
 RELAY_NAME = "cleanup: relay outbox"
 PRUNE_NAME = "cleanup: prune"
-LEASE_NAMESPACE = 727
 
 
 def sweep_entry_name(shard: int, shards: int) -> str:
@@ -181,7 +182,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
                 self._lease_conn = psycopg.connect(**_lock_conninfo())
             row = self._lease_conn.execute(
                 "SELECT pg_try_advisory_lock(%s, %s)",
-                [LEASE_NAMESPACE, settings.CLEANUP_BEAT_LOCK_ID],
+                list(locks.beat_lease(settings.CLEANUP_BEAT_LOCK_ID)),
             ).fetchone()
         except psycopg.Error as exc:
             self._drop_lease(repr(exc))

@@ -24,15 +24,13 @@ from django.db import connection, transaction
 
 from reservations.services import ClaimedHold, claim_expired
 
-from . import broker, deadletters, metrics
+from . import broker, deadletters, locks, metrics
 from .messages import build, build_batch
 from .models import DeadLetter
 
 logger = logging.getLogger("cleanup.sweep")
 
 # Advisory lock keys: (namespace, object). The namespace is fixed for this application.
-LOCK_NAMESPACE = 727
-PUBLISH_LOCK = 0
 
 
 @dataclass
@@ -68,14 +66,10 @@ class SweepResult:
         }
 
 
-def shard_lock_key(shard: int, shards: int) -> int:
-    return shards * 4096 + shard + 1  # never PUBLISH_LOCK
-
-
 def _try_shard_lock(shard: int, shards: int) -> bool:
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT pg_try_advisory_lock(%s, %s)", [LOCK_NAMESPACE, shard_lock_key(shard, shards)]
+            "SELECT pg_try_advisory_lock(%s, %s)", list(locks.sweep_shard(shard, shards))
         )
         return bool(cur.fetchone()[0])
 
@@ -83,7 +77,7 @@ def _try_shard_lock(shard: int, shards: int) -> bool:
 def _release_shard_lock(shard: int, shards: int) -> None:
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT pg_advisory_unlock(%s, %s)", [LOCK_NAMESPACE, shard_lock_key(shard, shards)]
+            "SELECT pg_advisory_unlock(%s, %s)", list(locks.sweep_shard(shard, shards))
         )
 
 
@@ -98,7 +92,7 @@ def _acquire_publish_lock(deadline: float) -> bool:
     """Wait for the global publish lock until ``deadline`` (a monotonic time)."""
     with connection.cursor() as cur:
         while True:
-            cur.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_NAMESPACE, PUBLISH_LOCK])
+            cur.execute("SELECT pg_try_advisory_lock(%s, %s)", list(locks.SWEEP_PUBLISH))
             if cur.fetchone()[0]:
                 return True
             if time.monotonic() >= deadline:
@@ -108,7 +102,7 @@ def _acquire_publish_lock(deadline: float) -> bool:
 
 def _release_publish_lock() -> None:
     with connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_unlock(%s, %s)", [LOCK_NAMESPACE, PUBLISH_LOCK])
+        cur.execute("SELECT pg_advisory_unlock(%s, %s)", list(locks.SWEEP_PUBLISH))
 
 
 def sweep_shard(

@@ -200,9 +200,7 @@ def release_reservation_task(self: CleanupTask, message: dict[str, Any]) -> dict
     return {"outcome": outcome, "reservation_id": parsed.reservation_id}
 
 
-def _log_attempt(
-    message: Any, attempt: Attempt, outcome: str, duration_s: float, error: str = ""
-) -> None:
+def _log_attempt(message: Any, attempt: Attempt, outcome: str, duration_s: float) -> None:
     extra = {
         "reservation_id": message.reservation_id,
         "version": message.version,
@@ -216,8 +214,6 @@ def _log_attempt(
         "trace_id": message.trace_id,
         "task_id": attempt.task_id,
     }
-    if error:
-        extra["error"] = error[:300]
     logger.info("release attempt", extra=extra)
 
 

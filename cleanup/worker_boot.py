@@ -105,4 +105,4 @@ def main() -> None:
 if __name__ == "__main__":
     main()
 else:
-    PREPARED = prepare()
+    prepare()

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Self
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT_QUEUES = "sweep,cleanup,maintenance"
 
 
 def celery_bin() -> str:
@@ -28,7 +27,9 @@ class WorkerProcess:
     name: str
     concurrency: int
     log_path: Path
-    queues: str = PRODUCT_QUEUES
+    # Empty: every queue of the worker's settings (``CELERY_TASK_QUEUES``: sweep, release,
+    # maintenance, named by the CLEANUP_*_QUEUE variables in its environment).
+    queues: str = ""
     env: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
@@ -42,7 +43,7 @@ class WorkerProcess:
         self.proc = subprocess.Popen(
             [
                 celery_bin(), "-A", "config", "worker",
-                "-Q", self.queues,
+                *(["-Q", self.queues] if self.queues else []),
                 "-c", str(self.concurrency),
                 "-n", f"{self.name}@%h",
                 "--without-gossip", "--without-mingle",

@@ -7,7 +7,6 @@ start-up instead of at 3 a.m. (healthchecks' ``envbool`` is the model).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
@@ -82,16 +81,6 @@ def env_list(name: str, default: object = _MISSING) -> list[str]:
     if value is None:
         return list(default)  # type: ignore[call-overload]
     return [item.strip() for item in value.split(",") if item.strip()]
-
-
-@dataclass(frozen=True)
-class DatabaseUrl:
-    name: str
-    user: str
-    password: str
-    host: str
-    port: str
-    options: dict[str, str]
 
 
 def parse_database_url(name: str, url: str) -> dict[str, object]:

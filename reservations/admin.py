@@ -34,9 +34,9 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 
 from . import services
-from .api import call_with_retries, is_transient_db_error
 from .errors import ReservationError
 from .models import Offering, OutboxEvent, Reservation
+from .retry import call_with_retries, is_transient_db_error
 
 logger = logging.getLogger(__name__)
 

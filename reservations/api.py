@@ -9,13 +9,10 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import random
-import time
 from collections.abc import Callable, Mapping
 from functools import wraps
 from typing import Any, TypeVar
 
-import psycopg.errors
 from django.conf import settings
 from django.db import OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -33,6 +30,7 @@ from .errors import (
     StaleVersion,
 )
 from .models import Reservation
+from .retry import call_with_retries, is_transient_db_error
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +42,7 @@ MAX_ID = 2**63 - 1
 MAX_VERSION = 2**31 - 1
 HOLDER_MAX_LENGTH = Reservation._meta.get_field("holder").max_length or 200
 
-# Deadlocks and serialization failures roll the whole transaction back, so calling the service
-# again is safe; after this many attempts the client is told to come back (503 + Retry-After).
-TRANSIENT_ATTEMPTS = 3
-TRANSIENT_BACKOFF_SECONDS = 0.05
+# After the retries (reservations.retry) the client is told to come back (503 + Retry-After).
 RETRY_AFTER_SECONDS = 1
 
 _CONFLICTS = (NoSeatsAvailable, StaleVersion, NotHeld, HoldExpired)
@@ -86,47 +81,6 @@ def error_response(
     for name, value in (headers or {}).items():
         response[name] = value
     return response
-
-
-# --- transient database errors ---------------------------------------------------------------
-
-
-def is_transient_db_error(exc: BaseException) -> bool:
-    """A deadlock or serialization failure (Django surfaces both as ``OperationalError``), or a
-    conditional update that raced a concurrent change (``services.TransientConflict``)."""
-    if isinstance(exc, services.TransientConflict):
-        return True
-    if isinstance(exc, OperationalError):
-        cause = exc.__cause__
-        return isinstance(
-            cause, (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
-        )
-    return False
-
-
-def call_with_retries(
-    func: Callable[[], T],
-    *,
-    attempts: int = TRANSIENT_ATTEMPTS,
-    backoff: float = TRANSIENT_BACKOFF_SECONDS,
-) -> T:
-    """Call ``func``; on a transient database error call it again (up to ``attempts`` times in
-    all, with jittered exponential backoff), then re-raise the last error.
-
-    Only for service calls that are one transaction each: a deadlock rolled it back entirely.
-    """
-    for attempt in range(1, attempts + 1):
-        try:
-            return func()
-        except (OperationalError, services.TransientConflict) as exc:
-            if not is_transient_db_error(exc) or attempt == attempts:
-                raise
-            logger.warning(
-                "transient database error, retrying",
-                extra={"attempt": attempt, "error": type(exc.__cause__ or exc).__name__},
-            )
-            time.sleep(random.uniform(0, backoff * 2 ** (attempt - 1)))
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 # --- request handling ----------------------------------------------------------------------

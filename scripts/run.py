@@ -246,16 +246,6 @@ def ensure_dev_superuser(env: dict[str, str]) -> str | None:
     return result.stdout.strip().splitlines()[-1] if result.stdout.strip() else None
 
 
-def beat_scheduler_args() -> list[str]:
-    """The scheduler comes from settings (cleanup.schedule:LeaderDatabaseScheduler); until that
-    module exists, fall back to django-celery-beat's plain DatabaseScheduler."""
-    schedule = ROOT / "cleanup" / "schedule.py"
-    if schedule.exists() and "class LeaderDatabaseScheduler" in schedule.read_text():
-        return []
-    say("cleanup/schedule.py has no LeaderDatabaseScheduler yet: beat uses DatabaseScheduler")
-    return ["--scheduler", "django_celery_beat.schedulers:DatabaseScheduler"]
-
-
 def web_ready(port: int) -> bool:
     try:
         with socket.create_connection((HOST, port), timeout=0.5):
@@ -336,10 +326,10 @@ def main() -> int:
         supervisor.start("web", [PYTHON, "manage.py", "runserver", f"{HOST}:{port}"])
         supervisor.start(
             "worker",
-            [CELERY, "-A", "config", "worker", "-Q", "sweep,cleanup,maintenance", "-c", "2",
+            [CELERY, "-A", "config", "worker", "-c", "2",
              "-n", "worker1@%h", "--loglevel=INFO"],
         )  # fmt: skip
-        supervisor.start("beat", [CELERY, "-A", "config", "beat", *beat_scheduler_args()])
+        supervisor.start("beat", [CELERY, "-A", "config", "beat"])
         supervisor.start(
             "flower",
             [CELERY, "-A", "config", "flower", f"--address={HOST}", f"--port={flower_port}",

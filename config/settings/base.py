@@ -44,7 +44,7 @@ WSGI_APPLICATION = "config.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -93,7 +93,6 @@ CLEANUP_EVENTS_QUEUE = env_str("CLEANUP_EVENTS_QUEUE", "reservation-events")
 # The largest message body a worker looks at; anything larger is dead-lettered unread
 # (a batch of 1,000 holds is about 170 KB). See docs/HARDENING.md.
 CLEANUP_MAX_MESSAGE_BYTES = env_int("CLEANUP_MAX_MESSAGE_BYTES", 1024 * 1024, minimum=64 * 1024)
-CLEANUP_DEAD_LETTER_QUEUE = env_str("CLEANUP_DEAD_LETTER_QUEUE", "dlq.cleanup")
 
 # Time limits bound a stuck release; the soft limit leaves room to roll back and log.
 CLEANUP_TASK_TIME_LIMIT = env_int("CLEANUP_TASK_TIME_LIMIT", 60, minimum=1)

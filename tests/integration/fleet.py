@@ -25,7 +25,6 @@ from cleanup.invariants import invariant_violations as invariant_violations
 from cleanup.workers import WorkerProcess, celery_bin
 
 ROOT = Path(__file__).resolve().parents[2]
-QUEUES = "sweep,cleanup,maintenance"
 
 
 def service_env(**overrides: str) -> dict[str, str]:

@@ -13,7 +13,7 @@ from django.db import OperationalError
 from django.db.models.functions import Now
 from django.test import Client, RequestFactory
 
-from reservations import api, services
+from reservations import api, retry, services
 from reservations.models import OutboxEvent, Reservation
 
 TOKEN = "api-test-token"
@@ -489,7 +489,7 @@ def test_a_persistent_deadlock_is_a_503_with_retry_after(api_client, offering, m
     response = post(api_client, f"/api/holds/{hold.pk}/confirm", {"expected_version": 1})
     assert_error(response, 503, "temporarily_unavailable")
     assert response["Retry-After"] == "1"
-    assert len(calls) == api.TRANSIENT_ATTEMPTS
+    assert len(calls) == retry.TRANSIENT_ATTEMPTS
 
 
 def test_a_non_transient_operational_error_is_not_retried(offering, monkeypatch):

@@ -1,0 +1,27 @@
+"""Every PostgreSQL advisory lock the cleanup takes, by name.
+
+Advisory locks are keyed by two integers. All of ours share the first (``NAMESPACE``), so
+they cannot collide with another application's locks on the same database; the second says
+which lock it is. Keys never overlap: the publish lock is 0, the outbox relay 1, shard locks
+start above 4096, and the beat lease uses ``CLEANUP_BEAT_LOCK_ID`` (727001 by default).
+"""
+
+from __future__ import annotations
+
+NAMESPACE = 727
+
+# Serializes "check queue depth → claim → publish" across all sweeps (backpressure).
+SWEEP_PUBLISH = (NAMESPACE, 0)
+# One outbox relay at a time, so events are published in order (transaction-level lock).
+OUTBOX_RELAY = (NAMESPACE, 1)
+
+
+def sweep_shard(shard: int, shards: int) -> tuple[int, int]:
+    """The per-shard sweep lock: a second sweep of the same shard (for the same shard count)
+    is a no-op while the first runs."""
+    return (NAMESPACE, shards * 4096 + shard + 1)
+
+
+def beat_lease(lock_id: int) -> tuple[int, int]:
+    """The single-active-beat lease (``CLEANUP_BEAT_LOCK_ID``)."""
+    return (NAMESPACE, lock_id)
