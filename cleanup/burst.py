@@ -30,6 +30,7 @@ from reservations.errors import HoldExpired, NotHeld, StaleVersion
 from . import broker, deliveries
 from .invariants import invariant_violations
 from .messages import build, idempotency_key
+from .publish import publish_release_messages, send_sweep
 from .workers import WorkerProcess
 
 R = "reservations_reservation"
@@ -163,8 +164,6 @@ def _publish_duplicates(cfg: BurstConfig, state: BurstState) -> None:
     )
     if not rows:
         return
-    from .tasks import publish_release_messages
-
     publish_release_messages(
         [build(rid, v, exp, bucket % cfg.shards, "burst-duplicate") for rid, v, exp, bucket in rows]
     )
@@ -172,10 +171,8 @@ def _publish_duplicates(cfg: BurstConfig, state: BurstState) -> None:
 
 
 def _send_sweeps(cfg: BurstConfig) -> None:
-    from .tasks import sweep_shard_task
-
     for shard in range(cfg.shards):
-        sweep_shard_task.apply_async(kwargs={"shard": shard, "shards": cfg.shards})
+        send_sweep(shard, cfg.shards)
 
 
 def _delivery_total(keys: list[str]) -> int:

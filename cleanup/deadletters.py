@@ -20,6 +20,7 @@ from reservations import services as reservation_services
 from . import metrics
 from .messages import BATCH_KIND, MalformedMessage, validate, validate_batch
 from .models import DeadLetter
+from .publish import publish_release_messages
 
 logger = logging.getLogger(__name__)
 
@@ -176,8 +177,6 @@ def _record(
 
 def requeue(letters: Iterable[DeadLetter], *, dry_run: bool = False) -> Counter[str]:
     """Requeue open dead letters; returns counts by what happened to each."""
-    from .tasks import publish_release_messages
-
     results: Counter[str] = Counter()
     for letter in letters:
         if letter.resolved_at is not None:

@@ -27,6 +27,7 @@ from reservations.services import ClaimedHold, claim_expired
 from . import broker, deadletters, locks, metrics
 from .messages import build, build_batch
 from .models import DeadLetter
+from .publish import publish_release_messages
 
 logger = logging.getLogger("cleanup.sweep")
 
@@ -160,8 +161,6 @@ def _sweep_batches(
     max_batches: int,
     max_queue_depth: int,
 ) -> None:
-    from .tasks import publish_release_messages
-
     for _ in range(max_batches):
         if time.monotonic() >= deadline:
             result.budget_exhausted = True

@@ -20,12 +20,12 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
-from config.celery_app import app
 from reservations.services import TransientConflict
 
 from . import deadletters, deliveries, metrics, outbox
 from .messages import BATCH_KIND, MalformedMessage, validate, validate_batch
 from .models import DeadLetter
+from .publish import RELEASE_BATCH_TASK, RELEASE_TASK, SWEEP_TASK
 from .release import Attempt, release, release_batch
 from .sweep import sweep_shard
 
@@ -177,7 +177,7 @@ def _dead_letter_malformed(
     return {"outcome": "malformed", "reason": str(exc)}
 
 
-@shared_task(name="cleanup.release_reservation", **RELEASE_TASK_OPTIONS)
+@shared_task(name=RELEASE_TASK, **RELEASE_TASK_OPTIONS)
 def release_reservation_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     age = queue_age(self.request)
@@ -217,7 +217,7 @@ def _log_attempt(message: Any, attempt: Attempt, outcome: str, duration_s: float
     logger.info("release attempt", extra=extra)
 
 
-@shared_task(name="cleanup.release_batch", **RELEASE_TASK_OPTIONS)
+@shared_task(name=RELEASE_BATCH_TASK, **RELEASE_TASK_OPTIONS)
 def release_batch_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, Any]:
     """Batched mode: one message, many holds, one transaction; per-hold outcomes."""
     started = time.perf_counter()
@@ -268,7 +268,7 @@ def release_batch_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, 
     return {"outcomes": counts, "rejected": len(batch.rejected)}
 
 
-@shared_task(bind=True, base=CleanupTask, name="cleanup.sweep_shard")
+@shared_task(bind=True, base=CleanupTask, name=SWEEP_TASK)
 def sweep_shard_task(self: CleanupTask, shard: int, shards: int) -> dict[str, Any]:
     result = sweep_shard(shard, shards, trace_id=self.request.id)
     return result.as_dict()
@@ -282,22 +282,3 @@ def relay_outbox_task(self: CleanupTask) -> dict[str, Any]:
 @shared_task(bind=True, base=CleanupTask, name="cleanup.prune")
 def prune_task(self: CleanupTask) -> dict[str, Any]:
     return outbox.prune()
-
-
-def publish_release_messages(messages: list[dict[str, Any]]) -> None:
-    """Publish release messages on one producer connection (the sweep's fan-out). A batch
-    message (``kind == "release_batch"``) goes to the batched task."""
-    if not messages:
-        return
-    with app.producer_or_acquire() as producer:
-        for message in messages:
-            task = (
-                release_batch_task
-                if message.get("kind") == BATCH_KIND
-                else release_reservation_task
-            )
-            task.apply_async(
-                args=(message,),
-                queue=settings.CLEANUP_RELEASE_QUEUE,
-                producer=producer,
-            )

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from cleanup.messages import build_batch
 from cleanup.models import DeadLetter
-from cleanup.tasks import publish_release_messages
+from cleanup.publish import publish_release_messages
 from reservations import services
 
 from .conftest import SessionFleet

@@ -26,7 +26,7 @@ from cleanup import deliveries
 from cleanup.broker import queue_stats
 from cleanup.messages import build
 from cleanup.models import DeadLetter
-from cleanup.tasks import publish_release_messages
+from cleanup.publish import publish_release_messages
 from config.celery_app import app
 
 from .fleet import (

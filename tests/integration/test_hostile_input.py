@@ -22,7 +22,7 @@ from django.conf import settings
 
 from cleanup.messages import build
 from cleanup.models import DeadLetter
-from cleanup.tasks import publish_release_messages
+from cleanup.publish import publish_release_messages
 from config.celery_app import app
 
 from .fleet import (

@@ -16,9 +16,9 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from cleanup.messages import build
+from cleanup.publish import publish_release_messages
 from cleanup.schedule import install_schedule
 from cleanup.sweep import sweep_shard
-from cleanup.tasks import publish_release_messages
 
 from .fleet import Worker, create_eligible_holds, released_count, scalar, wait_until
 

@@ -21,9 +21,10 @@ from django.db import connection, transaction
 
 from cleanup import broker
 from cleanup.messages import build
+from cleanup.publish import publish_release_messages
 from cleanup.schedule import install_schedule, installed_shards
 from cleanup.sweep import SweepResult, sweep_shard
-from cleanup.tasks import publish_release_messages, sweep_shard_task
+from cleanup.tasks import sweep_shard_task
 from reservations import services
 
 from .fleet import (

@@ -1,0 +1,47 @@
+"""Publishing cleanup messages: a leaf module, so the sweep, the dead-letter requeue and the
+drills publish without importing the task module (which imports them).
+
+Messages are sent by task name on one producer connection; routing follows settings
+(``CLEANUP_*_QUEUE``). The ``before_task_publish`` handler (``cleanup.signals``) stamps
+``enqueued_at`` on each, as for any task.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+from config.celery_app import app
+
+from .messages import BATCH_KIND
+
+RELEASE_TASK = "cleanup.release_reservation"
+RELEASE_BATCH_TASK = "cleanup.release_batch"
+SWEEP_TASK = "cleanup.sweep_shard"
+
+
+def publish_release_messages(messages: list[dict[str, Any]]) -> None:
+    """Publish release messages on one producer connection (the sweep's fan-out). A batch
+    message (``kind == "release_batch"``) goes to the batched task."""
+    if not messages:
+        return
+    with app.producer_or_acquire() as producer:
+        for message in messages:
+            name = RELEASE_BATCH_TASK if message.get("kind") == BATCH_KIND else RELEASE_TASK
+            app.send_task(
+                name,
+                args=(message,),
+                queue=settings.CLEANUP_RELEASE_QUEUE,
+                producer=producer,
+            )
+
+
+def send_sweep(shard: int, shards: int, **options: Any) -> None:
+    """One sweep of ``shard`` of ``shards``, as beat sends it (options: ``expires``, …)."""
+    app.send_task(
+        SWEEP_TASK,
+        kwargs={"shard": shard, "shards": shards},
+        queue=options.pop("queue", settings.CLEANUP_SWEEP_QUEUE),
+        **options,
+    )
