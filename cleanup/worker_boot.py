@@ -1,7 +1,7 @@
 """Prepare prometheus_client's multiprocess mode for a ``celery worker`` — before anything
 imports prometheus_client.
 
-The mode is chosen when prometheus_client is imported (FIELD-NOTES §3): the variable
+The mode is chosen when prometheus_client is imported (docs/LIBRARY-NOTES.md §3): the variable
 ``PROMETHEUS_MULTIPROC_DIR`` must already be set then. ``config/celery_app.py`` imports this
 module first. When the process is a celery worker (detected from ``sys.argv``) and
 ``WORKER_METRICS_PORT`` > 0, it points the variable at ``<WORKER_METRICS_DIR>/<worker name>``

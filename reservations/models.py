@@ -141,7 +141,7 @@ class OutboxEvent(models.Model):
 
     class Meta:
         constraints = [
-            # Every hold has at most one reservation.released event (DESIGN invariant 3).
+            # Every hold has at most one reservation.released event (docs/PIPELINE.md, invariant 3).
             models.UniqueConstraint(
                 fields=["reservation"],
                 condition=Q(kind="reservation.released"),

@@ -1,7 +1,7 @@
 """Every state change of a hold. Each function is one transaction with conditional updates;
 each writes its domain event to the outbox in that same transaction.
 
-Lock order (DESIGN invariant 8): offerings before reservations, ascending id. Services that
+Lock order (docs/PIPELINE.md, invariant 8): offerings before reservations, ascending id. Services that
 touch a single row (renew, confirm) take only that row's lock, which cannot close a cycle.
 
 The clock is PostgreSQL's ``now()``. The ``now`` parameters exist for unit tests only; when
@@ -43,7 +43,7 @@ _NOW = "COALESCE(%(now)s::timestamptz, now())"
 
 
 class ReleaseOutcome(StrEnum):
-    """What ``release_if_expired`` did, in DESIGN's decision order (steps 3–8)."""
+    """What ``release_if_expired`` did, in the outcome order of docs/PIPELINE.md."""
 
     NOT_FOUND = "not_found"
     ALREADY_HANDLED = "already_handled"
@@ -332,7 +332,7 @@ def release_holds(
     attach: AttachedWrite | None = None,
 ) -> dict[int, ReleaseOutcome]:
     """Release each ``(reservation_id, expected_version)`` that is still held at that version
-    and has expired; return every hold's outcome, in DESIGN's order (steps 3–8).
+    and has expired; return every hold's outcome, in the outcome order of docs/PIPELINE.md.
 
     Safe to call any number of times: only one call can move a hold to released. A hold listed
     twice is decided once (its first version). One statement: outside a transaction it needs
@@ -391,7 +391,7 @@ def release_if_expired(
 
 
 def classify_no_release(row: Sequence[object] | None, expected_version: int) -> ReleaseOutcome:
-    """DESIGN's order for a hold that was not released by this call.
+    """The outcome order (docs/PIPELINE.md) for a hold that was not released by this call.
 
     ``row`` is (status, version, released_version, expired). A version that moved while the
     hold is held or released reads ``renewed``; a confirmed or cancelled hold reads

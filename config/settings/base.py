@@ -137,7 +137,7 @@ CLEANUP_BEAT_IDLE_SESSION_TIMEOUT = env_int("CLEANUP_BEAT_IDLE_SESSION_TIMEOUT",
 # Redis visibility timeout: a message fetched but not acked comes back after this long. It must
 # exceed the hard time limit (else a running task is delivered twice) and the longest retry
 # countdown (Celery retries are ETA messages held unacked in the worker; an ETA beyond the
-# timeout is delivered again and again — FIELD-NOTES §2).
+# timeout is delivered again and again — docs/LIBRARY-NOTES.md §2).
 CLEANUP_VISIBILITY_TIMEOUT = env_int("CLEANUP_VISIBILITY_TIMEOUT", 300, minimum=1)
 _longest_hold = max(CLEANUP_TASK_TIME_LIMIT, CLEANUP_RETRY_BACKOFF_MAX)
 if CLEANUP_VISIBILITY_TIMEOUT <= _longest_hold:
@@ -179,10 +179,10 @@ CELERY_RESULT_SERIALIZER = "json"
 # Outcomes live in PostgreSQL (receipts); no result backend round trip per task.
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
-# Acknowledge after the durable write; a lost pool child puts its message back (DESIGN inv. 4).
+# Acknowledge after the durable write; a lost pool child puts its message back (docs/PIPELINE.md, invariant 4).
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
-# A hard time limit must ack, not requeue (requeue loops forever — FIELD-NOTES §2); the
+# A hard time limit must ack, not requeue (requeue loops forever — docs/LIBRARY-NOTES.md §2); the
 # delivery counter and the dead letter written in on_failure account for it.
 CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -206,7 +206,7 @@ CELERY_WORKER_SEND_TASK_EVENTS = env_bool("CELERY_TASK_EVENTS", True)
 CELERY_TASK_SEND_SENT_EVENT = CELERY_WORKER_SEND_TASK_EVENTS
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULER = "cleanup.schedule:LeaderDatabaseScheduler"
-# Persist last_run_at after every send so a new beat leader does not re-send (FIELD-NOTES §4).
+# Persist last_run_at after every send so a new beat leader does not re-send (docs/LIBRARY-NOTES.md §4).
 CELERY_BEAT_SYNC_EVERY = 1
 CELERY_BEAT_MAX_LOOP_INTERVAL = env_int("CELERY_BEAT_MAX_LOOP_INTERVAL", 5, minimum=1)
 CELERY_TIMEZONE = "UTC"

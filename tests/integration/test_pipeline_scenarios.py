@@ -1,6 +1,6 @@
 """Delivery scenarios with real ``celery worker`` processes on real Redis and PostgreSQL.
 
-Each test asserts from SQL (DESIGN's invariants, receipts) and never from mocks:
+Each test asserts from SQL (the invariants of docs/PIPELINE.md, receipts) and never from mocks:
 2. duplicated messages and concurrent sweeps of one shard → exactly one release per hold;
 3. holds renewed, confirmed or cancelled after their message was made → never released;
 5. a lost message → after the lease a later sweep claims the hold again and releases it;
