@@ -1,7 +1,8 @@
 """Queue depth and the age of the oldest waiting message, read from the broker.
 
 Redis (kombu's virtual transport): a queue is a list per priority step; publish is LPUSH and
-consume is BRPOP, so the oldest waiting message of each list is at index -1 (docs/LIBRARY-NOTES.md §1).
+consume is BRPOP, so the oldest waiting message of each list is at index -1
+(docs/LIBRARY-NOTES.md §1).
 Messages fetched but not yet acknowledged sit in the ``unacked`` hash, not in the lists.
 RabbitMQ: depth from a passive declare; there is no peek, so the age is not available (None).
 """

@@ -1,4 +1,5 @@
-"""The pipeline's invariants (docs/PIPELINE.md), checked from SQL (used by the burst drill and the integration tests).
+"""The pipeline's invariants (docs/PIPELINE.md), checked from SQL (used by the burst drill and
+the integration tests).
 
 An empty list from ``invariant_violations`` means every invariant holds.
 """

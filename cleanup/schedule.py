@@ -1,7 +1,8 @@
 """The beat schedule: per-shard sweep entries, and a scheduler that only sends while it holds
 the single-beat lease.
 
-django-celery-beat has no lock of its own: two beats both send (docs/LIBRARY-NOTES.md §4). The lease is a
+django-celery-beat has no lock of its own: two beats both send (docs/LIBRARY-NOTES.md §4).
+The lease is a
 PostgreSQL *session* advisory lock held on a dedicated autocommit connection — not Django's,
 which django-celery-beat closes each tick via ``close_old_connections()``. The connection sets
 ``idle_session_timeout`` so a frozen or partitioned leader loses the lock on the server side;

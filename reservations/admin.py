@@ -229,7 +229,8 @@ class ReservationAdmin(admin.ModelAdmin):
     readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Reservation]:
-        # The database clock decides expiry (PostgreSQL's now(), never the web server's), so the age is computed there.
+        # The database clock (PostgreSQL's now(), never the web server's) decides expiry, so
+        # the age is computed there.
         expired_for = Case(
             When(
                 status=Reservation.Status.HELD,

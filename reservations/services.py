@@ -1,8 +1,9 @@
 """Every state change of a hold. Each function is one transaction with conditional updates;
 each writes its domain event to the outbox in that same transaction.
 
-Lock order (docs/PIPELINE.md, invariant 8): offerings before reservations, ascending id. Services that
-touch a single row (renew, confirm) take only that row's lock, which cannot close a cycle.
+Lock order (docs/PIPELINE.md, invariant 8): offerings before reservations, ascending id.
+Services that touch a single row (renew, confirm) take only that row's lock, which cannot close
+a cycle.
 
 The clock is PostgreSQL's ``now()``. The ``now`` parameters exist for unit tests only; when
 ``None`` the statement uses the database clock.

@@ -179,7 +179,8 @@ CELERY_RESULT_SERIALIZER = "json"
 # Outcomes live in PostgreSQL (receipts); no result backend round trip per task.
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
-# Acknowledge after the durable write; a lost pool child puts its message back (docs/PIPELINE.md, invariant 4).
+# Acknowledge after the durable write; a lost pool child puts its message back
+# (docs/PIPELINE.md, invariant 4).
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # A hard time limit must ack, not requeue (requeue loops forever — docs/LIBRARY-NOTES.md §2); the
@@ -206,7 +207,8 @@ CELERY_WORKER_SEND_TASK_EVENTS = env_bool("CELERY_TASK_EVENTS", True)
 CELERY_TASK_SEND_SENT_EVENT = CELERY_WORKER_SEND_TASK_EVENTS
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULER = "cleanup.schedule:LeaderDatabaseScheduler"
-# Persist last_run_at after every send so a new beat leader does not re-send (docs/LIBRARY-NOTES.md §4).
+# Persist last_run_at after every send so a new beat leader does not re-send
+# (docs/LIBRARY-NOTES.md §4).
 CELERY_BEAT_SYNC_EVERY = 1
 CELERY_BEAT_MAX_LOOP_INTERVAL = env_int("CELERY_BEAT_MAX_LOOP_INTERVAL", 5, minimum=1)
 CELERY_TIMEZONE = "UTC"
