@@ -16,7 +16,19 @@ ensure_venv() {
       return 1
     fi
     echo "creating .venv with $("$py" -V 2>&1) ($py)"
-    "$py" -m venv .venv
+    # Debian and Ubuntu ship Python without venv/ensurepip until a package adds them.
+    if ! "$py" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+      local minor
+      minor=$("$py" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+      echo "error: $py has no venv/ensurepip module. On Debian or Ubuntu install it with:" >&2
+      echo "  sudo apt-get install python${minor}-venv" >&2
+      return 1
+    fi
+    if ! "$py" -m venv .venv; then
+      rm -rf .venv
+      echo "error: '$py -m venv .venv' failed (see above)" >&2
+      return 1
+    fi
     .venv/bin/python -m pip install --quiet --upgrade pip
   fi
   # One stamp per requirements file (requirements.txt for `make run`, requirements-dev.txt for
