@@ -66,7 +66,11 @@ def _has_header(path: str) -> bool:
 
 
 def compact(path: str) -> dict[str, int]:
-    """Fold dead pids' counter/histogram files into one archive per type; returns counts."""
+    """Fold dead pids' counter/histogram files into one archive per type; returns counts.
+
+    prometheus_client has no public API to merge files, so this is the one place that uses its
+    file format through ``MmapedDict`` (``read_all_values_from_file``, ``write_value``,
+    ``close``); tests/unit/test_library_contracts.py fails if that API changes."""
     from prometheus_client.mmap_dict import MmapedDict
     from prometheus_client.multiprocess import mark_process_dead
 

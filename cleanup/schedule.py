@@ -193,10 +193,17 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
         # pg_try_advisory_lock is re-entrant; we only call it while not leader, so one hold.
         self._is_leader = True
         logger.info("beat lease acquired; this beat now sends", extra={"pid": _pid()})
-        # Re-read entries (and their last_run_at) written by the previous leader.
+        self._reload_from_database()
+        return True
+
+    def _reload_from_database(self) -> None:
+        """Re-read every entry (and its last_run_at, written by the previous leader) before the
+        next tick. Neither library has a public call for this: ``_initial_read`` makes
+        django-celery-beat's ``schedule`` property reload all rows, and ``_heap = None`` makes
+        Celery's ``Scheduler.tick`` rebuild its heap from them. The only private names we use;
+        tests/unit/test_library_contracts.py fails if either library stops reading them."""
         self._initial_read = True
         self._heap = None
-        return True
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         if not self._hold_lease():
