@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, transaction
@@ -175,36 +175,67 @@ def _record(
     return letter
 
 
-def requeue(letters: Iterable[DeadLetter], *, dry_run: bool = False) -> Counter[str]:
-    """Requeue open dead letters; returns counts by what happened to each."""
+def requeue_action(letter: DeadLetter) -> str:
+    """What requeueing ``letter`` would do: ``rescheduled`` (a set-aside hold becomes due
+    again), ``republished`` (its release message is sent again), ``already_resolved`` or
+    ``not_requeueable (<why>)``."""
+    if letter.resolved_at is not None:
+        return "already_resolved"
+    if letter.reason == DeadLetter.Reason.CLAIMS_EXHAUSTED and letter.reservation_id:
+        return "rescheduled"
+    try:
+        _republishable(letter.message)
+    except MalformedMessage as exc:
+        return f"not_requeueable ({exc})"
+    return "republished"
+
+
+def _republishable(raw: Any) -> dict[str, Any]:
+    if isinstance(raw, dict) and raw.get("kind") == BATCH_KIND:
+        batch = validate_batch(raw)
+        if batch.rejected:
+            raise MalformedMessage(f"{len(batch.rejected)} malformed item(s)")
+        return raw
+    return validate(raw).as_dict()
+
+
+def requeue(
+    letters: Iterable[DeadLetter],
+    *,
+    dry_run: bool = False,
+    on_each: Callable[[DeadLetter, str], None] | None = None,
+) -> Counter[str]:
+    """Requeue open dead letters; returns counts by what happened to each (``on_each`` is
+    called with every letter and its result).
+
+    Each letter is claimed first (a conditional UPDATE of ``resolved_at``): of two operators
+    requeueing the same letter at once, one sends and the other gets ``already_resolved``.
+    If sending then fails, the claim is undone and the letter counts as ``error``.
+    """
     results: Counter[str] = Counter()
     for letter in letters:
-        if letter.resolved_at is not None:
-            results["already_resolved"] += 1
+        action = requeue_action(letter)
+        if dry_run or action not in ("rescheduled", "republished"):
+            results[action] += 1
+            if on_each:
+                on_each(letter, action)
             continue
-        if letter.reason == DeadLetter.Reason.CLAIMS_EXHAUSTED and letter.reservation_id:
-            action = "rescheduled"
-            if not dry_run:
-                reservation_services.reschedule_claim([letter.reservation_id])
+        claimed = DeadLetter.objects.filter(pk=letter.pk, resolved_at__isnull=True).update(
+            resolved_at=timezone.now(), resolution=action
+        )
+        if not claimed:
+            action = "already_resolved"
         else:
-            raw = letter.message
             try:
-                if isinstance(raw, dict) and raw.get("kind") == BATCH_KIND:
-                    batch = validate_batch(raw)
-                    if batch.rejected:
-                        raise MalformedMessage(f"{len(batch.rejected)} malformed item(s)")
-                    payload = raw
+                if action == "rescheduled":
+                    reservation_services.reschedule_claim([letter.reservation_id or 0])
                 else:
-                    payload = validate(raw).as_dict()
-            except MalformedMessage as exc:
-                results[f"not_requeueable ({exc})"] += 1
-                continue
-            action = "republished"
-            if not dry_run:
-                publish_release_messages([payload])
+                    publish_release_messages([_republishable(letter.message)])
+            except Exception:  # noqa: BLE001 - reported per letter; the claim is undone
+                logger.exception("requeue failed", extra={"dead_letter_id": letter.pk})
+                DeadLetter.objects.filter(pk=letter.pk).update(resolved_at=None, resolution="")
+                action = "error"
         results[action] += 1
-        if not dry_run:
-            DeadLetter.objects.filter(pk=letter.pk).update(
-                resolved_at=timezone.now(), resolution=action
-            )
+        if on_each:
+            on_each(letter, action)
     return results

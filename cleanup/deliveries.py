@@ -8,6 +8,7 @@ configured; otherwise an autocommit upsert in PostgreSQL.
 
 from __future__ import annotations
 
+import time
 from functools import lru_cache
 
 import redis
@@ -17,6 +18,10 @@ from django.db import connection
 from .models import DeliveryCount
 
 KEY_PREFIX = "reservation-cleanup:deliveries:"
+# Deliveries of release messages per minute (the health page's "delivery attempts"): one key
+# per UTC minute, kept for two hours, written in the same pipelined round trip as the count.
+TALLY_PREFIX = "reservation-cleanup:attempts:"
+TALLY_TTL = 7200
 
 
 @lru_cache(maxsize=4)
@@ -31,7 +36,11 @@ def increment(key: str) -> int:
         pipe = _client(url).pipeline(transaction=False)
         pipe.incr(KEY_PREFIX + key)
         pipe.expire(KEY_PREFIX + key, settings.CLEANUP_DELIVERY_COUNTER_TTL)
-        count, _ = pipe.execute()
+        if not key.startswith("task:"):  # a release message (a malformed one counts by task)
+            tally = f"{TALLY_PREFIX}{int(time.time()) // 60}"
+            pipe.incr(tally)
+            pipe.expire(tally, TALLY_TTL)
+        count = pipe.execute()[0]
         return int(count)
     table = DeliveryCount._meta.db_table
     with connection.cursor() as cur:  # autocommit: outside any transaction by design
@@ -51,3 +60,14 @@ def current(key: str) -> int:
         return int(value) if value is not None else 0
     row = DeliveryCount.objects.filter(pk=key).values_list("count", flat=True).first()
     return int(row or 0)
+
+
+def attempts_since(minutes: int, *, now: float | None = None) -> int | None:
+    """Release-message deliveries in the last ``minutes`` whole minutes plus the current one
+    (None when deliveries are counted in PostgreSQL, which keeps no tally)."""
+    url = settings.CLEANUP_COUNTER_REDIS_URL
+    if not url:
+        return None
+    current = int(time.time() if now is None else now) // 60
+    keys = [f"{TALLY_PREFIX}{m}" for m in range(current - minutes + 1, current + 1)]
+    return sum(int(v) for v in _client(url).mget(keys) if v is not None)

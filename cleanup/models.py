@@ -89,3 +89,71 @@ class DeliveryCount(models.Model):
 
     def __str__(self) -> str:
         return f"{self.idempotency_key}: {self.count}"
+
+
+class CleanupSchedule(models.Model):
+    """The one "Cleanup schedule": it drives the per-shard sweep entries of the beat schedule.
+
+    Saving it (admin or ``cleanup.schedule.apply_schedule``) rewrites the managed
+    ``PeriodicTask`` rows in one transaction. ``install_cleanup_schedule`` creates it only when
+    none exists, so a restart never reverts an operator's edit (``--force`` resets it).
+    """
+
+    shards = models.PositiveSmallIntegerField(
+        default=4, help_text="Number of shards N: one sweep entry per shard (1–1024)."
+    )
+    every_seconds = models.PositiveIntegerField(
+        default=10, help_text="Each shard is swept every this many seconds."
+    )
+    enabled = models.BooleanField(
+        default=True, help_text="When off, beat sends no sweep: expired holds stay held."
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "cleanup schedule"
+        verbose_name_plural = "cleanup schedule"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(shards__gte=1) & Q(shards__lte=1024),
+                name="cleanup_schedule_shards_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(every_seconds__gte=1), name="cleanup_schedule_every_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        state = "enabled" if self.enabled else "disabled"
+        return f"{self.shards} shard(s) every {self.every_seconds}s, {state}"
+
+
+class SweepRecord(models.Model):
+    """The last sweep of each shard (one row per shard number, overwritten by each sweep)."""
+
+    shard = models.PositiveSmallIntegerField(primary_key=True)
+    shards = models.PositiveSmallIntegerField()
+    finished_at = models.DateTimeField()
+    claimed = models.PositiveIntegerField(default=0)
+    published = models.PositiveIntegerField(default=0)
+    set_aside = models.PositiveIntegerField(default=0)
+    backpressure = models.BooleanField(default=False)
+    skipped_locked = models.BooleanField(default=False)
+    duration_ms = models.FloatField(default=0)
+    trace_id = models.CharField(max_length=64, blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"shard {self.shard} of {self.shards} at {self.finished_at:%H:%M:%S}"
+
+
+class HealthSample(models.Model):
+    """One periodic reading for the health page's chart (task ``cleanup.sample_health``)."""
+
+    taken_at = models.DateTimeField(db_index=True)
+    oldest_eligible_age_seconds = models.FloatField()
+    eligible = models.PositiveIntegerField()
+    queue_depth = models.PositiveIntegerField(null=True, blank=True)
+    released_last_minute = models.PositiveIntegerField()
+
+    def __str__(self) -> str:
+        return f"sample {self.taken_at:%H:%M:%S}"

@@ -25,6 +25,7 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from django_celery_beat.schedulers import DatabaseScheduler
 
 from . import locks
+from .models import CleanupSchedule
 
 logger = logging.getLogger("cleanup.schedule")
 
@@ -38,13 +39,39 @@ def sweep_entry_name(shard: int, shards: int) -> str:
     return f"{SWEEP_PREFIX}{shard} of {shards}"
 
 
-def _ensure(name: str, task: str, every: int, kwargs: dict[str, Any], queue: str) -> bool:
-    """Create or update one entry; True when something changed. ``enabled`` is left as an
-    operator set it in the admin."""
+SAMPLE_NAME = "cleanup: sample health"
+SAMPLE_EVERY = 30
+# The entries the "Cleanup schedule" object drives: read-only in django-celery-beat's admin.
+MANAGED_NOTE = (
+    "Managed by the Cleanup schedule (Cleanup › Cleanup schedule): edit shards, interval and "
+    "enabled there; saving it rewrites these entries."
+)
+
+
+def is_managed(name: str) -> bool:
+    return name.startswith(SWEEP_PREFIX)
+
+
+def _ensure(
+    name: str,
+    task: str,
+    every: int,
+    kwargs: dict[str, Any],
+    queue: str,
+    *,
+    enabled: bool | None = None,
+    overwrite: bool = True,
+) -> bool:
+    """Create or update one entry; True when something changed. With ``overwrite=False`` an
+    existing entry is left exactly as it is (an operator may have edited it). ``enabled=None``
+    leaves ``enabled`` as it is."""
+    entry = PeriodicTask.objects.filter(name=name).first()
+    if entry is not None and not overwrite:
+        return False
     interval, _ = IntervalSchedule.objects.get_or_create(
         every=every, period=IntervalSchedule.SECONDS
     )
-    wanted = {
+    wanted: dict[str, Any] = {
         "task": task,
         "interval": interval,
         "kwargs": json.dumps(kwargs, sort_keys=True),
@@ -53,9 +80,10 @@ def _ensure(name: str, task: str, every: int, kwargs: dict[str, Any], queue: str
         # one covers the same range. (``expires`` is absolute and would disable the entry.)
         "expire_seconds": every,
     }
-    entry = PeriodicTask.objects.filter(name=name).first()
+    if enabled is not None:
+        wanted["enabled"] = enabled
     if entry is None:
-        PeriodicTask.objects.create(name=name, enabled=True, **wanted)
+        PeriodicTask.objects.create(name=name, **{"enabled": True, **wanted})
         return True
     changed = False
     for field, value in wanted.items():
@@ -63,22 +91,28 @@ def _ensure(name: str, task: str, every: int, kwargs: dict[str, Any], queue: str
             setattr(entry, field, value)
             changed = True
     if changed:
-        entry.save()
+        entry.save()  # save(), not update(): bumps beat's change marker
     return changed
 
 
-def install_schedule(shards: int, every: int, *, relay_every: int = 5) -> dict[str, int]:
-    """One sweep entry per shard (kwargs {"shard": k, "shards": N}) plus relay and prune.
-
-    Idempotent. A new N rewrites the sweep entries; since a shard is a set of buckets
-    (``bucket % N == k``) and every hold has a bucket, every hold belongs to exactly one shard
-    under any N — changing N never strands a hold.
-    """
+def _validate(shards: int, every: int) -> None:
     if shards < 1 or shards > 1024:
         raise ValueError("shards must be between 1 and 1024")
     if every < 1:
         raise ValueError("every must be at least 1 second")
-    created_or_changed = 0
+
+
+def apply_schedule(schedule: CleanupSchedule) -> dict[str, int]:
+    """Make the per-shard sweep entries match ``schedule`` (one transaction): one entry per
+    shard with kwargs {"shard": k, "shards": N}, interval and enabled from the schedule; entries
+    of another N are deleted.
+
+    Since a shard is a set of buckets (``bucket % N == k``) and every hold has a bucket, every
+    hold belongs to exactly one shard under any N — changing N never strands a hold.
+    """
+    _validate(schedule.shards, schedule.every_seconds)
+    shards, every = schedule.shards, schedule.every_seconds
+    changed = 0
     with transaction.atomic():
         wanted = {sweep_entry_name(k, shards) for k in range(shards)}
         stale = PeriodicTask.objects.filter(name__startswith=SWEEP_PREFIX).exclude(name__in=wanted)
@@ -87,20 +121,74 @@ def install_schedule(shards: int, every: int, *, relay_every: int = 5) -> dict[s
             entry.delete()
             removed += 1
         for k in range(shards):
-            created_or_changed += _ensure(
+            changed += _ensure(
                 sweep_entry_name(k, shards),
                 SWEEP_TASK,
                 every,
                 {"shard": k, "shards": shards},
                 settings.CLEANUP_SWEEP_QUEUE,
+                enabled=schedule.enabled,
             )
-        created_or_changed += _ensure(
-            RELAY_NAME, "cleanup.relay_outbox", relay_every, {}, settings.CLEANUP_MAINTENANCE_QUEUE
+    return {"shards": shards, "changed": changed, "removed": removed}
+
+
+def save_schedule(
+    shards: int, every: int, enabled: bool = True
+) -> tuple[CleanupSchedule, dict[str, int]]:
+    """Set the Cleanup schedule (creating it if needed) and apply it, in one transaction."""
+    _validate(shards, every)
+    with transaction.atomic():
+        schedule = CleanupSchedule.objects.select_for_update().order_by("pk").first()
+        if schedule is None:
+            schedule = CleanupSchedule()
+        schedule.shards, schedule.every_seconds, schedule.enabled = shards, every, enabled
+        schedule.save()
+        return schedule, apply_schedule(schedule)
+
+
+def _maintenance_entries(relay_every: int, *, overwrite: bool) -> int:
+    queue = settings.CLEANUP_MAINTENANCE_QUEUE
+    return (
+        _ensure(RELAY_NAME, "cleanup.relay_outbox", relay_every, {}, queue, overwrite=overwrite)
+        + _ensure(PRUNE_NAME, "cleanup.prune", 3600, {}, queue, overwrite=overwrite)
+        + _ensure(
+            SAMPLE_NAME, "cleanup.sample_health", SAMPLE_EVERY, {}, queue, overwrite=overwrite
         )
-        created_or_changed += _ensure(
-            PRUNE_NAME, "cleanup.prune", 3600, {}, settings.CLEANUP_MAINTENANCE_QUEUE
-        )
-    return {"shards": shards, "changed": created_or_changed, "removed": removed}
+    )
+
+
+def install_schedule(shards: int, every: int, *, relay_every: int = 5) -> dict[str, int]:
+    """Reset the Cleanup schedule to these values (enabled) and rewrite every cleanup entry,
+    relay, prune and sample included (``install_cleanup_schedule --force``). Idempotent."""
+    with transaction.atomic():
+        _schedule, result = save_schedule(shards, every, True)
+        result["changed"] += _maintenance_entries(relay_every, overwrite=True)
+    return result
+
+
+def ensure_schedule(shards: int, every: int, *, relay_every: int = 5) -> dict[str, Any]:
+    """Create the Cleanup schedule only when none exists (``install_cleanup_schedule``).
+
+    An existing schedule keeps its values — an operator's edit survives a restart — and its
+    entries are re-applied from it (a deleted entry comes back). Relay, prune and sample
+    entries are created when missing and otherwise left as they are.
+    """
+    _validate(shards, every)
+    with transaction.atomic():
+        schedule = CleanupSchedule.objects.select_for_update().order_by("pk").first()
+        created = schedule is None
+        if schedule is None:
+            schedule = CleanupSchedule.objects.create(
+                shards=shards, every_seconds=every, enabled=True
+            )
+        result: dict[str, Any] = dict(apply_schedule(schedule))
+        result["changed"] += _maintenance_entries(relay_every, overwrite=False)
+    result.update(created=created, every=schedule.every_seconds, enabled=schedule.enabled)
+    return result
+
+
+def current_schedule() -> CleanupSchedule | None:
+    return CleanupSchedule.objects.order_by("pk").first()
 
 
 def installed_shards() -> int | None:
@@ -115,13 +203,23 @@ def installed_shards() -> int | None:
     return None
 
 
+LEASE_APP_PREFIX = "cleanup-beat-lease "
+
+
+def lease_application_name() -> str:
+    import socket
+
+    return f"{LEASE_APP_PREFIX}{socket.gethostname()}:{_pid()}"[:63]
+
+
 def _lock_conninfo() -> dict[str, Any]:
     db = settings.DATABASES["default"]
     timeout_ms = settings.CLEANUP_BEAT_IDLE_SESSION_TIMEOUT * 1000
     params: dict[str, Any] = {
         "dbname": db["NAME"],
         "autocommit": True,
-        "application_name": "reservation-cleanup-beat-lease",
+        # Names the beat on the server side: the health page shows which process leads.
+        "application_name": lease_application_name(),
         # The server drops a leader that stops pinging; keepalives catch a dead peer.
         "options": f"-c idle_session_timeout={timeout_ms}",
         "keepalives": 1,

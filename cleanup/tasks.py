@@ -22,7 +22,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 
 from reservations.services import TransientConflict
 
-from . import deadletters, deliveries, metrics, outbox
+from . import deadletters, deliveries, health, metrics, outbox
 from .messages import BATCH_KIND, MalformedMessage, validate, validate_batch
 from .models import DeadLetter
 from .publish import RELEASE_BATCH_TASK, RELEASE_TASK, SWEEP_TASK
@@ -271,6 +271,7 @@ def release_batch_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, 
 @shared_task(bind=True, base=CleanupTask, name=SWEEP_TASK)
 def sweep_shard_task(self: CleanupTask, shard: int, shards: int) -> dict[str, Any]:
     result = sweep_shard(shard, shards, trace_id=self.request.id)
+    health.record_sweep(result)  # the health page's "last sweep" of this shard
     return result.as_dict()
 
 
@@ -281,4 +282,13 @@ def relay_outbox_task(self: CleanupTask) -> dict[str, Any]:
 
 @shared_task(bind=True, base=CleanupTask, name="cleanup.prune")
 def prune_task(self: CleanupTask) -> dict[str, Any]:
-    return outbox.prune()
+    counts = outbox.prune()
+    counts["health_samples"] = health.prune_samples()
+    return counts
+
+
+@shared_task(bind=True, base=CleanupTask, name="cleanup.sample_health")
+def sample_health_task(self: CleanupTask) -> dict[str, Any]:
+    """One point of the health page's chart (beat entry "cleanup: sample health")."""
+    sample = health.take_sample()
+    return {"sample": sample.pk}

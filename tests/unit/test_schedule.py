@@ -1,19 +1,25 @@
-"""install_schedule: idempotent, N rewrites the sweep entries; every bucket in exactly one shard."""
+"""The Cleanup schedule: install_cleanup_schedule creates it only when missing (--force resets
+it), saving it rewrites the sweep entries; every bucket in exactly one shard under any N."""
 
 from __future__ import annotations
 
 import json
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, transaction
-from django_celery_beat.models import PeriodicTask, PeriodicTasks
+from django_celery_beat.models import IntervalSchedule, PeriodicTask, PeriodicTasks
 
+from cleanup.models import CleanupSchedule
 from cleanup.schedule import (
     PRUNE_NAME,
     RELAY_NAME,
+    SAMPLE_NAME,
     SWEEP_PREFIX,
     install_schedule,
     installed_shards,
+    save_schedule,
     sweep_entry_name,
 )
 from reservations import services
@@ -31,7 +37,8 @@ def test_install_schedule_creates_one_sweep_entry_per_shard():
     report = install_schedule(shards=4, every=2)
     # then
     entries = _sweep_entries()
-    assert report == {"shards": 4, "changed": 6, "removed": 0}  # 4 sweeps + relay + prune
+    # 4 sweeps + relay + prune + sample
+    assert report == {"shards": 4, "changed": 7, "removed": 0}
     assert [e.name for e in entries] == [sweep_entry_name(k, 4) for k in range(4)]
     for k, entry in enumerate(entries):
         assert json.loads(entry.kwargs) == {"shard": k, "shards": 4}
@@ -40,7 +47,7 @@ def test_install_schedule_creates_one_sweep_entry_per_shard():
         assert entry.expire_seconds == 2
         assert entry.interval is not None and entry.interval.every == 2
         assert entry.enabled
-    assert PeriodicTask.objects.filter(name__in=[RELAY_NAME, PRUNE_NAME]).count() == 2
+    assert PeriodicTask.objects.filter(name__in=[RELAY_NAME, PRUNE_NAME, SAMPLE_NAME]).count() == 3
     assert installed_shards() == 4
 
 
@@ -55,16 +62,89 @@ def test_install_schedule_is_idempotent_and_does_not_touch_beats_change_marker()
     assert PeriodicTasks.last_change() == marker
 
 
-def test_install_schedule_keeps_an_operators_disabled_entry_disabled():
-    install_schedule(shards=2, every=1)
-    entry = PeriodicTask.objects.get(name=sweep_entry_name(1, 2))
-    entry.enabled = False
-    entry.save()
-    # when
-    report = install_schedule(shards=2, every=1)
+def _command(*args: str) -> str:
+    out = StringIO()
+    call_command("install_cleanup_schedule", *args, stdout=out)
+    return out.getvalue()
+
+
+def _sweeps_as_beat_sees_them() -> list[tuple[str, int, bool, dict[str, int]]]:
+    return [
+        (e.name, e.interval.every if e.interval else 0, e.enabled, json.loads(e.kwargs))
+        for e in _sweep_entries()
+    ]
+
+
+def test_the_command_creates_the_schedule_only_when_none_exists():
+    # when: first start
+    out = _command("--shards", "4", "--every", "10")
     # then
-    assert report["changed"] == 0
-    assert PeriodicTask.objects.get(name=sweep_entry_name(1, 2)).enabled is False
+    assert "created: 4 shard(s) every 10s, enabled" in out
+    schedule = CleanupSchedule.objects.get()
+    assert (schedule.shards, schedule.every_seconds, schedule.enabled) == (4, 10, True)
+    assert len(_sweep_entries()) == 4
+    # given: an operator's edit (what the admin's save does)
+    save_schedule(shards=2, every=3, enabled=False)
+    edited = _sweeps_as_beat_sees_them()
+    marker = PeriodicTasks.last_change()
+    # when: a restart runs the same command line again
+    out = _command("--shards", "4", "--every", "10")
+    # then: the edit stands, and beat is not even told that something changed
+    assert "kept (exists; --force resets it): 2 shard(s) every 3s, DISABLED" in out
+    assert _sweeps_as_beat_sees_them() == edited
+    assert [(e[1], e[2]) for e in edited] == [(3, False), (3, False)]
+    assert PeriodicTasks.last_change() == marker
+    assert CleanupSchedule.objects.count() == 1
+
+
+def test_the_command_keeps_an_edited_relay_entry_and_force_resets_everything():
+    _command("--shards", "4", "--every", "10")
+    relay = PeriodicTask.objects.get(name=RELAY_NAME)
+    relay.interval, _ = IntervalSchedule.objects.get_or_create(
+        every=30, period=IntervalSchedule.SECONDS
+    )
+    relay.save()
+    save_schedule(shards=3, every=20, enabled=False)
+    # when: restarted without --force
+    _command("--shards", "4", "--every", "10")
+    # then
+    assert PeriodicTask.objects.get(name=RELAY_NAME).interval.every == 30
+    # when: --force
+    out = _command("--shards", "4", "--every", "10", "--force")
+    # then
+    assert "reset to 4 shard(s) every 10s, enabled" in out
+    assert PeriodicTask.objects.get(name=RELAY_NAME).interval.every == 5
+    assert [(e[1], e[2]) for e in _sweeps_as_beat_sees_them()] == [(10, True)] * 4
+
+
+def test_a_deleted_sweep_entry_comes_back_on_the_next_start():
+    _command("--shards", "2", "--every", "5")
+    PeriodicTask.objects.get(name=sweep_entry_name(1, 2)).delete()
+    # when
+    _command("--shards", "2", "--every", "5")
+    # then
+    assert [e.name for e in _sweep_entries()] == [sweep_entry_name(0, 2), sweep_entry_name(1, 2)]
+
+
+def test_saving_the_schedule_disables_and_reenables_every_sweep_entry_and_tells_beat():
+    save_schedule(shards=3, every=2, enabled=True)
+    before = PeriodicTasks.last_change()
+    # when
+    save_schedule(shards=3, every=2, enabled=False)
+    # then
+    assert {e.enabled for e in _sweep_entries()} == {False}
+    assert PeriodicTasks.last_change() > before
+    # when
+    save_schedule(shards=3, every=2, enabled=True)
+    assert {e.enabled for e in _sweep_entries()} == {True}
+
+
+def test_an_invalid_schedule_changes_nothing():
+    save_schedule(shards=2, every=4)
+    for shards, every in ((0, 4), (1025, 4), (2, 0)):
+        with pytest.raises(ValueError):
+            save_schedule(shards=shards, every=every)
+    assert [(e[1], e[3]["shards"]) for e in _sweeps_as_beat_sees_them()] == [(4, 2), (4, 2)]
 
 
 @pytest.mark.parametrize(("first", "second"), [(4, 3), (3, 5), (5, 4)])

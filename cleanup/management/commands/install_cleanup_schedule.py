@@ -4,25 +4,43 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from cleanup.schedule import install_schedule
+from cleanup.schedule import ensure_schedule, install_schedule
 
 
 class Command(BaseCommand):
-    help = "Install or update the per-shard sweep entries (idempotent) plus relay and prune."
+    help = (
+        "Create the Cleanup schedule (per-shard sweep entries plus relay, prune and sample) "
+        "only when none exists; an existing schedule, possibly edited in the admin, is kept "
+        "and re-applied. --force resets it to the given values."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--shards", type=int, default=4, help="number of shards N")
         parser.add_argument("--every", type=int, default=10, help="sweep interval in seconds")
         parser.add_argument("--relay-every", type=int, default=5, help="outbox relay interval")
+        parser.add_argument(
+            "--force",
+            action="store_true",
+            help="overwrite an existing schedule (and the relay/prune/sample entries)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            result = install_schedule(
-                options["shards"], options["every"], relay_every=options["relay_every"]
-            )
+            if options["force"]:
+                result = install_schedule(
+                    options["shards"], options["every"], relay_every=options["relay_every"]
+                )
+                verb, every, enabled = "reset to", options["every"], True
+            else:
+                result = ensure_schedule(
+                    options["shards"], options["every"], relay_every=options["relay_every"]
+                )
+                verb = "created:" if result["created"] else "kept (exists; --force resets it):"
+                every, enabled = result["every"], result["enabled"]
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
+        state = "enabled" if enabled else "DISABLED"
         self.stdout.write(
-            f"schedule: {result['shards']} shard(s) every {options['every']}s; "
+            f"schedule {verb} {result['shards']} shard(s) every {every}s, {state}; "
             f"{result['changed']} entr(y/ies) created or changed, {result['removed']} removed"
         )

@@ -1,0 +1,380 @@
+"""The cleanup's health at a glance: what the admin's health page shows, read at request time
+from PostgreSQL, the broker and the workers, plus the periodic samples behind its chart.
+
+Every number comes from one query or broker call made while the page renders (the same
+statements as the /metrics gauges where there is one), so the page and SQL agree at that
+moment. Nothing here is cached.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
+
+from . import deliveries
+from .broker import QueueStats, queue_stats
+from .metrics import DESIRED_WINDOW_S, ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL, desired_consumers
+from .models import CleanupReceipt, DeadLetter, HealthSample, SweepRecord
+
+logger = logging.getLogger("cleanup.health")
+
+WINDOWS_MINUTES = (5, 60)
+# Remote-control replies are awaited this long at most: the page never blocks for longer.
+PING_TIMEOUT_S = 1.0
+CHART_MINUTES = 60
+SAMPLE_RETENTION = timedelta(days=1)
+LEASE_LOCK_SQL = (
+    "SELECT a.application_name, host(a.client_addr), a.pid, a.backend_start "
+    "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+    "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s "
+    "AND l.objsubid = 2"
+)
+
+
+def slo_state(age_seconds: float, slo_seconds: float) -> str:
+    """green below half the SLO, amber up to the SLO, red beyond it."""
+    if age_seconds >= slo_seconds:
+        return "red"
+    if age_seconds >= slo_seconds / 2:
+        return "amber"
+    return "green"
+
+
+@dataclass
+class ShardHealth:
+    shard: int
+    oldest_age_seconds: float
+    eligible: int
+    capped: bool
+    state: str
+    last_sweep: SweepRecord | None
+
+
+@dataclass
+class WindowCounts:
+    minutes: int
+    since: datetime
+    outcomes: dict[str, int]
+    transitions: int
+    attempts: int | None  # release-message deliveries (None: not tallied, no Redis counter)
+    retries: int
+    dead_lettered: int
+
+    @property
+    def terminal(self) -> int:
+        return sum(self.outcomes.values())
+
+
+@dataclass
+class WorkerInfo:
+    name: str
+    pool: int | None
+    queues: list[str]
+
+
+@dataclass
+class Health:
+    taken_at: datetime
+    slo_seconds: int
+    cap: int
+    shards: int
+    schedule: Any
+    shard_rows: list[ShardHealth]
+    queue: QueueStats | None
+    queue_error: str
+    windows: list[WindowCounts]
+    open_dead_letters: list[tuple[str, str, int]]  # (reason, label, count)
+    lease: dict[str, Any] | None
+    last_sent: datetime | None
+    workers: list[WorkerInfo] | None
+    workers_error: str
+    running_pool: int | None
+    desired: float | None
+    samples: list[HealthSample] = field(default_factory=list)
+
+    @property
+    def worst_state(self) -> str:
+        order = ("green", "amber", "red")
+        return max((s.state for s in self.shard_rows), key=order.index, default="green")
+
+
+def _cursor_rows(sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cur:
+        cur.execute(sql, params)
+        return list(cur.fetchall())
+
+
+def read_shards(shards: int, cap: int) -> list[tuple[float, int, bool]]:
+    """(oldest eligible age, eligible count up to cap, capped) per shard, as /metrics reads
+    them: one bounded statement each."""
+    from reservations.services import shard_buckets
+
+    rows = []
+    with connection.cursor() as cur:
+        for k in range(shards):
+            buckets = shard_buckets(k, shards)
+            cur.execute(OLDEST_ELIGIBLE_SQL, [buckets])
+            row = cur.fetchone()
+            age = max(0.0, float(row[0])) if row and row[0] is not None else 0.0
+            cur.execute(ELIGIBLE_COUNT_SQL, [buckets, cap + 1])
+            n = int(cur.fetchone()[0])
+            rows.append((age, min(n, cap), n > cap))
+    return rows
+
+
+def window_start(minutes: int, now: float | None = None) -> datetime:
+    """The start of the current UTC minute, minus ``minutes - 1`` minutes: the windows are
+    whole minutes, like the per-minute delivery tally."""
+    current = int(time.time() if now is None else now) // 60
+    return datetime.fromtimestamp((current - minutes + 1) * 60, tz=UTC)
+
+
+def read_window(minutes: int, now: float) -> WindowCounts:
+    since = window_start(minutes, now)
+    receipts = CleanupReceipt._meta.db_table
+    outcomes = dict(
+        _cursor_rows(
+            f"SELECT outcome, count(*) FROM {receipts} WHERE created_at >= %s "
+            f"GROUP BY outcome ORDER BY outcome",
+            [since],
+        )
+    )
+    retries = _cursor_rows(
+        f"SELECT coalesce(sum(attempt - 1), 0) FROM {receipts} WHERE created_at >= %s", [since]
+    )[0][0]
+    dead = DeadLetter.objects.filter(created_at__gte=since).count()
+    try:
+        attempts = deliveries.attempts_since(minutes, now=now)
+    except Exception as exc:  # noqa: BLE001 - the tally is informative only
+        logger.warning("attempt tally unavailable", extra={"error": repr(exc)[:200]})
+        attempts = None
+    return WindowCounts(
+        minutes=minutes,
+        since=since,
+        outcomes={str(k): int(v) for k, v in outcomes.items()},
+        transitions=int(outcomes.get("released", 0)),
+        attempts=attempts,
+        retries=int(retries),
+        dead_lettered=dead,
+    )
+
+
+def read_open_dead_letters() -> list[tuple[str, str, int]]:
+    counts = dict(
+        _cursor_rows(
+            f"SELECT reason, count(*) FROM {DeadLetter._meta.db_table} "
+            f"WHERE resolved_at IS NULL GROUP BY reason"
+        )
+    )
+    labels = dict(DeadLetter.Reason.choices)
+    return [(r, str(labels.get(r, r)), int(n)) for r, n in sorted(counts.items())]
+
+
+def read_lease() -> dict[str, Any] | None:
+    from . import locks
+    from .schedule import LEASE_APP_PREFIX
+
+    rows = _cursor_rows(LEASE_LOCK_SQL, list(locks.beat_lease(settings.CLEANUP_BEAT_LOCK_ID)))
+    if not rows:
+        return None
+    app_name, client, pid, since = rows[0]
+    return {
+        "process": str(app_name).removeprefix(LEASE_APP_PREFIX) or "(unnamed)",
+        "client": client or "local socket",
+        "backend_pid": pid,
+        "since": since,
+    }
+
+
+def read_last_sent() -> datetime | None:
+    from django_celery_beat.models import PeriodicTask
+
+    from .schedule import SWEEP_PREFIX
+
+    value = (
+        PeriodicTask.objects.filter(name__startswith=SWEEP_PREFIX)
+        .order_by("-last_run_at")
+        .values_list("last_run_at", flat=True)
+        .first()
+    )
+    return value
+
+
+def read_workers(timeout: float = PING_TIMEOUT_S) -> list[WorkerInfo]:
+    """Workers that answered within ``timeout`` (two remote-control broadcasts sent at once:
+    ``stats`` for the pool size, ``active_queues`` for what each consumes)."""
+    from config.celery_app import app
+
+    def stats() -> dict[str, Any]:
+        return app.control.inspect(timeout=timeout).stats() or {}
+
+    def queues() -> dict[str, Any]:
+        return app.control.inspect(timeout=timeout).active_queues() or {}
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        stats_f, queues_f = pool.submit(stats), pool.submit(queues)
+        by_stats, by_queues = stats_f.result(), queues_f.result()
+    infos = []
+    for name in sorted(set(by_stats) | set(by_queues)):
+        pool_info = (by_stats.get(name) or {}).get("pool") or {}
+        size = pool_info.get("max-concurrency")
+        names = sorted(q.get("name", "?") for q in by_queues.get(name) or [])
+        infos.append(WorkerInfo(name, int(size) if size is not None else None, names))
+    return infos
+
+
+def read_desired(samples: list[HealthSample]) -> float | None:
+    """``reservation_cleanup_desired_consumers`` as /metrics computes it, with the backlog
+    growth taken from the last two samples."""
+    growth = 0.0
+    if len(samples) >= 2:
+        a, b = samples[-2], samples[-1]
+        seconds = (b.taken_at - a.taken_at).total_seconds()
+        if seconds > 0:
+            growth = (b.eligible - a.eligible) / seconds
+    processed, mean_ms = _cursor_rows(
+        f"SELECT count(*), avg(duration_ms) FROM {CleanupReceipt._meta.db_table} "
+        f"WHERE created_at > now() - make_interval(secs => %s)",
+        [DESIRED_WINDOW_S],
+    )[0]
+    return desired_consumers(
+        int(processed), float(mean_ms) if mean_ms is not None else None, growth
+    )
+
+
+def collect(*, with_workers: bool = True) -> Health:
+    from .schedule import current_schedule, installed_shards
+
+    now = time.time()
+    schedule = current_schedule()
+    shards = schedule.shards if schedule else (installed_shards() or 1)
+    cap = int(settings.CLEANUP_ELIGIBLE_COUNT_CAP)
+    slo = int(settings.CLEANUP_SLO_SECONDS)
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT set_config('statement_timeout', %s, true)",
+                [str(int(settings.METRICS_STATEMENT_TIMEOUT_MS))],
+            )
+        readings = read_shards(shards, cap)
+    sweeps = {r.shard: r for r in SweepRecord.objects.filter(shards=shards)}
+    shard_rows = [
+        ShardHealth(k, age, n, capped, slo_state(age, slo), sweeps.get(k))
+        for k, (age, n, capped) in enumerate(readings)
+    ]
+    queue: QueueStats | None = None
+    queue_error = ""
+    try:
+        queue = queue_stats(settings.CLEANUP_RELEASE_QUEUE)
+    except Exception as exc:  # noqa: BLE001 - shown on the page
+        queue_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+    samples = list(
+        HealthSample.objects.filter(
+            taken_at__gte=timezone.now() - timedelta(minutes=CHART_MINUTES)
+        ).order_by("taken_at")
+    )
+    workers: list[WorkerInfo] | None = None
+    workers_error = ""
+    running_pool: int | None = None
+    if with_workers:
+        try:
+            workers = read_workers()
+        except Exception as exc:  # noqa: BLE001 - shown on the page
+            workers_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+        if workers is not None:
+            running_pool = sum(
+                w.pool or 0 for w in workers if settings.CLEANUP_RELEASE_QUEUE in w.queues
+            )
+    return Health(
+        taken_at=timezone.now(),
+        slo_seconds=slo,
+        cap=cap,
+        shards=shards,
+        schedule=schedule,
+        shard_rows=shard_rows,
+        queue=queue,
+        queue_error=queue_error,
+        windows=[read_window(m, now) for m in WINDOWS_MINUTES],
+        open_dead_letters=read_open_dead_letters(),
+        lease=read_lease(),
+        last_sent=read_last_sent(),
+        workers=workers,
+        workers_error=workers_error,
+        running_pool=running_pool,
+        desired=read_desired(samples),
+        samples=samples,
+    )
+
+
+# --- Records written by the pipeline ---------------------------------------------------------
+
+
+def record_sweep(result: Any) -> None:
+    """Keep the last sweep of the shard (one upsert per sweep; never fails the sweep)."""
+    table = SweepRecord._meta.db_table
+    try:
+        with connection.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO {table} (shard, shards, finished_at, claimed, published, "
+                f"set_aside, backpressure, skipped_locked, duration_ms, trace_id) "
+                f"VALUES (%s, %s, now(), %s, %s, %s, %s, %s, %s, %s) "
+                f"ON CONFLICT (shard) DO UPDATE SET shards = EXCLUDED.shards, "
+                f"finished_at = EXCLUDED.finished_at, claimed = EXCLUDED.claimed, "
+                f"published = EXCLUDED.published, set_aside = EXCLUDED.set_aside, "
+                f"backpressure = EXCLUDED.backpressure, "
+                f"skipped_locked = EXCLUDED.skipped_locked, "
+                f"duration_ms = EXCLUDED.duration_ms, trace_id = EXCLUDED.trace_id",
+                [
+                    result.shard,
+                    result.shards,
+                    result.claimed,
+                    result.published,
+                    result.set_aside,
+                    result.backpressure,
+                    result.skipped_locked,
+                    round(result.duration_s * 1000, 3),
+                    result.trace_id[:64],
+                ],
+            )
+    except DatabaseError:
+        logger.exception("last sweep not recorded", extra={"shard": result.shard})
+
+
+def take_sample() -> HealthSample:
+    """One chart point: worst oldest-eligible age and total eligible over the shards, release
+    queue depth (None when the broker does not answer), releases in the last minute."""
+    from .schedule import current_schedule, installed_shards
+
+    schedule = current_schedule()
+    shards = schedule.shards if schedule else (installed_shards() or 1)
+    cap = int(settings.CLEANUP_ELIGIBLE_COUNT_CAP)
+    readings = read_shards(shards, cap)
+    depth: int | None
+    try:
+        depth = queue_stats(settings.CLEANUP_RELEASE_QUEUE).depth
+    except Exception:  # noqa: BLE001 - a gap in the chart, not a failed sample
+        depth = None
+    released = CleanupReceipt.objects.filter(
+        outcome="released", created_at__gte=timezone.now() - timedelta(minutes=1)
+    ).count()
+    return HealthSample.objects.create(
+        taken_at=timezone.now(),
+        oldest_eligible_age_seconds=max((r[0] for r in readings), default=0.0),
+        eligible=sum(r[1] for r in readings),
+        queue_depth=depth,
+        released_last_minute=released,
+    )
+
+
+def prune_samples(now: datetime | None = None) -> int:
+    cutoff = (now or timezone.now()) - SAMPLE_RETENTION
+    deleted, _ = HealthSample.objects.filter(taken_at__lt=cutoff).delete()
+    return int(deleted)
