@@ -8,19 +8,32 @@ module is already loaded when this one runs).
 
 from __future__ import annotations
 
-from typing import Any
+from collections import Counter
+from typing import Any, cast
+from urllib.parse import urlencode
 
 from django.contrib import admin, messages
+from django.db import transaction
 from django.db.models import QuerySet
-from django.http import HttpRequest
-from django.utils.html import format_html
+from django.forms import ModelForm
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django_celery_beat.admin import PeriodicTaskAdmin
+from django_celery_beat.models import PeriodicTask
 
-from reservations.admin import ReservationAdmin
-from reservations.models import Reservation
+from reservations import admin_guard
+from reservations.admin import EMPTY, ReservationAdmin
+from reservations.models import OutboxEvent, Reservation
 
-from . import deadletters
-from .models import CleanupReceipt, DeadLetter
+from . import deadletters, deliveries
+from .models import CleanupReceipt, CleanupSchedule, DeadLetter
+from .schedule import MANAGED_NOTE, SWEEP_PREFIX, apply_schedule, is_managed
 from .story import explain
+
+# Dead letters one requeue may send (the confirmation page says so when more match).
+REQUEUE_LIMIT = 1000
 
 
 class OpenFilter(admin.SimpleListFilter):
@@ -49,12 +62,33 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+def _hold_link(reservation_id: int | None) -> str:
+    if not reservation_id:
+        return EMPTY
+    url = reverse("admin:reservations_reservation_change", args=[reservation_id])
+    return format_html('<a href="{}">hold #{}</a>', url, reservation_id)
+
+
+def _changelist_link(model: str, query: dict[str, Any], text: str) -> str:
+    url = reverse(f"admin:{model}_changelist") + "?" + urlencode(query)
+    return format_html('<a href="{}">{}</a>', url, text)
+
+
+class ByHoldLookupMixin:
+    """Allows ``?reservation_id=<id>`` in the list URL (the links from a hold's page)."""
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        if lookup in ("reservation_id", "idempotency_key"):
+            return True
+        return bool(super().lookup_allowed(lookup, value, request))  # type: ignore[misc]
+
+
 @admin.register(DeadLetter)
-class DeadLetterAdmin(ReadOnlyAdmin):
+class DeadLetterAdmin(ByHoldLookupMixin, ReadOnlyAdmin):
     list_display = (
         "id",
         "reason",
-        "reservation_id",
+        "hold",
         "version",
         "task_name",
         "delivery_count",
@@ -68,23 +102,94 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     ordering = ("-id",)
     show_full_result_count = False
     actions = ("requeue",)
+    fields = (
+        "reason",
+        "hold",
+        "version",
+        "receipt",
+        "delivery_count",
+        "idempotency_key",
+        "task_name",
+        "task_id",
+        "trace_id",
+        "error",
+        "payload",
+        "message",
+        "created_at",
+        "resolved_at",
+        "resolution",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="hold", ordering="reservation_id")
+    def hold(self, obj: DeadLetter) -> str:
+        return _hold_link(obj.reservation_id)
+
+    @admin.display(description="receipt")
+    def receipt(self, obj: DeadLetter) -> str:
+        if not obj.idempotency_key:
+            return EMPTY
+        found = CleanupReceipt.objects.filter(idempotency_key=obj.idempotency_key).first()
+        if found is None:
+            return f"none for {obj.idempotency_key}"
+        url = reverse("admin:cleanup_cleanupreceipt_change", args=[found.pk])
+        return format_html('<a href="{}">receipt #{} ({})</a>', url, found.pk, found.outcome)
 
     @admin.action(description="Requeue selected dead letters", permissions=["requeue"])
-    def requeue(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
-        results = deadletters.requeue(queryset.order_by("id"))
+    def requeue(
+        self, request: HttpRequest, queryset: QuerySet[DeadLetter]
+    ) -> TemplateResponse | None:
+        ids, matching = admin_guard.bounded_ids(queryset, REQUEUE_LIMIT)
+        if matching is not None and not admin_guard.select_across(request):
+            self.message_user(
+                request,
+                f"Select at most {REQUEUE_LIMIT} dead letters at a time; nothing was requeued.",
+                messages.ERROR,
+            )
+            return None
+        letters = list(DeadLetter.objects.filter(pk__in=ids).order_by("pk"))
+        if not admin_guard.confirmed(request):
+            by_reason = Counter(str(letter.reason) for letter in letters)
+            planned = deadletters.requeue(letters, dry_run=True)
+            return admin_guard.confirmation(
+                self,
+                request,
+                action="requeue",
+                title="Requeue dead letters?",
+                verb="requeue",
+                ids=ids,
+                matching=matching,
+                limit=REQUEUE_LIMIT,
+                breakdown=[
+                    *((f"reason: {r}", n) for r, n in sorted(by_reason.items())),
+                    *((f"will be: {a}", n) for a, n in sorted(planned.items())),
+                ],
+                breakdown_title="what will be sent",
+                note="A republished message keeps its idempotency key: one that was in fact "
+                "handled ends already_handled. A set-aside hold becomes due for a sweep again.",
+            )
+        done: dict[str, list[Any]] = {}
+        results = deadletters.requeue(
+            letters, on_each=lambda letter, what: done.setdefault(what, []).append(letter)
+        )
+        admin_guard.log_each(request, done, "requeue")
         summary = ", ".join(f"{what}: {n}" for what, n in sorted(results.items())) or "nothing"
-        level = messages.WARNING if any("not_" in k for k in results) else messages.SUCCESS
-        self.message_user(request, f"Requeue: {summary}", level)
+        failed = any(k.startswith(("not_", "error", "already")) for k in results)
+        self.message_user(
+            request, f"Requeue: {summary}", messages.WARNING if failed else messages.SUCCESS
+        )
+        return None
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("cleanup.change_deadletter"))
 
 
 @admin.register(CleanupReceipt)
-class CleanupReceiptAdmin(ReadOnlyAdmin):
+class CleanupReceiptAdmin(ByHoldLookupMixin, ReadOnlyAdmin):
     list_display = (
         "id",
         "idempotency_key",
+        "hold",
         "outcome",
         "attempt",
         "worker",
@@ -98,26 +203,237 @@ class CleanupReceiptAdmin(ReadOnlyAdmin):
     search_fields = ("=reservation_id", "=trace_id", "=task_id", "idempotency_key")
     ordering = ("-id",)
     show_full_result_count = False
+    fields = (
+        "idempotency_key",
+        "hold",
+        "version",
+        "outcome",
+        "attempt",
+        "deliveries_counted",
+        "dead_letters",
+        "worker",
+        "task_id",
+        "trace_id",
+        "queue_age_seconds",
+        "duration_ms",
+        "created_at",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="hold", ordering="reservation_id")
+    def hold(self, obj: CleanupReceipt) -> str:
+        return _hold_link(obj.reservation_id)
+
+    @admin.display(description="deliveries counted")
+    def deliveries_counted(self, obj: CleanupReceipt) -> str:
+        return _deliveries(obj.idempotency_key)
+
+    @admin.display(description="dead letters")
+    def dead_letters(self, obj: CleanupReceipt) -> str:
+        n = DeadLetter.objects.filter(idempotency_key=obj.idempotency_key).count()
+        if not n:
+            return "none"
+        return _changelist_link(
+            "cleanup_deadletter", {"idempotency_key": obj.idempotency_key}, f"{n} dead letter(s)"
+        )
+
+
+def _deliveries(key: str) -> str:
+    """The delivery counter of a message key (kept for CLEANUP_DELIVERY_COUNTER_TTL)."""
+    try:
+        n = deliveries.current(key)
+    except Exception:  # noqa: BLE001 - the counter is informative here
+        return "unavailable"
+    return f"{n} (counter for {key})" if n else f"0 / expired (counter for {key})"
 
 
 class ReservationStoryAdmin(ReservationAdmin):
     """The registered ReservationAdmin plus a read-only "story" (what explain_hold prints)."""
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
-        return [*super().get_fields(request, obj), "story"]
+        return ["related", *super().get_fields(request, obj), "deliveries_counted", "story"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [*super().get_readonly_fields(request, obj), "story"]
+        return [
+            *super().get_readonly_fields(request, obj),
+            "related",
+            "deliveries_counted",
+            "story",
+        ]
+
+    @admin.display(description="linked records")
+    def related(self, obj: Reservation) -> str:
+        if obj is None or obj.pk is None:
+            return EMPTY
+        pk = int(obj.pk)
+        receipts = CleanupReceipt.objects.filter(reservation_id=pk).count()
+        letters = DeadLetter.objects.filter(reservation_id=pk).count()
+        open_letters = DeadLetter.objects.filter(
+            reservation_id=pk, resolved_at__isnull=True
+        ).count()
+        events = OutboxEvent.objects.filter(reservation_id=pk).count()
+        return format_html(
+            '<span id="hold-links">{} · {} · {} · <a href="#story">story (explain_hold)</a>'
+            "</span>",
+            _changelist_link(
+                "cleanup_cleanupreceipt", {"reservation_id": pk}, f"{receipts} receipt(s)"
+            ),
+            _changelist_link(
+                "cleanup_deadletter",
+                {"reservation_id": pk},
+                f"{letters} dead letter(s), {open_letters} open",
+            ),
+            _changelist_link("reservations_outboxevent", {"q": pk}, f"{events} outbox event(s)"),
+        )
+
+    @admin.display(description="deliveries (current version)")
+    def deliveries_counted(self, obj: Reservation) -> str:
+        if obj is None or obj.pk is None:
+            return EMPTY
+        from .messages import idempotency_key
+
+        return _deliveries(idempotency_key(int(obj.pk), int(obj.version)))
 
     @admin.display(description="story (explain_hold)")
     def story(self, obj: Reservation) -> str:
         if obj is None or obj.pk is None:
             return "—"
         return format_html(
-            '<pre style="white-space: pre-wrap">{}</pre>', explain(int(obj.pk)).text()
+            '<pre id="story" style="white-space: pre-wrap">{}</pre>', explain(int(obj.pk)).text()
         )
 
 
 if admin.site.is_registered(Reservation):
     admin.site.unregister(Reservation)
 admin.site.register(Reservation, ReservationStoryAdmin)
+
+
+# --- The Cleanup schedule ---------------------------------------------------------------------
+
+
+@admin.register(CleanupSchedule)
+class CleanupScheduleAdmin(admin.ModelAdmin):
+    """One object. Saving it rewrites the per-shard sweep entries in the same transaction."""
+
+    fields = ("shards", "every_seconds", "enabled", "updated_at", "entries")
+    readonly_fields = ("updated_at", "entries")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return not CleanupSchedule.objects.exists() and super().has_add_permission(request)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        schedule = CleanupSchedule.objects.order_by("pk").first()
+        if schedule is not None:
+            return HttpResponseRedirect(
+                reverse("admin:cleanup_cleanupschedule_change", args=[schedule.pk])
+            )
+        return super().changelist_view(request, extra_context)
+
+    def save_model(
+        self, request: HttpRequest, obj: CleanupSchedule, form: ModelForm, change: bool
+    ) -> None:
+        with transaction.atomic():
+            obj.save()
+            result = apply_schedule(obj)
+        self.message_user(
+            request,
+            f"Sweep entries: {result['changed']} created or changed, {result['removed']} "
+            f"removed. Beat follows within its loop interval; no restart needed.",
+            messages.SUCCESS,
+        )
+
+    @admin.display(description="beat entries it manages")
+    def entries(self, obj: CleanupSchedule) -> str:
+        rows = PeriodicTask.objects.filter(name__startswith=SWEEP_PREFIX).order_by("name")
+        if not rows:
+            return "none yet (saved on the next save)"
+        return format_html(
+            "<ul id=\"managed-entries\">{}</ul>",
+            format_html_join(
+                "",
+                '<li><a href="{}">{}</a> — every {}s, {}, last sent {}</li>',
+                (
+                    (
+                        reverse("admin:django_celery_beat_periodictask_change", args=[e.pk]),
+                        e.name,
+                        e.interval.every if e.interval else "?",
+                        "enabled" if e.enabled else "disabled",
+                        e.last_run_at or "never",
+                    )
+                    for e in rows
+                ),
+            ),
+        )
+
+
+class CleanupAwarePeriodicTaskAdmin(PeriodicTaskAdmin):  # type: ignore[misc]
+    """django-celery-beat's admin, with the entries the Cleanup schedule manages read-only."""
+
+    list_display = (*PeriodicTaskAdmin.list_display, "managed_by")
+
+    @admin.display(description="managed by")
+    def managed_by(self, obj: PeriodicTask) -> str:
+        if not is_managed(obj.name):
+            return ""
+        return format_html(
+            '<a href="{}">Cleanup schedule</a>', reverse("admin:cleanup_cleanupschedule_changelist")
+        )
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and is_managed(obj.name):
+            return False
+        return bool(super().has_change_permission(request, obj))
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and is_managed(obj.name):
+            return False
+        return bool(super().has_delete_permission(request, obj))
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: Any = None,
+    ) -> HttpResponse:
+        entry = PeriodicTask.objects.filter(pk=object_id).only("name").first()
+        if entry is not None and is_managed(entry.name) and request.method == "GET":
+            url = reverse("admin:cleanup_cleanupschedule_changelist")
+            self.message_user(
+                request, format_html('{} <a href="{}">Open it</a>.', MANAGED_NOTE, url),
+                messages.INFO,
+            )
+        return cast(HttpResponse, super().change_view(request, object_id, form_url, extra_context))
+
+    def _unmanaged(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> Any:
+        managed = queryset.filter(name__startswith=SWEEP_PREFIX)
+        if managed.exists():
+            self.message_user(
+                request,
+                f"{managed.count()} entr(y/ies) left unchanged: {MANAGED_NOTE}",
+                messages.WARNING,
+            )
+        return queryset.exclude(name__startswith=SWEEP_PREFIX)
+
+    @admin.action(description="Enable selected tasks")
+    def enable_tasks(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
+        super().enable_tasks(request, self._unmanaged(request, queryset))
+
+    @admin.action(description="Disable selected tasks")
+    def disable_tasks(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
+        super().disable_tasks(request, self._unmanaged(request, queryset))
+
+    @admin.action(description="Toggle activity of selected tasks")
+    def toggle_tasks(self, request: HttpRequest, queryset: QuerySet[PeriodicTask]) -> None:
+        super().toggle_tasks(request, self._unmanaged(request, queryset))
+
+
+if admin.site.is_registered(PeriodicTask):
+    admin.site.unregister(PeriodicTask)
+admin.site.register(PeriodicTask, CleanupAwarePeriodicTaskAdmin)
+
+# The index links to the health page (templates/admin/cleanup_index.html).
+admin.site.index_template = "admin/cleanup_index.html"

@@ -32,8 +32,9 @@ from django.db.models import (
 from django.db.models.functions import Coalesce, Now
 from django.forms import ModelForm
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 
-from . import services
+from . import admin_guard, services
 from .errors import ReservationError
 from .models import Offering, OutboxEvent, Reservation
 from .retry import call_with_retries, is_transient_db_error
@@ -274,16 +275,46 @@ class ReservationAdmin(admin.ModelAdmin):
         return bool(request.user.has_perm("reservations.change_reservation"))
 
     @admin.action(description="Release expired holds now", permissions=["release"])
-    def release_expired_now(self, request: HttpRequest, queryset: QuerySet[Reservation]) -> None:
-        rows = queryset.order_by("pk").values_list("pk", "version")
-        selected = list(rows[: ADMIN_RELEASE_LIMIT + 1])
-        if len(selected) > ADMIN_RELEASE_LIMIT:
-            self.message_user(
-                request,
-                f"Select at most {ADMIN_RELEASE_LIMIT} holds at a time; nothing was released.",
-                messages.ERROR,
+    def release_expired_now(
+        self, request: HttpRequest, queryset: QuerySet[Reservation]
+    ) -> TemplateResponse | None:
+        ids, matching = admin_guard.bounded_ids(queryset, ADMIN_RELEASE_LIMIT)
+        # "All N matching the filter" is bounded (the page says so); an explicit selection
+        # larger than the bound is refused.
+        if not admin_guard.select_across(request):
+            if matching is not None:
+                self.message_user(
+                    request,
+                    f"Select at most {ADMIN_RELEASE_LIMIT} holds at a time; "
+                    f"nothing was released.",
+                    messages.ERROR,
+                )
+                return None
+        if not admin_guard.confirmed(request):
+            eligible = set(
+                Reservation.objects.eligible().filter(pk__in=ids).values_list("pk", flat=True)
             )
-            return
+            return admin_guard.confirmation(
+                self,
+                request,
+                action="release_expired_now",
+                title="Release expired holds now?",
+                verb="release",
+                ids=ids,
+                matching=matching,
+                limit=ADMIN_RELEASE_LIMIT,
+                breakdown=[
+                    ("expired and still held: will be released", len(eligible)),
+                    ("not expired or not held: left as they are", len(ids) - len(eligible)),
+                ],
+                breakdown_title="state now",
+                note="Each hold is released only if it is still held and expired when its "
+                "turn comes, exactly as the cleanup does.",
+            )
+        selected = list(
+            Reservation.objects.filter(pk__in=ids).order_by("pk").values_list("pk", "version")
+        )
+        done: dict[str, list[int]] = {}
         outcomes: Counter[str] = Counter()
         failures: list[str] = []
         for reservation_id, version in selected:
@@ -306,6 +337,7 @@ class ReservationAdmin(admin.ModelAdmin):
                     failures.append(f"#{reservation_id}: database error (logged)")
                 continue
             outcomes[outcome.value] += 1
+            done.setdefault(outcome.value, []).append(reservation_id)
             logger.info(
                 "admin release",
                 extra={
@@ -315,6 +347,13 @@ class ReservationAdmin(admin.ModelAdmin):
                     "user_id": request.user.pk,
                 },
             )
+        # Logged with the holds as they are now (their repr shows the new status).
+        holds = Reservation.objects.in_bulk([pk for pks in done.values() for pk in pks])
+        admin_guard.log_each(
+            request,
+            {outcome: [holds[pk] for pk in pks if pk in holds] for outcome, pks in done.items()},
+            "release expired holds now",
+        )
         released = services.ReleaseOutcome.RELEASED.value
         order = [released] + [o.value for o in services.ReleaseOutcome if o != released] + ["error"]
         summary = ", ".join(f"{name}: {outcomes[name]}" for name in order if outcomes[name])
@@ -325,6 +364,7 @@ class ReservationAdmin(admin.ModelAdmin):
         )
         if failures:
             self.message_user(request, "Not released: " + "; ".join(failures), messages.ERROR)
+        return None
 
 
 @admin.register(OutboxEvent)

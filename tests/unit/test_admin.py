@@ -75,7 +75,12 @@ def listed_ids(response: Any) -> set[int]:
 def run_action(client: Client, holds: list[Reservation]) -> tuple[Any, list[str]]:
     response = client.post(
         reverse(CHANGELIST),
-        {"action": "release_expired_now", "_selected_action": [h.pk for h in holds], "index": 0},
+        {
+            "action": "release_expired_now",
+            "_selected_action": [h.pk for h in holds],
+            "index": 0,
+            "confirm": "yes",
+        },
         follow=True,
     )
     return response, [str(m) for m in get_messages(response.wsgi_request)]

@@ -30,13 +30,15 @@ class Command(BaseCommand):
                 result = install_schedule(
                     options["shards"], options["every"], relay_every=options["relay_every"]
                 )
-                verb, every, enabled = "reset to", options["every"], True
+                verb = "reset to"
+                every: int = options["every"]
+                enabled: bool = True
             else:
                 result = ensure_schedule(
                     options["shards"], options["every"], relay_every=options["relay_every"]
                 )
                 verb = "created:" if result["created"] else "kept (exists; --force resets it):"
-                every, enabled = result["every"], result["enabled"]
+                every, enabled = int(result["every"]), bool(result["enabled"])
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         state = "enabled" if enabled else "DISABLED"

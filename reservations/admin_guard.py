@@ -1,0 +1,92 @@
+"""Guards for admin actions that change state: a confirmation page first, a bound on how many
+rows one click may touch, and an admin ``LogEntry`` per row acted on.
+
+An action calls ``confirmation`` when the POST does not carry ``confirm=yes``; the page lists
+what will happen and re-posts the same action with the selected ids (at most the bound) and
+``confirm=yes``. "Select all N matching the filter" (``select_across``) is accepted and bounded:
+the page says how many match and that only the first ``limit`` by id will be acted on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+
+CONFIRM_FIELD = "confirm"
+SHOWN_IDS = 20
+
+
+def confirmed(request: HttpRequest) -> bool:
+    return request.POST.get(CONFIRM_FIELD) == "yes"
+
+
+def select_across(request: HttpRequest) -> bool:
+    return request.POST.get("select_across") == "1"
+
+
+def bounded_ids(queryset: QuerySet[Any], limit: int) -> tuple[list[int], int | None]:
+    """The first ``limit`` ids (ascending) and the number matching when that is more
+    (None when all of them fit)."""
+    ids = list(queryset.order_by("pk").values_list("pk", flat=True)[: limit + 1])
+    if len(ids) <= limit:
+        return ids, None
+    return ids[:limit], queryset.count()
+
+
+def confirmation(
+    modeladmin: admin.ModelAdmin,
+    request: HttpRequest,
+    *,
+    action: str,
+    title: str,
+    verb: str,
+    ids: Sequence[int],
+    matching: int | None,
+    limit: int,
+    breakdown: Iterable[tuple[str, int]],
+    breakdown_title: str,
+    note: str = "",
+) -> TemplateResponse:
+    opts = modeladmin.model._meta
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": title,
+        "subtitle": None,
+        "opts": opts,
+        "action": action,
+        "verb": verb,
+        "ids": list(ids),
+        "shown_ids": list(ids[:SHOWN_IDS]),
+        "more_ids": max(0, len(ids) - SHOWN_IDS),
+        "matching": matching,
+        "limit": limit,
+        "breakdown": list(breakdown),
+        "breakdown_title": breakdown_title,
+        "note": note,
+        "confirm_field": CONFIRM_FIELD,
+        "back_url": request.get_full_path(),
+        "change_url_name": f"admin:{opts.app_label}_{opts.model_name}_change",
+    }
+    request.current_app = modeladmin.admin_site.name
+    return TemplateResponse(request, "admin/cleanup/confirm_action.html", context)
+
+
+def log_each(
+    request: HttpRequest, objects_by_result: dict[str, list[Any]], what: str
+) -> None:
+    """One CHANGE ``LogEntry`` per object acted on: who (the request's user), when (now), what
+    (``"<what>: <result>"``)."""
+    for result, objects in objects_by_result.items():
+        if objects:
+            LogEntry.objects.log_actions(
+                user_id=request.user.pk or 0,
+                queryset=objects,
+                action_flag=CHANGE,
+                change_message=f"{what}: {result}",
+            )

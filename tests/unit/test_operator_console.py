@@ -1,0 +1,437 @@
+"""The operator console in the admin: the health page (numbers equal SQL and the broker), the
+Cleanup schedule object, linked records, and requeue/release behind a confirmation with an
+audit entry. (The same flows in a real browser: tests/browser/.)"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import User
+from django.contrib.messages import get_messages
+from django.db import connection
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+from django_celery_beat.models import PeriodicTask
+
+from cleanup import health
+from cleanup.broker import redis_client
+from cleanup.messages import build, idempotency_key
+from cleanup.models import CleanupReceipt, CleanupSchedule, DeadLetter, SweepRecord
+from cleanup.schedule import RELAY_NAME, install_schedule, sweep_entry_name
+from cleanup.sweep import SweepResult
+from reservations import services
+from reservations.models import Reservation
+
+HEALTH = "cleanup-health"
+DEAD_LETTERS = "admin:cleanup_deadletter_changelist"
+HOLDS = "admin:reservations_reservation_changelist"
+
+
+@pytest.fixture
+def broker():
+    client = redis_client()
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
+@pytest.fixture
+def admin_client_(db: None) -> Client:
+    user = User.objects.create_superuser("root", "root@example.com", "pw")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def sql(query: str, params: Any = None) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cur:
+        cur.execute(query, params)
+        return list(cur.fetchall())
+
+
+def expired_holds(offering_id: int, n: int, seconds_ago: int) -> list[int]:
+    holds = [services.hold_seat(offering_id, f"learner-{i}", ttl_seconds=60) for i in range(n)]
+    ids = [h.pk for h in holds]
+    sql(
+        "UPDATE reservations_reservation SET expires_at = now() - make_interval(secs => %s), "
+        "next_attempt_at = now() - make_interval(secs => %s) WHERE id = ANY(%s) RETURNING id",
+        [seconds_ago, seconds_ago, ids],
+    )
+    return ids
+
+
+def metric(html: str, shard: int | None, name: str) -> str:
+    """The data-value of ``data-metric=name`` (inside the shard's row when ``shard`` is set)."""
+    if shard is not None:
+        row = re.search(rf'<tr data-shard="{shard}">(.*?)</tr>', html, re.S)
+        assert row, f"no row for shard {shard}"
+        html = row.group(1)
+    found = re.search(rf'data-metric="{re.escape(name)}"[^>]*data-value="([^"]*)"', html)
+    if found:
+        return found.group(1)
+    cell = re.search(rf'data-metric="{re.escape(name)}"[^>]*>(.*?)</td>', html, re.S)
+    assert cell, f"no {name} on the page"
+    return re.sub(r"<[^>]+>", "", cell.group(1)).strip()
+
+
+def messages_of(response: Any) -> list[str]:
+    return [str(m) for m in get_messages(response.wsgi_request)]
+
+
+# --- the health page --------------------------------------------------------------------------
+
+
+def test_anonymous_users_are_sent_to_the_admin_login(client, db):
+    response = client.get(reverse(HEALTH))
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("admin:login"))
+
+
+def test_a_non_staff_user_cannot_open_the_health_page(client, db):
+    user = User.objects.create_user("learner", password="x")
+    client.force_login(user)
+    response = client.get(reverse(HEALTH))
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("admin:login"))
+
+
+def test_the_admin_index_links_to_the_health_page(admin_client_):
+    html = admin_client_.get(reverse("admin:index")).content.decode()
+    assert f'href="{reverse(HEALTH)}"' in html
+
+
+def test_the_health_page_numbers_equal_sql_and_the_broker(admin_client_, broker, make_offering):
+    # given: a backlog in a 4-shard schedule, messages waiting, dead letters, receipts
+    install_schedule(shards=4, every=10)
+    offering = make_offering(capacity=60)
+    expired_holds(offering.pk, 30, seconds_ago=400)
+    services.hold_seat(offering.pk, "still-valid", ttl_seconds=600)
+    letters = [
+        DeadLetter.objects.create(reason=DeadLetter.Reason.MALFORMED),
+        DeadLetter.objects.create(reason=DeadLetter.Reason.MALFORMED),
+        DeadLetter.objects.create(reason=DeadLetter.Reason.RETRIES_EXHAUSTED),
+    ]
+    DeadLetter.objects.filter(pk=letters[2].pk).update(resolved_at="2026-01-01T00:00Z")
+    CleanupReceipt.objects.create(
+        idempotency_key="release:1:1", reservation_id=1, version=1, outcome="released", attempt=3
+    )
+    CleanupReceipt.objects.create(
+        idempotency_key="release:2:1", reservation_id=2, version=1, outcome="renewed"
+    )
+    from cleanup.tasks import publish_release_messages
+
+    publish_release_messages(
+        [build(900_000 + i, 1, timezone.now(), 0, "t") for i in range(7)]
+    )
+    # when
+    html = admin_client_.get(reverse(HEALTH) + "?workers=0").content.decode()
+    # then: per shard, what SQL says (an independent statement: bucket % N)
+    for k in range(4):
+        n, oldest = sql(
+            "SELECT count(*), EXTRACT(EPOCH FROM now() - min(expires_at)) "
+            "FROM reservations_reservation WHERE status = 'held' AND expires_at <= now() "
+            "AND bucket %% 4 = %s",
+            [k],
+        )[0]
+        assert int(metric(html, k, "eligible")) == n
+        if n:
+            assert abs(float(metric(html, k, "oldest-age")) - float(oldest)) < 5
+        else:
+            assert float(metric(html, k, "oldest-age")) == 0.0
+    total = sum(int(metric(html, k, "eligible")) for k in range(4))
+    assert total == 30
+    # the broker's own answer for the release queue
+    depth = sum(
+        broker.llen(key) for key in broker.keys("cleanup*") if broker.type(key) == b"list"
+    )
+    assert int(metric(html, None, "queue-depth")) == depth == 7
+    # open dead letters by reason, linking to the filtered list
+    assert metric(html, None, "dead-open-malformed") == "2"
+    assert "dead-open-retries_exhausted" not in html
+    assert f'{reverse(DEAD_LETTERS)}?reason=malformed&amp;resolved=no' in html
+    # outcomes and retries from receipts
+    assert metric(html, None, "transitions-5") == "1"
+    assert metric(html, None, "retries-60") == "2"
+    assert metric(html, None, "outcome-60-renewed").startswith("1")
+    assert metric(html, None, "lease").startswith("nobody")
+
+
+def test_an_old_backlog_shows_red_and_a_capped_count_says_so(
+    admin_client_, broker, make_offering, settings
+):
+    settings.CLEANUP_ELIGIBLE_COUNT_CAP = 5
+    settings.CLEANUP_SLO_SECONDS = 300
+    install_schedule(shards=1, every=10)
+    expired_holds(make_offering(capacity=20).pk, 8, seconds_ago=900)
+    html = admin_client_.get(reverse(HEALTH) + "?workers=0").content.decode()
+    assert metric(html, 0, "eligible") == "5"
+    assert "capped at 5" in html
+    assert 'class="state state-red" id="overall-state"' in html
+
+
+def test_the_last_sweep_of_each_shard_is_shown(admin_client_, broker):
+    install_schedule(shards=2, every=10)
+    result = SweepResult(1, 2, "trace-x", claimed=12, published=11, backpressure=True)
+    health.record_sweep(result)
+    html = admin_client_.get(reverse(HEALTH) + "?workers=0").content.decode()
+    assert metric(html, 1, "claimed") == "12"
+    assert metric(html, 1, "published") == "11"
+    assert metric(html, 1, "backpressure").startswith("yes")
+    assert SweepRecord.objects.get(shard=1).published == 11
+
+
+def test_the_worker_ping_is_bounded_when_no_worker_answers(admin_client_, broker):
+    started = time.monotonic()
+    html = admin_client_.get(reverse(HEALTH)).content.decode()
+    elapsed = time.monotonic() - started
+    assert "none answered" in html
+    assert elapsed < 10, f"the page waited {elapsed:.1f}s for workers"
+
+
+def test_samples_feed_the_chart_and_are_pruned_after_a_day(admin_client_, broker, make_offering):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from cleanup.models import HealthSample
+
+    install_schedule(shards=2, every=10)
+    expired_holds(make_offering(capacity=5).pk, 3, seconds_ago=120)
+    sample = health.take_sample()
+    assert sample.eligible == 3
+    assert 110 < sample.oldest_eligible_age_seconds < 200
+    assert sample.queue_depth == 0
+    html = admin_client_.get(reverse(HEALTH) + "?workers=0").content.decode()
+    assert "Last hour (1 samples)" in html
+    assert html.count('class="health-chart"') == 3
+    old = HealthSample.objects.create(
+        taken_at=timezone.now() - timedelta(days=2),
+        oldest_eligible_age_seconds=0,
+        eligible=0,
+        released_last_minute=0,
+    )
+    assert health.prune_samples() == 1
+    assert not HealthSample.objects.filter(pk=old.pk).exists()
+
+
+def test_searching_a_hold_id_on_the_health_page_opens_the_hold(admin_client_, offering):
+    hold = services.hold_seat(offering.pk, "someone", ttl_seconds=60)
+    response = admin_client_.get(reverse(HEALTH) + f"?hold={hold.pk}&workers=0")
+    assert response.status_code == 302
+    assert response["Location"] == reverse(
+        "admin:reservations_reservation_change", args=[hold.pk]
+    )
+    missing = admin_client_.get(reverse(HEALTH) + "?hold=999999&workers=0", follow=True)
+    assert "No hold with id" in missing.content.decode()
+
+
+# --- the Cleanup schedule ---------------------------------------------------------------------
+
+
+def test_saving_the_cleanup_schedule_in_the_admin_rewrites_the_sweep_entries(admin_client_):
+    install_schedule(shards=4, every=10)
+    schedule = CleanupSchedule.objects.get()
+    url = reverse("admin:cleanup_cleanupschedule_change", args=[schedule.pk])
+    # the list page goes straight to the one object
+    assert admin_client_.get(reverse("admin:cleanup_cleanupschedule_changelist"))["Location"] == url
+    # when
+    response = admin_client_.post(
+        url, {"shards": "3", "every_seconds": "2", "enabled": ""}, follow=True
+    )
+    # then
+    assert response.status_code == 200
+    entries = PeriodicTask.objects.filter(name__startswith="cleanup: sweep").order_by("name")
+    assert [e.name for e in entries] == [sweep_entry_name(k, 3) for k in range(3)]
+    assert {(e.interval.every, e.enabled, e.expire_seconds) for e in entries} == {(2, False, 2)}
+    assert [json.loads(e.kwargs)["shard"] for e in entries] == [0, 1, 2]
+    assert any("Beat follows" in m for m in messages_of(response))
+
+
+def test_an_invalid_schedule_is_refused_and_nothing_changes(admin_client_):
+    install_schedule(shards=4, every=10)
+    schedule = CleanupSchedule.objects.get()
+    url = reverse("admin:cleanup_cleanupschedule_change", args=[schedule.pk])
+    response = admin_client_.post(url, {"shards": "0", "every_seconds": "10", "enabled": "on"})
+    assert response.status_code == 200  # the form again, with an error
+    assert "errornote" in response.content.decode()
+    assert PeriodicTask.objects.filter(name__startswith="cleanup: sweep").count() == 4
+
+
+def test_managed_entries_are_read_only_in_beats_admin_and_others_stay_editable(admin_client_):
+    install_schedule(shards=2, every=10)
+    managed = PeriodicTask.objects.get(name=sweep_entry_name(0, 2))
+    other = PeriodicTask.objects.get(name=RELAY_NAME)
+    page = admin_client_.get(
+        reverse("admin:django_celery_beat_periodictask_change", args=[managed.pk])
+    )
+    html = page.content.decode()
+    assert "Managed by the Cleanup schedule" in html
+    assert 'name="_save"' not in html
+    # a hand-made POST is refused too
+    refused = admin_client_.post(
+        reverse("admin:django_celery_beat_periodictask_change", args=[managed.pk]),
+        {"name": managed.name, "task": managed.task, "enabled": ""},
+    )
+    assert refused.status_code == 403
+    # bulk disable leaves the managed entries alone
+    response = admin_client_.post(
+        reverse("admin:django_celery_beat_periodictask_changelist"),
+        {"action": "disable_tasks", "_selected_action": [managed.pk, other.pk], "index": 0},
+        follow=True,
+    )
+    assert any("left unchanged" in m for m in messages_of(response))
+    managed.refresh_from_db()
+    other.refresh_from_db()
+    assert managed.enabled is True
+    assert other.enabled is False
+    editable = admin_client_.get(
+        reverse("admin:django_celery_beat_periodictask_change", args=[other.pk])
+    )
+    assert 'name="_save"' in editable.content.decode()
+
+
+# --- linked records ---------------------------------------------------------------------------
+
+
+def test_hold_receipt_and_dead_letter_pages_link_to_each_other(admin_client_, broker, offering):
+    hold = services.hold_seat(offering.pk, "linked", ttl_seconds=60)
+    key = idempotency_key(hold.pk, hold.version)
+    receipt = CleanupReceipt.objects.create(
+        idempotency_key=key, reservation_id=hold.pk, version=hold.version, outcome="renewed"
+    )
+    letter = DeadLetter.objects.create(
+        reason=DeadLetter.Reason.FAILED,
+        reservation_id=hold.pk,
+        version=hold.version,
+        idempotency_key=key,
+        delivery_count=4,
+    )
+    from cleanup import deliveries
+
+    deliveries.increment(key)
+    deliveries.increment(key)
+    hold_url = reverse("admin:reservations_reservation_change", args=[hold.pk])
+    receipt_url = reverse("admin:cleanup_cleanupreceipt_change", args=[receipt.pk])
+    letter_url = reverse("admin:cleanup_deadletter_change", args=[letter.pk])
+    # the hold page
+    html = admin_client_.get(hold_url).content.decode()
+    assert f"{reverse('admin:cleanup_cleanupreceipt_changelist')}?reservation_id={hold.pk}" in html
+    assert f"{reverse(DEAD_LETTERS)}?reservation_id={hold.pk}" in html
+    assert "1 dead letter(s), 1 open" in html
+    assert 'href="#story"' in html and 'id="story"' in html
+    assert f"2 (counter for {key})" in html
+    # the filtered lists those links open
+    listed = admin_client_.get(f"{reverse(DEAD_LETTERS)}?reservation_id={hold.pk}")
+    assert [o.pk for o in listed.context["cl"].result_list] == [letter.pk]
+    # the receipt page links its hold and shows the delivery count
+    html = admin_client_.get(receipt_url).content.decode()
+    assert f'href="{hold_url}"' in html
+    assert f"2 (counter for {key})" in html
+    # the dead letter page links its hold and its receipt
+    html = admin_client_.get(letter_url).content.decode()
+    assert f'href="{hold_url}"' in html
+    assert f'href="{receipt_url}"' in html
+
+
+# --- requeue and release, guarded -------------------------------------------------------------
+
+
+def _letter(reservation_id: int, version: int, expires_at: Any, reason: str) -> DeadLetter:
+    message = build(reservation_id, version, expires_at, 0, "trace")
+    return DeadLetter.objects.create(
+        reason=reason,
+        reservation_id=reservation_id,
+        version=version,
+        idempotency_key=message["idempotency_key"],
+        message=message,
+    )
+
+
+def test_requeue_shows_what_will_be_sent_then_sends_and_audits(admin_client_, broker, offering):
+    holds = [services.hold_seat(offering.pk, f"h{i}", ttl_seconds=60) for i in range(3)]
+    letters = [
+        _letter(h.pk, h.version, h.expires_at, DeadLetter.Reason.RETRIES_EXHAUSTED)
+        for h in holds[:2]
+    ] + [_letter(holds[2].pk, holds[2].version, holds[2].expires_at, DeadLetter.Reason.FAILED)]
+    ids = [letter.pk for letter in letters]
+    # when: the action is chosen
+    page = admin_client_.post(
+        reverse(DEAD_LETTERS), {"action": "requeue", "_selected_action": ids, "index": 0}
+    )
+    # then: a confirmation, and nothing sent or resolved yet
+    html = page.content.decode()
+    assert "Requeue 3 dead letters?" in html
+    assert "reason: retries_exhausted" in html and "reason: failed" in html
+    assert "will be: republished" in html
+    assert all(f"#{pk}" in html for pk in ids)
+    assert DeadLetter.objects.filter(resolved_at__isnull=True).count() == 3
+    assert not LogEntry.objects.exists()
+    # when: confirmed
+    done = admin_client_.post(
+        reverse(DEAD_LETTERS),
+        {"action": "requeue", "_selected_action": ids, "index": 0, "confirm": "yes"},
+        follow=True,
+    )
+    # then
+    assert "Requeue: republished: 3" in messages_of(done)
+    assert DeadLetter.objects.filter(resolution="republished").count() == 3
+    entries = LogEntry.objects.order_by("object_id")
+    assert [(int(e.object_id), e.get_change_message(), e.user.username) for e in entries] == [
+        (pk, "requeue: republished", "root") for pk in ids
+    ]
+    # when: confirmed again (a second operator, a double click): nothing is sent twice
+    again = admin_client_.post(
+        reverse(DEAD_LETTERS),
+        {"action": "requeue", "_selected_action": ids, "index": 0, "confirm": "yes"},
+        follow=True,
+    )
+    assert "Requeue: already_resolved: 3" in messages_of(again)
+
+
+def test_requeue_all_matching_the_filter_is_bounded_and_says_how_many(
+    admin_client_, broker, offering, monkeypatch
+):
+    from cleanup import admin as cleanup_admin
+
+    monkeypatch.setattr(cleanup_admin, "REQUEUE_LIMIT", 2)
+    hold = services.hold_seat(offering.pk, "x", ttl_seconds=60)
+    for _ in range(5):
+        _letter(hold.pk, hold.version, hold.expires_at, DeadLetter.Reason.MALFORMED)
+    page = admin_client_.post(
+        reverse(DEAD_LETTERS) + "?reason=malformed",
+        {"action": "requeue", "_selected_action": ["1"], "index": 0, "select_across": "1"},
+    )
+    html = page.content.decode()
+    assert "5 match the current filter: only the first 2" in html
+    assert html.count('name="_selected_action"') == 2
+
+
+def test_release_now_asks_first_then_releases_and_audits(admin_client_, offering):
+    stale = expired_holds(offering.pk, 2, seconds_ago=300)
+    live = services.hold_seat(offering.pk, "live", ttl_seconds=600)
+    ids = [*stale, live.pk]
+    page = admin_client_.post(
+        reverse(HOLDS), {"action": "release_expired_now", "_selected_action": ids, "index": 0}
+    )
+    html = page.content.decode()
+    assert "Release 3 reservations?" in html
+    assert re.search(r"expired and still held: will be released</td><td[^>]*>2<", html)
+    assert Reservation.objects.filter(status="held").count() == 3
+    done = admin_client_.post(
+        reverse(HOLDS),
+        {"action": "release_expired_now", "_selected_action": ids, "index": 0, "confirm": "yes"},
+        follow=True,
+    )
+    assert "released: 2, not_expired: 1" in messages_of(done)
+    messages = {int(e.object_id): e.get_change_message() for e in LogEntry.objects.all()}
+    assert messages == {
+        stale[0]: "release expired holds now: released",
+        stale[1]: "release expired holds now: released",
+        live.pk: "release expired holds now: not_expired",
+    }
