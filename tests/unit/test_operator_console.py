@@ -382,7 +382,7 @@ def test_requeue_shows_what_will_be_sent_then_sends_and_audits(admin_client_, br
     assert "Requeue: republished: 3" in messages_of(done)
     assert DeadLetter.objects.filter(resolution="republished").count() == 3
     entries = LogEntry.objects.order_by("object_id")
-    assert [(int(e.object_id), e.get_change_message(), e.user.username) for e in entries] == [
+    assert [(int(e.object_id), e.get_change_message(), str(e.user)) for e in entries] == [
         (pk, "requeue: republished", "root") for pk in ids
     ]
     # when: confirmed again (a second operator, a double click): nothing is sent twice
