@@ -22,7 +22,7 @@ import psycopg
 from django.conf import settings
 from django.db import transaction
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
-from django_celery_beat.schedulers import DatabaseScheduler
+from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
 from . import locks
 from .models import CleanupSchedule
@@ -242,8 +242,27 @@ def _lock_conninfo() -> dict[str, Any]:
     return params
 
 
+class RunRecordingEntry(ModelEntry):  # type: ignore[misc]
+    """A beat entry whose sync writes only ``last_run_at`` and ``total_run_count``.
+
+    django-celery-beat's ``ModelEntry.save`` reads the row, sets those fields and saves the
+    whole row: an edit committed between that read and that write (the Cleanup schedule saved
+    in the admin while beat syncs the entry it just sent) is overwritten with the old interval
+    and enabled flag, and beat is not told (the write is ``no_changes``). Found with a real
+    beat: one shard kept its old 1 s interval after an edit to 3 s. One UPDATE of the two
+    columns cannot lose anyone's edit.
+    """
+
+    def save(self) -> None:
+        PeriodicTask.objects.filter(pk=self.model.pk).update(
+            last_run_at=self.model.last_run_at, total_run_count=self.model.total_run_count
+        )
+
+
 class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
     """A DatabaseScheduler that sends only while it holds the single-beat lease."""
+
+    Entry = RunRecordingEntry
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._lease_conn: psycopg.Connection[Any] | None = None

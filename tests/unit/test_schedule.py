@@ -214,3 +214,33 @@ def test_every_hold_is_claimed_by_exactly_one_shard_under_any_shard_count():
             assert all(c.bucket % shards == k for c in got)
             claimed.extend(c.reservation_id for c in got)
         assert sorted(claimed) == sorted(ids)
+
+
+def test_beats_run_record_never_overwrites_an_edit_committed_meanwhile(monkeypatch):
+    """django-celery-beat's ModelEntry.save reads the row and saves it whole; an edit that
+    commits between the two was lost (seen with a real beat). Ours writes two columns only."""
+    from django_celery_beat.schedulers import ModelEntry
+
+    from cleanup.schedule import RunRecordingEntry
+
+    manager = PeriodicTask._default_manager
+    real_get = manager.get
+
+    def get_then_operator_edits(*args, **kwargs):  # the edit lands right after beat's read
+        row = real_get(*args, **kwargs)
+        save_schedule(shards=2, every=3, enabled=False)
+        return row
+
+    for entry_class, survives in ((ModelEntry, False), (RunRecordingEntry, True)):
+        save_schedule(shards=2, every=1)
+        model = PeriodicTask.objects.get(name=sweep_entry_name(0, 2))
+        monkeypatch.setattr(manager, "get", get_then_operator_edits)
+        sent = next(entry_class(model))  # beat sent the entry: last_run_at, count + 1
+        if entry_class is RunRecordingEntry:
+            save_schedule(shards=2, every=3, enabled=False)  # no read to interleave with
+        sent.save()
+        monkeypatch.setattr(manager, "get", real_get)
+        row = PeriodicTask.objects.get(pk=model.pk)
+        assert row.last_run_at is not None
+        edited = (row.interval.every, row.enabled) == (3, False)
+        assert edited is survives, entry_class.__name__
