@@ -10,7 +10,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from .models import HealthSample
 
-WIDTH, HEIGHT, PAD = 560, 120, 28
+WIDTH, HEIGHT, PAD = 560, 120, 34
 
 
 def _line(
@@ -23,14 +23,23 @@ def _line(
     else:
         t0 = known[0][0].timestamp()
         span = max(known[-1][0].timestamp() - t0, 1.0)
-        peak = max(v for _, v in known) or 1.0
-        coords = " ".join(
-            f"{PAD + (t.timestamp() - t0) / span * (WIDTH - 2 * PAD):.1f},"
-            f"{HEIGHT - PAD - v / peak * (HEIGHT - 2 * PAD):.1f}"
+        peak = max(v for _, v in known)
+        scale = peak or 1.0
+        xy = [
+            (
+                PAD + (t.timestamp() - t0) / span * (WIDTH - 2 * PAD),
+                HEIGHT - PAD - v / scale * (HEIGHT - 2 * PAD),
+            )
             for t, v in known
+        ]
+        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+        dots = "".join(
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2" fill="{color}"/>' for x, y in xy
         )
         body = (
-            f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{coords}"/>'
+            f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{coords}"/>{dots}'
+            f'<text x="{PAD - 4}" y="{PAD + 4}" text-anchor="end" class="axis">{_fmt(peak)}</text>'
+            f'<text x="{PAD - 4}" y="{HEIGHT - PAD}" text-anchor="end" class="axis">0</text>'
             f'<text x="{PAD}" y="{HEIGHT - 8}" class="axis">{known[0][0]:%H:%M}</text>'
             f'<text x="{WIDTH - PAD}" y="{HEIGHT - 8}" text-anchor="end" class="axis">'
             f"{known[-1][0]:%H:%M}</text>"

@@ -35,7 +35,9 @@ LEASE_LOCK_SQL = (
     "SELECT a.application_name, host(a.client_addr), a.pid, a.backend_start "
     "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
     "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s "
-    "AND l.objsubid = 2"
+    "AND l.objsubid = 2 "
+    # Advisory locks are per database: another database's beat on the same server is not ours.
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
 )
 
 
