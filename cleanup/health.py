@@ -103,6 +103,14 @@ class Health:
     samples: list[HealthSample] = field(default_factory=list)
 
     @property
+    def outcome_rows(self) -> list[tuple[str, list[tuple[int, int]]]]:
+        """Each outcome seen in any window, with (window minutes, count) per window."""
+        names = sorted({name for w in self.windows for name in w.outcomes})
+        return [
+            (name, [(w.minutes, w.outcomes.get(name, 0)) for w in self.windows]) for name in names
+        ]
+
+    @property
     def worst_state(self) -> str:
         order = ("green", "amber", "red")
         return max((s.state for s in self.shard_rows), key=order.index, default="green")

@@ -317,7 +317,8 @@ def main() -> int:
             user, password = DEV_SUPERUSER
             say(f"created dev superuser {user} / {password} (local development only)")
         if manage_quiet(env, "help", "install_cleanup_schedule") == 0:
-            say("installing the cleanup schedule: 4 shards every 10 s")
+            # Create-if-missing: an operator's edit in the admin survives a restart.
+            say("cleanup schedule: created as 4 shards every 10 s unless one exists (kept)")
             manage(env, "install_cleanup_schedule", "--shards", "4", "--every", "10")
         else:
             say("install_cleanup_schedule does not exist yet: no beat schedule installed")

@@ -51,6 +51,28 @@ services_up() {
 
 phase "install" ensure_venv requirements-dev.txt
 phase "services" services_up
+# Browser tests (tests/integration/browser) drive Debian's chromium, never a downloaded browser.
+# With CI=true as root it is installed with apt when missing; elsewhere a missing chromium makes
+# those tests skip with the reason (in CI they fail instead: see their conftest.py).
+browser_check() {
+  if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then
+    return 0
+  fi
+  case "${CI:-}" in 1|true|TRUE|True|yes) ;; *)
+    echo "chromium not on PATH: the browser tests will be skipped"; return 0 ;;
+  esac
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "chromium missing: installing the Debian package chromium"
+    { apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 \
+      || { apt-get update >/dev/null 2>&1 \
+           && apt-get install -y --no-install-recommends chromium >/dev/null 2>&1; }; } \
+      || echo "chromium could not be installed: the browser tests will fail"
+  else
+    echo "chromium missing and not installable here: the browser tests will fail"
+  fi
+  return 0
+}
+phase "browser" browser_check
 phase "ruff" .venv/bin/ruff check .
 phase "mypy" .venv/bin/mypy .
 phase "pytest" .venv/bin/python -m pytest "$@"
