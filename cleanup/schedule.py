@@ -178,13 +178,31 @@ def ensure_schedule(shards: int, every: int, *, relay_every: int = 5) -> dict[st
         schedule = CleanupSchedule.objects.select_for_update().order_by("pk").first()
         created = schedule is None
         if schedule is None:
+            # Sweep entries from before the Cleanup schedule existed (perhaps edited in the
+            # admin then) are adopted as they are rather than reset to the arguments.
+            shards, every, enabled = _installed_values() or (shards, every, True)
             schedule = CleanupSchedule.objects.create(
-                shards=shards, every_seconds=every, enabled=True
+                shards=shards, every_seconds=every, enabled=enabled
             )
         result: dict[str, Any] = dict(apply_schedule(schedule))
         result["changed"] += _maintenance_entries(relay_every, overwrite=False)
     result.update(created=created, every=schedule.every_seconds, enabled=schedule.enabled)
     return result
+
+
+def _installed_values() -> tuple[int, int, bool] | None:
+    """(shards, every, enabled) of already installed sweep entries, if they agree on N."""
+    entries = list(
+        PeriodicTask.objects.filter(name__startswith=SWEEP_PREFIX).select_related("interval")
+    )
+    shards = installed_shards()
+    if not entries or shards is None or not 1 <= shards <= 1024:
+        return None
+    intervals = [e.interval.every for e in entries if e.interval is not None and e.interval.every]
+    every = max(intervals) if intervals else None
+    if every is None:
+        return None
+    return shards, every, any(e.enabled for e in entries)
 
 
 def current_schedule() -> CleanupSchedule | None:

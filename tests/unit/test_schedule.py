@@ -244,3 +244,17 @@ def test_beats_run_record_never_overwrites_an_edit_committed_meanwhile(monkeypat
         assert row.last_run_at is not None
         edited = (row.interval.every, row.enabled) == (3, False)
         assert edited is survives, entry_class.__name__
+
+
+def test_entries_installed_before_the_schedule_object_existed_are_adopted_not_reset():
+    # given: sweep entries as an older release installed them, then edited in beat's admin
+    from cleanup.schedule import _ensure
+
+    for k in range(3):
+        _ensure(sweep_entry_name(k, 3), "cleanup.sweep_shard", 20, {"shard": k, "shards": 3},
+                "sweep", enabled=False)
+    # when: the new release starts with its usual command line
+    out = _command("--shards", "4", "--every", "10")
+    # then
+    assert "created: 3 shard(s) every 20s, DISABLED" in out
+    assert [(e[1], e[2]) for e in _sweeps_as_beat_sees_them()] == [(20, False)] * 3

@@ -63,12 +63,14 @@ def chromium_path() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium_path: str) -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     # Playwright's sync API keeps an event loop in this thread; Django's ORM refuses to run
-    # where a loop exists unless told. The test body's ORM calls are ordinary sync code.
+    # where a loop exists unless told. The test body's ORM calls are ordinary sync code. Both
+    # the loop and the permission last only for the module: later tests (and `check --deploy`,
+    # which rejects the variable) never see them.
     previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     with sync_playwright() as playwright:
