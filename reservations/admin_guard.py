@@ -74,7 +74,7 @@ def confirmation(
         "change_url_name": f"admin:{opts.app_label}_{opts.model_name}_change",
     }
     request.current_app = modeladmin.admin_site.name
-    return TemplateResponse(request, "admin/cleanup/confirm_action.html", context)
+    return TemplateResponse(request, "admin/confirm_action.html", context)
 
 
 def log_each(

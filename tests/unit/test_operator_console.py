@@ -124,7 +124,7 @@ def test_the_health_page_numbers_equal_sql_and_the_broker(admin_client_, broker,
     CleanupReceipt.objects.create(
         idempotency_key="release:2:1", reservation_id=2, version=1, outcome="renewed"
     )
-    from cleanup.tasks import publish_release_messages
+    from cleanup.publish import publish_release_messages
 
     publish_release_messages(
         [build(900_000 + i, 1, timezone.now(), 0, "t") for i in range(7)]

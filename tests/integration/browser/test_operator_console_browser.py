@@ -16,8 +16,8 @@ from django.utils import timezone
 from cleanup import health
 from cleanup.messages import build
 from cleanup.models import CleanupSchedule, DeadLetter
+from cleanup.publish import publish_release_messages
 from cleanup.schedule import install_schedule
-from cleanup.tasks import publish_release_messages
 
 from ..fleet import (
     beats,
