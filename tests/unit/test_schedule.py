@@ -258,3 +258,18 @@ def test_entries_installed_before_the_schedule_object_existed_are_adopted_not_re
     # then
     assert "created: 3 shard(s) every 20s, DISABLED" in out
     assert [(e[1], e[2]) for e in _sweeps_as_beat_sees_them()] == [(20, False)] * 3
+
+
+def test_beat_still_builds_entries_from_scheduler_entry_and_records_runs_through_save():
+    """cleanup.schedule.RunRecordingEntry relies on django-celery-beat building entries with
+    ``self.Entry`` and recording a run by calling the entry's ``save()`` from ``sync``; an
+    upgrade that changes either would silently bring back the whole-row write."""
+    import inspect
+
+    from django_celery_beat.schedulers import DatabaseScheduler
+
+    from cleanup.schedule import LeaderDatabaseScheduler, RunRecordingEntry
+
+    assert "self.Entry(" in inspect.getsource(DatabaseScheduler.all_as_schedule)
+    assert ".save()" in inspect.getsource(DatabaseScheduler.sync)
+    assert LeaderDatabaseScheduler.Entry is RunRecordingEntry
