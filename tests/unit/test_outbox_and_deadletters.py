@@ -14,10 +14,11 @@ from django.utils import timezone
 
 from cleanup import deadletters, outbox
 from cleanup.broker import priority_keys, queue_depth, redis_client
-from cleanup.messages import build
+from cleanup.messages import build, build_batch
+from cleanup.sweep import sweep_shard
 from cleanup.models import CleanupReceipt, DeadLetter
 from reservations import services
-from reservations.models import OutboxEvent
+from reservations.models import OutboxEvent, Reservation
 
 
 @pytest.fixture
@@ -101,10 +102,77 @@ def test_requeue_republishes_the_same_message_and_resolves_the_letter(db, broker
     assert queued[0][0][0]["idempotency_key"] == "release:42:3"  # same key: safe to redo
 
 
-def test_a_malformed_letter_is_reported_not_requeued(db, broker):
+def test_a_malformed_letter_is_reported_not_requeued(db, broker, settings):
     letter = deadletters.record("malformed", error="bad", payload="garbage")
     assert letter is not None
     result = deadletters.requeue([letter])
-    assert list(result) == [k for k in result if k.startswith("not_requeueable")]
+    assert sum(result.values()) == 1
+    (what,) = result
+    assert what.startswith("not_requeueable")
+    assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == 0
     letter.refresh_from_db()
-    assert letter.resolved_at is None
+    assert letter.resolved_at is None and letter.resolution == ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_requeue_of_a_claims_exhausted_hold_makes_the_next_sweep_publish_it(broker, settings):
+    # given: an expired hold that has used up its claim budget
+    settings.CLEANUP_MAX_CLAIMS = 2
+    offering = services.create_offering("exhausted", 2)
+    hold = services.hold_seat(offering.pk, "a", 60)
+    Reservation.objects.filter(pk=hold.pk).update(
+        expires_at=timezone.now() - timedelta(minutes=1),
+        next_attempt_at=timezone.now() - timedelta(minutes=1),
+        claim_count=2,
+    )
+    # when: a sweep claims it a third time, it is set aside with a dead letter, not published
+    first = sweep_shard(0, 1, trace_id="exhausted")
+    assert (first.claimed, first.set_aside, first.published) == (1, 1, 0)
+    assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == 0
+    letter = DeadLetter.objects.get(reason=DeadLetter.Reason.CLAIMS_EXHAUSTED)
+    assert letter.reservation_id == hold.pk
+    assert sweep_shard(0, 1).claimed == 0  # set aside: no sweep takes it
+    # when: the letter is requeued
+    assert deadletters.requeue([letter]) == {"rescheduled": 1}
+    # then: the hold is due again with a fresh budget; the next sweep publishes its message
+    letter.refresh_from_db()
+    assert letter.resolution == "rescheduled" and letter.resolved_at is not None
+    assert Reservation.objects.get(pk=hold.pk).claim_count == 0
+    again = sweep_shard(0, 1, trace_id="after-requeue")
+    assert (again.claimed, again.set_aside, again.published) == (1, 0, 1)
+    queued = _events_in_queue(broker, settings.CLEANUP_RELEASE_QUEUE)
+    assert [q[0][0]["idempotency_key"] for q in queued] == [f"release:{hold.pk}:1"]
+    # a second requeue of the same letter does nothing
+    assert deadletters.requeue([DeadLetter.objects.get(pk=letter.pk)]) == {"already_resolved": 1}
+
+
+def test_requeue_of_a_batch_message_republishes_the_batch_to_the_batched_task(
+    db, broker, settings
+):
+    now = timezone.now()
+    message = build_batch([(41, 1, now), (42, 3, now)], 0, "batch-trace")
+    letter = deadletters.record("retries_exhausted", error="db down", message=message)
+    assert letter is not None
+    # when
+    assert deadletters.requeue([letter]) == {"republished": 1}
+    # then: the same batch, to cleanup.release_batch
+    raw = [
+        json.loads(item)
+        for key in priority_keys(settings.CLEANUP_RELEASE_QUEUE)
+        for item in broker.lrange(key, 0, -1)
+    ]
+    assert [r["headers"]["task"] for r in raw] == ["cleanup.release_batch"]
+    (queued,) = _events_in_queue(broker, settings.CLEANUP_RELEASE_QUEUE)
+    assert queued[0][0] == message
+    letter.refresh_from_db()
+    assert letter.resolution == "republished"
+
+
+def test_a_batch_letter_with_a_malformed_item_is_not_requeued(db, broker, settings):
+    message = build_batch([(41, 1, timezone.now())], 0, "bad-batch")
+    message["items"].append({"reservation_id": "x", "version": 1})
+    letter = deadletters.record("malformed", error="bad item", message=message)
+    assert letter is not None
+    result = deadletters.requeue([letter])
+    assert list(result) == ["not_requeueable (1 malformed item(s))"]
+    assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == 0

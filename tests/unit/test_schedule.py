@@ -24,6 +24,7 @@ from cleanup.schedule import (
 )
 from reservations import services
 from reservations.models import BUCKETS, Reservation
+from reservations.services import shard_buckets
 
 pytestmark = [pytest.mark.django_db]
 
@@ -176,10 +177,27 @@ def test_a_new_interval_updates_interval_and_expiry():
         assert entry.expire_seconds == 7
 
 
-@pytest.mark.parametrize("shards", [1, 3, 4, 5])
+@pytest.mark.parametrize("shards", [1, 3, 4, 5, 7, BUCKETS])
 def test_every_bucket_belongs_to_exactly_one_shard(shards):
-    owners = {b: [k for k in range(shards) if b % shards == k] for b in range(BUCKETS)}
+    # the buckets the sweep's claim reads (claim_expired) and the SLO gauge reports per shard
+    owners: dict[int, list[int]] = {}
+    for k in range(shards):
+        for b in shard_buckets(k, shards):
+            owners.setdefault(b, []).append(k)
+    assert sorted(owners) == list(range(BUCKETS))
     assert all(len(found) == 1 for found in owners.values())
+    # and the schedule's entries name exactly the shards 0..N-1 of N
+    if shards <= 8:
+        install_schedule(shards=shards, every=1)
+        kwargs = [json.loads(e.kwargs) for e in _sweep_entries()]
+        assert sorted(kw["shard"] for kw in kwargs) == list(range(shards))
+        assert {kw["shards"] for kw in kwargs} == {shards}
+
+
+@pytest.mark.parametrize(("shard", "shards"), [(0, 0), (-1, 4), (4, 4)])
+def test_an_impossible_shard_is_refused(shard, shards):
+    with pytest.raises(ValueError):
+        shard_buckets(shard, shards)
 
 
 @pytest.mark.django_db(transaction=True)
