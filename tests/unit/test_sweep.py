@@ -1,0 +1,290 @@
+"""The sweep under trouble, in process (real PostgreSQL, the tests' own Redis database): the
+per-shard lock, the publish-lock timeout and time budget, the soft time limit, advisory locks
+leaked by an interrupted sweep, backpressure, and the sweep counters.
+
+Other sessions holding advisory locks stand in for "another worker's sweep": they are real
+PostgreSQL sessions holding the same keys the product takes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from celery.exceptions import SoftTimeLimitExceeded
+from django.db import connection, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.functions import Now
+from prometheus_client import REGISTRY
+
+from cleanup import sweep as sweep_module
+from cleanup.broker import queue_depth, redis_client
+from cleanup.messages import build
+from cleanup.sweep import (
+    LOCK_NAMESPACE,
+    PUBLISH_LOCK,
+    SweepResult,
+    shard_lock_key,
+    sweep_shard,
+)
+from cleanup.tasks import publish_release_messages
+from reservations import services
+from reservations.models import Reservation
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def empty_broker() -> Iterator[None]:
+    redis_client().flushdb()  # the tests' own Redis database number only
+    yield
+    redis_client().flushdb()
+
+
+@pytest.fixture
+def other_session() -> Iterator[BaseDatabaseWrapper]:
+    """A second PostgreSQL session (as another worker's sweep would have)."""
+    other = connections.create_connection("default")
+    try:
+        yield other
+    finally:
+        other.close()
+
+
+def _lock(session: BaseDatabaseWrapper, key: int) -> None:
+    with session.cursor() as cur:
+        cur.execute("SELECT pg_advisory_lock(%s, %s)", [LOCK_NAMESPACE, key])
+
+
+def _unlock(session: BaseDatabaseWrapper, key: int) -> None:
+    with session.cursor() as cur:
+        cur.execute("SELECT pg_advisory_unlock(%s, %s)", [LOCK_NAMESPACE, key])
+
+
+def _free(session: BaseDatabaseWrapper, key: int) -> bool:
+    """Whether ``session`` can take the lock (it lets go at once if so)."""
+    with session.cursor() as cur:
+        cur.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_NAMESPACE, key])
+        got = bool(cur.fetchone()[0])
+        if got:
+            cur.execute("SELECT pg_advisory_unlock(%s, %s)", [LOCK_NAMESPACE, key])
+        return got
+
+
+def _lock_holders(key: int) -> int:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND classid = %s AND objid = %s",
+            [LOCK_NAMESPACE, key],
+        )
+        return int(cur.fetchone()[0])
+
+
+def expired_holds(count: int, name: str = "sweep") -> list[int]:
+    offering = services.create_offering(name, capacity=count)
+    ids = [services.hold_seat(offering.pk, f"l{i}", ttl_seconds=60).pk for i in range(count)]
+    Reservation.objects.filter(pk__in=ids).update(
+        expires_at=Now() - time_ago(), next_attempt_at=Now() - time_ago()
+    )
+    return ids
+
+
+def time_ago() -> Any:
+    from datetime import timedelta
+
+    return timedelta(minutes=1)
+
+
+def claim_counts(ids: list[int]) -> set[int]:
+    return set(Reservation.objects.filter(pk__in=ids).values_list("claim_count", flat=True))
+
+
+def counter(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(f"reservation_cleanup_{name}_total", labels) or 0.0
+
+
+def test_a_second_sweep_of_a_shard_being_swept_skips_at_once(other_session, settings):
+    # given: sweep A of shard 0 holds its shard lock and waits for the publish lock, which
+    # another session holds (a sweep of another shard publishing)
+    settings.CLEANUP_SWEEP_TIME_BUDGET = 60
+    ids = expired_holds(20)
+    _lock(other_session, PUBLISH_LOCK)
+    results: list[SweepResult] = []
+    errors: list[BaseException] = []
+
+    def sweep_a() -> None:
+        try:
+            results.append(sweep_shard(0, 1, trace_id="sweep-a"))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=sweep_a)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while _lock_holders(shard_lock_key(0, 1)) == 0:
+            assert time.monotonic() < deadline, "sweep A never took its shard lock"
+            time.sleep(0.05)
+        # when: sweep B of the same shard runs meanwhile
+        second = sweep_shard(0, 1, trace_id="sweep-b")
+        # then: B skipped without waiting for the publish lock and claimed nothing
+        assert second.skipped_locked is True
+        assert (second.claimed, second.published, second.budget_exhausted) == (0, 0, False)
+        assert claim_counts(ids) == {0}
+        # while a sweep of a different shard count's shard is not blocked by A's shard lock
+        assert _free(connection, shard_lock_key(0, 2))
+    finally:
+        _unlock(other_session, PUBLISH_LOCK)
+        thread.join(60)
+    # and A, once it gets the publish lock, does the work
+    assert errors == []
+    (first,) = results
+    assert (first.skipped_locked, first.claimed, first.published) == (False, 20, 20)
+    assert claim_counts(ids) == {1}
+    assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == 20
+    # and it let go of its shard lock: the next sweep of the shard is not skipped
+    assert sweep_shard(0, 1).skipped_locked is False
+
+
+def test_a_sweep_that_cannot_get_the_publish_lock_in_its_budget_claims_nothing(
+    other_session, settings
+):
+    # given: another session holds the publish lock for longer than the sweep's budget
+    settings.CLEANUP_SWEEP_TIME_BUDGET = 0.5
+    ids = expired_holds(5)
+    _lock(other_session, PUBLISH_LOCK)
+    try:
+        # when
+        result = sweep_shard(0, 1)
+    finally:
+        _unlock(other_session, PUBLISH_LOCK)
+    # then: it gave up (budget exhausted), claimed and published nothing, left no lock behind
+    assert result.budget_exhausted is True
+    assert (result.claimed, result.published, result.batches) == (0, 0, 0)
+    assert claim_counts(ids) == {0}
+    assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == 0
+    assert _free(other_session, shard_lock_key(0, 1))
+    # and the next sweep does the work
+    assert sweep_shard(0, 1).published == 5
+
+
+def test_a_sweep_stops_between_batches_when_its_time_budget_is_spent(settings, monkeypatch):
+    # given: three batches of work, and a budget that runs out after the first batch
+    settings.CLEANUP_SWEEP_TIME_BUDGET = 30
+    ids = expired_holds(30)
+    real_publish = publish_release_messages
+    published_batches: list[int] = []
+
+    def publish_then_spend_the_budget(messages: list[dict[str, Any]]) -> None:
+        real_publish(messages)
+        published_batches.append(len(messages))
+        clock_skip[0] = 3600.0
+
+    clock_skip = [0.0]
+    real_monotonic = time.monotonic
+    monkeypatch.setattr("cleanup.tasks.publish_release_messages", publish_then_spend_the_budget)
+    # the sweep's own clock jumps an hour once the first batch is published
+    monkeypatch.setattr(
+        sweep_module,
+        "time",
+        SimpleNamespace(
+            monotonic=lambda: real_monotonic() + clock_skip[0],
+            perf_counter=time.perf_counter,
+            sleep=time.sleep,
+        ),
+    )
+    # when
+    result = sweep_shard(0, 1, batch_size=10)
+    # then: one batch published, then it stopped with its budget spent; the rest waits, unclaimed
+    assert published_batches == [10]
+    assert result.budget_exhausted is True
+    assert (result.batches, result.claimed, result.published) == (1, 10, 10)
+    assert sorted(Reservation.objects.filter(pk__in=ids).values_list("claim_count", flat=True)) == (
+        [0] * 20 + [1] * 10
+    )
+
+
+def test_a_sweep_interrupted_by_its_soft_time_limit_lets_go_of_its_locks(
+    other_session, settings, monkeypatch
+):
+    # given: the soft time limit fires after the claim committed, before the publish
+    ids = expired_holds(5)
+
+    def soft_limit(messages: list[dict[str, Any]]) -> None:
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr("cleanup.tasks.publish_release_messages", soft_limit)
+    # when
+    result = sweep_shard(0, 1)
+    # then: the sweep reports it and returns (a periodic task, not poison)
+    assert result.timed_out is True
+    assert result.published == 0
+    # the claimed holds keep their lease: they come back after it, nothing was published
+    assert claim_counts(ids) == {1}
+    assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == 0
+    # and no lock is left: another session can take the shard and the publish lock
+    assert _free(other_session, shard_lock_key(0, 1))
+    assert _free(other_session, PUBLISH_LOCK)
+
+
+def test_a_sweep_drops_advisory_locks_leaked_on_its_connection(other_session):
+    # given: an earlier run on this (pooled) connection was interrupted holding both locks
+    ids = expired_holds(3)
+    _lock(connection, shard_lock_key(0, 1))
+    _lock(connection, PUBLISH_LOCK)
+    assert not _free(other_session, shard_lock_key(0, 1))
+    # when
+    result = sweep_shard(0, 1)
+    # then: it swept, and afterwards neither lock is held (other workers can sweep the shard)
+    assert (result.skipped_locked, result.published) == (False, 3)
+    assert claim_counts(ids) == {1}
+    assert _free(other_session, shard_lock_key(0, 1))
+    assert _free(other_session, PUBLISH_LOCK)
+
+
+def test_backpressure_stops_the_sweep_and_the_counters_move(settings):
+    # given: the release queue is already at the cap
+    settings.CLEANUP_MAX_QUEUE_DEPTH = 3
+    queued = expired_holds(3, name="queued")
+    publish_release_messages(
+        [build(i, 1, Reservation.objects.get(pk=i).expires_at, 0, "q") for i in queued]
+    )
+    Reservation.objects.filter(pk__in=queued).update(status="cancelled")
+    waiting = expired_holds(4, name="waiting")
+    before = {
+        name: counter(name, shard="0") for name in ("claimed", "published", "backpressure_pauses")
+    }
+    # when
+    paused = sweep_shard(0, 1)
+    # then: nothing claimed, one pause counted
+    assert paused.backpressure is True and paused.claimed == 0
+    assert claim_counts(waiting) == {0}
+    assert counter("backpressure_pauses", shard="0") == before["backpressure_pauses"] + 1
+    assert counter("claimed", shard="0") == before["claimed"]
+    # when: the queue drains and a sweep runs
+    redis_client().flushdb()
+    done = sweep_shard(0, 1)
+    # then: it claimed and published the waiting holds, and the counters say so
+    assert (done.backpressure, done.claimed, done.published) == (False, 4, 4)
+    assert counter("claimed", shard="0") == before["claimed"] + 4
+    assert counter("published", shard="0") == before["published"] + 4
+    assert counter("backpressure_pauses", shard="0") == before["backpressure_pauses"] + 1
+
+
+def test_a_set_aside_hold_moves_the_dead_letter_counter(settings):
+    settings.CLEANUP_MAX_CLAIMS = 1
+    ids = expired_holds(2)
+    Reservation.objects.filter(pk__in=ids).update(claim_count=1)
+    before = counter("dead_letters", reason="claims_exhausted")
+    # when
+    result = sweep_shard(0, 1)
+    # then
+    assert (result.set_aside, result.published) == (2, 0)
+    assert counter("dead_letters", reason="claims_exhausted") == before + 2
