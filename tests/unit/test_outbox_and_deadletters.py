@@ -15,8 +15,8 @@ from django.utils import timezone
 from cleanup import deadletters, outbox
 from cleanup.broker import priority_keys, queue_depth, redis_client
 from cleanup.messages import build, build_batch
-from cleanup.sweep import sweep_shard
 from cleanup.models import CleanupReceipt, DeadLetter
+from cleanup.sweep import sweep_shard
 from reservations import services
 from reservations.models import OutboxEvent, Reservation
 
@@ -146,9 +146,7 @@ def test_requeue_of_a_claims_exhausted_hold_makes_the_next_sweep_publish_it(brok
     assert deadletters.requeue([DeadLetter.objects.get(pk=letter.pk)]) == {"already_resolved": 1}
 
 
-def test_requeue_of_a_batch_message_republishes_the_batch_to_the_batched_task(
-    db, broker, settings
-):
+def test_requeue_of_a_batch_message_republishes_the_batch_to_the_batched_task(db, broker, settings):
     now = timezone.now()
     message = build_batch([(41, 1, now), (42, 3, now)], 0, "batch-trace")
     letter = deadletters.record("retries_exhausted", error="db down", message=message)
