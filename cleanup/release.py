@@ -40,19 +40,19 @@ _RECEIPT_COLUMNS = (
     "queue_age_seconds, duration_ms, created_at"
 )
 # Receipts of the released holds, written by the release statement itself (``AttachedWrite``):
-# one per released row, its message's key and trace joined by hold id. The duration is the
+# one per released row, its message's key, trace and version joined by hold id. The duration is the
 # Python time before the statement plus the statement's own, as the database measures it.
 # A released hold's receipt replaces a non-released receipt for the same key (one written by an
 # older version of this code, say): exactly one 'released' receipt per hold, and never an
 # integrity error that would leave an expired hold held.
 _RELEASED_RECEIPTS = (
     f"INSERT INTO {RECEIPT_TABLE} ({_RECEIPT_COLUMNS}) "
-    f"SELECT m.key, x.id, x.version, 'released', %(attempt)s, %(worker)s, %(task)s, m.trace, "
+    f"SELECT m.key, x.id, m.version, 'released', %(attempt)s, %(worker)s, %(task)s, m.trace, "
     f"%(age)s, %(pre_ms)s "
     f"+ EXTRACT(EPOCH FROM clock_timestamp() - statement_timestamp()) * 1000, now() "
     f"FROM {RELEASED_ROWS} x "
-    f"JOIN unnest(%(r_ids)s::bigint[], %(r_keys)s::text[], %(r_traces)s::text[]) "
-    f"AS m(id, key, trace) ON m.id = x.id "
+    f"JOIN unnest(%(r_ids)s::bigint[], %(r_keys)s::text[], %(r_traces)s::text[], "
+    f"%(r_versions)s::int[]) AS m(id, key, trace, version) ON m.id = x.id "
     f"ON CONFLICT (idempotency_key) DO UPDATE SET outcome = EXCLUDED.outcome, "
     f"attempt = EXCLUDED.attempt, worker = EXCLUDED.worker, task_id = EXCLUDED.task_id, "
     f"trace_id = EXCLUDED.trace_id, queue_age_seconds = EXCLUDED.queue_age_seconds, "
@@ -106,6 +106,9 @@ def release_batch(messages: list[ReleaseMessage], attempt: Attempt) -> dict[int,
             "r_ids": list(by_id),
             "r_keys": [m.idempotency_key for m in by_id.values()],
             "r_traces": [m.trace_id for m in by_id.values()],
+            # The receipt records the version its message carried (as every other outcome's
+            # receipt does), not the row's: the invariant check compares the two.
+            "r_versions": [m.version for m in by_id.values()],
             "pre_ms": (time.perf_counter() - started) * 1000,
         },
     )

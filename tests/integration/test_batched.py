@@ -4,16 +4,18 @@ workers: each hold gets the outcome it would get in per-reservation mode."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.utils import timezone
 
-from cleanup.messages import build_batch
+from cleanup.messages import build_batch, validate_batch
 from cleanup.models import DeadLetter
 from cleanup.publish import publish_release_messages
 from reservations import services
@@ -22,7 +24,9 @@ from .conftest import SessionFleet
 from .fleet import (
     Worker,
     create_eligible_holds,
+    delivery_counts,
     invariant_violations,
+    log_lines,
     outcome_counts,
     released_count,
     scalar,
@@ -78,22 +82,50 @@ def test_batched_sweeps_release_every_eligible_hold_once(batch_workers, clean):
 def test_batched_duplicates_end_already_handled(batch_workers, clean):
     ids = create_eligible_holds(200, offerings=2)
     holds = _holds(ids)
-    batches = [build_batch(holds[i : i + 50], 0, "dup") for i in range(0, len(holds), 50)]
+    trace = f"dup-{uuid.uuid4().hex[:8]}"
+    batches = [build_batch(holds[i : i + 50], 0, trace) for i in range(0, len(holds), 50)]
+    keys = [validate_batch(b).batch_key for b in batches]
     # every batch message published three times
     publish_release_messages(batches * 3)
-    wait_until(lambda: sum(outcome_counts().values()) == len(ids), timeout=60)
     wait_until(
-        lambda: scalar("SELECT count(*) FROM cleanup_deadletter") == 0 and _idle(batch_workers),
-        timeout=30,
+        lambda: sum(delivery_counts(keys)) == 3 * len(keys) and _drained(),
+        timeout=90,
+        what="every copy delivered and acknowledged",
     )
+    # then: each copy was delivered (3 per batch), one receipt per hold, all released
+    assert delivery_counts(keys) == [3] * len(keys)
     assert outcome_counts() == {"released": len(ids)}
+    assert scalar("SELECT count(*) FROM cleanup_deadletter") == 0
     assert invariant_violations(expected_released=ids) == []
+    # and the copies ended already_handled: 3 attempts per batch, 200 holds released once and
+    # 400 hold-copies already handled, as the workers logged them
+    attempts = wait_until(
+        lambda: (
+            found if len(found := _batch_attempts(batch_workers, trace)) == 3 * len(keys) else None
+        ),
+        timeout=15,
+        what="a log line per batch attempt",
+    )
+    totals: Counter[str] = Counter()
+    for outcomes in attempts:
+        totals.update(outcomes)
+    assert totals == {"released": len(ids), "already_handled": 2 * len(ids)}
 
 
-def _idle(workers: list[Worker]) -> bool:
-    from cleanup.broker import queue_depth
+def _batch_attempts(workers: list[Worker], trace: str) -> list[dict[str, int]]:
+    """The per-outcome counts of each "release batch attempt" log line of this trace."""
+    found = []
+    for line in log_lines([w.log_path for w in workers], "release batch attempt"):
+        if f"trace_id={trace}" in line:
+            found.append({k: int(v) for k, v in re.findall(r"'(\w+)': (\d+)", line)})
+    return found
 
-    return queue_depth("cleanup") == 0
+
+def _drained(queue: str = "cleanup") -> bool:
+    """Nothing waiting and nothing fetched but unacknowledged."""
+    from cleanup.broker import queue_depth, unacked_count
+
+    return queue_depth(queue) == 0 and unacked_count(queue) == 0
 
 
 def test_batched_renewed_or_confirmed_holds_are_never_released(batch_workers, clean):
@@ -121,7 +153,13 @@ def test_batched_renewed_or_confirmed_holds_are_never_released(batch_workers, cl
     assert outcomes[cancel_me.pk] == "no_longer_held"
     assert [outcomes[i] for i in expired] == ["released"] * 3
     assert status_of(renew_me.pk) == "held"
-    assert invariant_violations(expected_released=expired) == []
+    assert (
+        invariant_violations(
+            expected_released=expired,
+            expected_not_released=[renew_me.pk, confirm_me.pk, cancel_me.pk],
+        )
+        == []
+    )
 
 
 def test_batched_pool_child_killed_mid_batch_is_redelivered_and_released_once(batch_workers, clean):

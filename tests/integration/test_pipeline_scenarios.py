@@ -235,7 +235,9 @@ def test_holds_changed_after_their_message_was_made_are_never_released(workers, 
         )
         == 0
     )
-    assert invariant_violations(expected_released=control) == []
+    assert (
+        invariant_violations(expected_released=control, expected_not_released=never_released) == []
+    )
 
 
 def test_a_renewed_hold_that_expires_again_is_released_only_at_its_new_version(workers, clean):
