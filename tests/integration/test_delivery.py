@@ -114,9 +114,12 @@ def status_of(hold_id: int) -> str:
 def test_a_pool_child_killed_mid_release_is_redelivered_and_released_once(
     clean, exclusive_workers, tmp_path
 ):
-    # given: one worker, one pool process, the release parked inside its transaction
+    # given: one worker, one pool process, the release parked inside its transaction; a
+    # visibility timeout far beyond the test's deadlines, so a redelivery can only come from
+    # the worker's main process requeueing the message (reject_on_worker_lost)
     hold_id, offering_id = one_eligible_hold()
-    with dedicated(tmp_path, {"concurrency": 1}) as (worker,):
+    long_visibility = {"CLEANUP_VISIBILITY_TIMEOUT": "3600"}
+    with dedicated(tmp_path, {"concurrency": 1, "env": long_visibility}) as (worker,):
         with offering_locked(offering_id):
             key = publish_for(hold_id)["idempotency_key"]
             wait_until(blocked_backends, timeout=30, what="release waiting on the row lock")
@@ -136,7 +139,7 @@ def test_a_pool_child_killed_mid_release_is_redelivered_and_released_once(
     assert invariant_violations(expected_released=[hold_id]) == []
     receipt_attempt = scalar("SELECT attempt FROM cleanup_cleanupreceipt")
     assert receipt_attempt == 1  # a redelivery, not a Celery retry
-    assert recovery < 30
+    assert deliveries.current(key) == 2
 
 
 @pytest.mark.parametrize("orphan_statement", ["commits", "is_aborted"])
@@ -181,8 +184,9 @@ def test_a_worker_killed_whole_mid_release_is_recovered_by_another_worker(
     )
     assert outcome_counts() == {"released": 1}
     assert invariant_violations(expected_released=[hold_id]) == []
+    # it came back through the visibility timeout (never before it): the restore path, not a
+    # requeue by the dead worker. How long after is printed above, not asserted.
     assert recovery >= settings.CLEANUP_VISIBILITY_TIMEOUT - 1
-    assert recovery < settings.CLEANUP_VISIBILITY_TIMEOUT + 30
 
 
 def test_a_terminated_database_connection_is_retried_then_released_once(

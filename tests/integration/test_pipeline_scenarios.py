@@ -69,6 +69,14 @@ def _queues_drained(queue: str = "cleanup") -> bool:
     return broker.queue_depth(queue) == 0 and broker.unacked_count(queue) == 0
 
 
+def _leases_passed(ids: list[int]) -> bool:
+    return not scalar(
+        "SELECT count(*) FROM reservations_reservation WHERE id = ANY(%s) "
+        "AND next_attempt_at > now()",
+        [ids],
+    )
+
+
 def _sweep_done_lines(workers: list[Worker], trace_id: str) -> list[dict[str, str]]:
     lines = log_lines([w.log_path for w in workers], "sweep done shard=")
     return [f for f in map(log_fields, lines) if f.get("trace_id") == trace_id]
@@ -291,7 +299,7 @@ def test_a_hold_whose_message_is_lost_is_claimed_again_after_the_lease(workers, 
     assert _statuses(ids) == {"held": len(ids)}
     # when: the lease passes and a later sweep runs (one round: a second round could find a
     # message still queued on a loaded machine and, correctly, claim its hold a third time)
-    time.sleep(max(0.0, settings.CLEANUP_LEASE_SECONDS + 0.5 - (time.monotonic() - claimed_at)))
+    wait_until(lambda: _leases_passed(ids), timeout=60, interval=0.2, what="lease passed")
     run_sweeps(2)
     wait_until(lambda: released_count(ids) == len(ids), timeout=90, what="all released")
     # then
@@ -325,8 +333,8 @@ def test_a_message_deleted_from_the_broker_is_recovered_by_a_later_sweep(workers
     assert broker.queue_depth("scenario-5-lost") == len(ids)
     broker.redis_client().delete(*broker.priority_keys("scenario-5-lost"))
     assert broker.queue_depth("scenario-5-lost") == 0
-    # when: the lease passes and a later sweep runs
-    time.sleep(5.5)
+    # when: the lease passes (by the database's clock) and a later sweep runs
+    wait_until(lambda: _leases_passed(ids), timeout=60, interval=0.2, what="lease passed")
     run_sweeps(1)
     wait_until(lambda: released_count(ids) == len(ids), timeout=90, what="all released")
     # then
@@ -415,11 +423,14 @@ def capped_workers(
 
 
 # A full 20,000-hold drain runs at the machine's release rate (~30/s on the shared 2-core test
-# box under load, ~11 minutes); by default the test drains for a bounded window and checks the
-# cap and the no-double-enqueue property over everything that moved. SCENARIO_BURST_FULL=1
-# drains to the last hold.
+# box under load, ~11 minutes). By default the test drains until the queue has reached its cap
+# and DRAIN_TARGET more holds were released (drained and refilled several times), then checks
+# the cap and the no-double-enqueue property over everything that moved. SCENARIO_BURST_FULL=1
+# drains to the last hold. The deadline only means "stuck"; the rate is printed here and
+# measured by `make bench` (product_drain).
 FULL_DRAIN = os.environ.get("SCENARIO_BURST_FULL") == "1"
-DRAIN_WINDOW_S = 1200 if FULL_DRAIN else 90
+DRAIN_TARGET = BURST if FULL_DRAIN else 3 * CAP
+DRAIN_DEADLINE_S = 3600 if FULL_DRAIN else 600
 
 
 def _settled(ids: list[int]) -> bool:
@@ -431,7 +442,7 @@ def _settled(ids: list[int]) -> bool:
     return _queues_drained(CAP_QUEUES["cleanup"]) and released_count(ids) == before
 
 
-@pytest.mark.timeout(1500 if FULL_DRAIN else 300)
+@pytest.mark.timeout(DRAIN_DEADLINE_S + 300)
 def test_a_burst_under_a_small_queue_cap_stays_bounded_and_enqueues_each_hold_once(
     capped_workers, clean
 ):
@@ -453,7 +464,17 @@ def test_a_burst_under_a_small_queue_cap_stays_bounded_and_enqueues_each_hold_on
     # installed schedule's expire_seconds does), for the drain window
     drain_started = time.monotonic()
     try:
-        while released_count(ids) < len(ids) and time.monotonic() - drain_started < DRAIN_WINDOW_S:
+        # until the queue has reached its cap, and then DRAIN_TARGET more holds were released
+        # (the queue drained and refilled under the cap several times)
+        released_at_cap: int | None = None
+        while released_at_cap is None or released_count(ids) < min(
+            BURST, released_at_cap + DRAIN_TARGET
+        ):
+            assert time.monotonic() - drain_started < DRAIN_DEADLINE_S, (
+                f"stuck: {released_count(ids)} released, cap reached: {released_at_cap}"
+            )
+            if released_at_cap is None and depths and max(depths) >= CAP - BATCH:
+                released_at_cap = released_count(ids)
             for shard in range(4):
                 sweep_shard_task.apply_async(
                     kwargs={"shard": shard, "shards": 4}, queue=CAP_QUEUES["sweep"], expires=1
@@ -493,10 +514,8 @@ def test_a_burst_under_a_small_queue_cap_stays_bounded_and_enqueues_each_hold_on
     ]
     assert set(delivered) <= {0, 1}
     assert sum(delivered) == released
-    if FULL_DRAIN:
-        assert released == BURST
-    else:
-        assert released >= 1000, f"only {released} released in {drained_s:.0f}s"
+    assert released_at_cap is not None
+    assert min(BURST, released_at_cap + DRAIN_TARGET) <= released <= BURST
     print(
         f"\nburst: {BURST} eligible holds created in {created_s:.1f}s; {released} released "
         f"in {drained_s:.1f}s ({released / drained_s:.0f}/s); peak queue depth {max(depths)} "
