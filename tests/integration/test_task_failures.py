@@ -1,0 +1,160 @@
+"""Task failure handling with a real worker: a release that keeps failing transiently until its
+retries run out, one stuck past its soft time limit, and one that fails with a non-transient
+error each end as one dead letter with the right reason, the hold still held and the message
+kept for a requeue; and a worker whose delivery counter is unreachable still releases.
+
+Failures are injected in PostgreSQL (a trigger on the release's UPDATE, a row lock held by the
+test), never by patching the product.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from cleanup import deadletters, deliveries
+from cleanup.models import DeadLetter
+
+from .fleet import (
+    create_eligible_holds,
+    invariant_violations,
+    log_lines,
+    outcome_counts,
+    scalar,
+    wait_until,
+)
+from .test_delivery import (
+    blocked_backends,
+    dedicated,
+    offering_locked,
+    one_eligible_hold,
+    publish_for,
+    status_of,
+)
+
+pytestmark = [pytest.mark.workers]
+
+# Few, short retries, so the failure paths end within seconds. (The time limits a release
+# runs under travel in the message's headers from the publisher: the test process's 8 s.)
+FAILING_ENV = {"CLEANUP_MAX_RETRIES": "2", "CLEANUP_RETRY_BACKOFF_MAX": "1"}
+
+FAILING_TRIGGER = """
+CREATE OR REPLACE FUNCTION failure_test_fail_release() RETURNS trigger AS $$
+BEGIN
+  RAISE EXCEPTION 'injected failure' USING ERRCODE = '{errcode}';
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER failure_test_fail_release BEFORE UPDATE ON reservations_reservation
+  FOR EACH ROW WHEN (NEW.status = 'released') EXECUTE FUNCTION failure_test_fail_release();
+"""
+
+
+@contextmanager
+def every_release_fails(errcode: str) -> Iterator[None]:
+    with connection.cursor() as cur:
+        cur.execute(FAILING_TRIGGER.format(errcode=errcode))
+    try:
+        yield
+    finally:
+        with connection.cursor() as cur:
+            cur.execute(
+                "DROP TRIGGER IF EXISTS failure_test_fail_release ON reservations_reservation; "
+                "DROP FUNCTION IF EXISTS failure_test_fail_release()"
+            )
+
+
+def _the_dead_letter(hold_id: int) -> DeadLetter:
+    wait_until(
+        lambda: DeadLetter.objects.filter(reservation_id=hold_id).exists(),
+        timeout=90,
+        what="a dead letter",
+    )
+    return DeadLetter.objects.get(reservation_id=hold_id)
+
+
+@pytest.mark.parametrize(
+    ("errcode", "reason", "attempts"),
+    [
+        # serialization failure: transient, retried twice, then retries_exhausted
+        ("40001", DeadLetter.Reason.RETRIES_EXHAUSTED, 3),
+        # raise_exception: not transient, not retried: failed
+        ("P0001", DeadLetter.Reason.FAILED, 1),
+    ],
+)
+def test_a_release_that_keeps_failing_is_dead_lettered_with_its_reason(
+    clean, exclusive_workers, tmp_path: Path, errcode: str, reason: str, attempts: int
+) -> None:
+    hold_id, _ = one_eligible_hold()
+    with every_release_fails(errcode), dedicated(tmp_path, {"env": FAILING_ENV}) as (worker,):
+        message = publish_for(hold_id)
+        letter = _the_dead_letter(hold_id)
+        # the attempts the worker logged for this task before giving up
+        wait_until(
+            lambda: (
+                len(log_lines([worker.log_path], "transient failure, retrying")) == attempts - 1
+            ),
+            timeout=30,
+            what="retry log lines",
+        )
+    # then: one letter, the right reason, the message kept as published, the hold untouched
+    assert DeadLetter.objects.count() == 1
+    assert letter.reason == reason
+    assert "injected failure" in letter.error
+    assert letter.message == message
+    assert letter.idempotency_key == message["idempotency_key"]
+    assert letter.task_name == "cleanup.release_reservation"
+    assert status_of(hold_id) == "held"
+    assert outcome_counts() == {}
+    assert invariant_violations() == []
+
+
+def test_a_release_stuck_past_its_soft_time_limit_is_dead_lettered_as_time_limit(
+    clean, exclusive_workers, tmp_path: Path
+) -> None:
+    # given: the release waits on the offering's row lock, held by the test, past the limit
+    hold_id, offering_id = one_eligible_hold()
+    with dedicated(tmp_path, {"env": FAILING_ENV}):
+        with offering_locked(offering_id):
+            message = publish_for(hold_id)
+            wait_until(blocked_backends, timeout=30, what="release waiting on the row lock")
+            letter = _the_dead_letter(hold_id)
+            # then: time_limit, with the message kept for a requeue
+            assert letter.reason == DeadLetter.Reason.TIME_LIMIT
+            assert letter.message == message
+        # The interrupted task's statement may still be waiting in PostgreSQL and commit once
+        # the lock goes (the same as a killed worker's orphan statement): either way, a requeue
+        # of the letter ends with the hold released exactly once.
+        wait_until(lambda: not blocked_backends(), timeout=30, what="the lock wait ended")
+        orphan_committed = status_of(hold_id) == "released"
+        assert deadletters.requeue([letter]) == {"republished": 1}
+        key = message["idempotency_key"]
+        wait_until(lambda: deliveries.current(key) >= 2, timeout=60, what="requeued delivery")
+        wait_until(lambda: status_of(hold_id) == "released", timeout=60, what="released")
+        # and the worker goes on working
+        other = create_eligible_holds(1, offerings=1)[0]
+        publish_for(other)
+        wait_until(lambda: status_of(other) == "released", timeout=60, what="next release")
+    print(f"\ntime limit: the interrupted statement committed on its own: {orphan_committed}")
+    assert DeadLetter.objects.count() == 1
+    assert outcome_counts() == {"released": 2}
+    assert invariant_violations(expected_released=[hold_id, other]) == []
+
+
+def test_a_worker_whose_delivery_counter_is_unreachable_still_releases(
+    clean, exclusive_workers, tmp_path: Path
+) -> None:
+    # given: the counter's Redis URL points at a port where nothing listens
+    ids = create_eligible_holds(5, offerings=1)
+    env = {"CLEANUP_COUNTER_REDIS_URL": "redis://127.0.0.1:9/0"}
+    with dedicated(tmp_path, {"env": env}) as (worker,):
+        for hold_id in ids:
+            publish_for(hold_id)
+        wait_until(lambda: outcome_counts() == {"released": 5}, timeout=60, what="released")
+        # then: each delivery logged the unavailable counter; nothing was dead-lettered
+        assert len(log_lines([worker.log_path], "delivery counter unavailable")) >= 5
+    assert DeadLetter.objects.count() == 0
+    assert invariant_violations(expected_released=ids) == []
+    assert scalar("SELECT count(*) FROM cleanup_cleanupreceipt WHERE attempt = 1") == 5
