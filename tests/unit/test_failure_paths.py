@@ -1,0 +1,219 @@
+"""Paths that decide what a learner or an operator sees when PostgreSQL misbehaves: the API's
+transient errors (serialization failure, a raced conditional update) and non-transient ones,
+``/readyz`` with the database gone, and ``hold_seat``'s reclaim cap.
+
+Database errors are raised by PostgreSQL itself (a trigger raising the real SQLSTATE), so the
+product sees exactly what the driver gives it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import OperationalError, ProgrammingError, connection
+from django.db.models.functions import Now
+from django.test import Client
+
+from reservations import api, services
+from reservations.models import Offering, OutboxEvent, Reservation
+
+TOKEN = "failure-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(autouse=True)
+def _token(settings: Any) -> None:
+    settings.RESERVATIONS_API_TOKEN = TOKEN
+
+
+def post(client: Client, url: str, body: Any) -> Any:
+    return client.post(url, data=json.dumps(body), content_type="application/json", headers=AUTH)
+
+
+@contextmanager
+def failing(event: str, when: str, sqlstate: str, times: int) -> Iterator[Any]:
+    """A trigger on reservations_reservation raising ``sqlstate`` on its first ``times`` firings;
+    yields a function returning how often it fired."""
+    with connection.cursor() as cur:
+        cur.execute("CREATE SEQUENCE failure_paths_fired")
+        cur.execute(
+            f"""
+            CREATE FUNCTION failure_paths_fail() RETURNS trigger AS $$
+            BEGIN
+              IF nextval('failure_paths_fired') <= {int(times)} THEN
+                RAISE EXCEPTION 'injected %', '{sqlstate}' USING ERRCODE = '{sqlstate}';
+              END IF;
+              RETURN NEW;
+            END $$ LANGUAGE plpgsql;
+            CREATE TRIGGER failure_paths_fail BEFORE {event} ON reservations_reservation
+              FOR EACH ROW WHEN ({when}) EXECUTE FUNCTION failure_paths_fail();
+            """
+        )
+
+    def fired() -> int:
+        with connection.cursor() as cur:
+            cur.execute("SELECT last_value, is_called FROM failure_paths_fired")
+            value, called = cur.fetchone()
+            return int(value) if called else 0
+
+    try:
+        yield fired
+    finally:
+        with connection.cursor() as cur:
+            cur.execute(
+                "DROP TRIGGER IF EXISTS failure_paths_fail ON reservations_reservation; "
+                "DROP FUNCTION IF EXISTS failure_paths_fail(); "
+                "DROP SEQUENCE IF EXISTS failure_paths_fired"
+            )
+
+
+# --- the API's transient and non-transient errors -------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_serialization_failure_is_retried_and_the_hold_is_taken_once(client, offering):
+    with failing("INSERT", "TRUE", "40001", times=1) as fired:
+        response = post(client, f"/api/offerings/{offering.pk}/holds", {"holder": "x"})
+        attempts = fired()
+    assert response.status_code == 201, response.content
+    assert attempts == 2
+    assert Reservation.objects.count() == 1
+    assert OutboxEvent.objects.filter(kind="reservation.held").count() == 1
+    offering.refresh_from_db()
+    assert offering.seats_available == offering.capacity - 1
+
+
+@pytest.mark.django_db
+def test_a_persistent_serialization_failure_is_a_503_and_changes_nothing(client, offering):
+    hold = services.hold_seat(offering.pk, "learner")
+    with failing("UPDATE", "NEW.status = 'confirmed'", "40001", times=100) as fired:
+        response = post(client, f"/api/holds/{hold.pk}/confirm", {"expected_version": 1})
+        attempts = fired()
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "temporarily_unavailable"
+    assert response["Retry-After"] == str(api.RETRY_AFTER_SECONDS)
+    assert attempts == api.TRANSIENT_ATTEMPTS
+    hold.refresh_from_db()
+    assert (hold.status, hold.version) == ("held", 1)
+    assert not OutboxEvent.objects.filter(kind="reservation.confirmed").exists()
+
+
+@pytest.mark.django_db
+def test_a_raced_conditional_update_is_retried(client, offering, monkeypatch):
+    # TransientConflict is what the services raise when a row changed between a conditional
+    # update and the re-read that explains it; the API retries it like a deadlock.
+    real = services.renew
+    calls: list[int] = []
+
+    def raced_once(*args: Any, **kwargs: Any) -> Reservation:
+        calls.append(1)
+        if len(calls) == 1:
+            raise services.TransientConflict("changed during renew")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(services, "renew", raced_once)
+    hold = services.hold_seat(offering.pk, "learner")
+    response = post(client, f"/api/holds/{hold.pk}/renew", {"expected_version": 1})
+    assert response.status_code == 200, response.content
+    assert response.json()["version"] == 2
+    assert len(calls) == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("sqlstate", "error"),
+    [
+        ("57014", OperationalError),  # query_canceled (a statement timeout): not transient
+        ("P0001", ProgrammingError),  # raise_exception: a bug, not contention
+    ],
+)
+def test_a_non_transient_database_error_is_not_retried_and_not_a_503(offering, sqlstate, error):
+    client = Client(raise_request_exception=True)
+    with failing("INSERT", "TRUE", sqlstate, times=100) as fired:
+        with pytest.raises(error):
+            post(client, f"/api/offerings/{offering.pk}/holds", {"holder": "x"})
+        attempts = fired()
+    assert attempts == 1
+    assert not Reservation.objects.exists()
+
+
+# --- /readyz with the database gone ---------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_readyz_is_503_while_the_database_is_unreachable_and_recovers(client):
+    assert client.get("/readyz").status_code == 200
+    # when: the server ends this process's session (a restart, a failover, an admin)
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        pid = cur.fetchone()[0]
+    other = connection.copy()
+    try:
+        with other.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(%s)", [pid])
+    finally:
+        other.close()
+    # then: not ready, naming the database
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["ready"] is False
+    assert body["checks"]["database"]["ok"] is False
+    assert body["checks"]["database"]["error"].split(":")[0] in {
+        "OperationalError",
+        "InterfaceError",
+    }
+    assert body["checks"]["broker"]["ok"] is True
+    # and the broken handle is not reused: the next request reconnects and is ready
+    assert client.get("/readyz").status_code == 200
+    # when: the database cannot be reached at all (nothing listens on its port)
+    real_port = connection.settings_dict["PORT"]
+    connection.close()
+    connection.settings_dict["PORT"] = "9"
+    try:
+        response = client.get("/readyz")
+    finally:
+        connection.close()
+        connection.settings_dict["PORT"] = real_port
+    assert response.status_code == 503
+    assert response.json()["checks"]["database"]["ok"] is False
+    assert client.get("/readyz").status_code == 200
+
+
+# --- hold_seat's reclaim cap ----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_full_offering_reclaims_at_most_the_cap_of_eligible_holds_per_request():
+    # given: a full offering whose holds are all eligible, more of them than the cap
+    extra = 10
+    capacity = services.RECLAIM_LIMIT + extra
+    offering = services.create_offering("reclaim-cap", capacity=capacity)
+    held = [services.hold_seat(offering.pk, f"l{i}", 60).pk for i in range(capacity)]
+    ago = timedelta(minutes=1)
+    Reservation.objects.filter(pk__in=held).update(
+        expires_at=Now() - ago, next_attempt_at=Now() - ago
+    )
+    # when: one learner asks for a seat
+    new = services.hold_seat(offering.pk, "newcomer", 60)
+    # then: exactly the cap was released (the lowest ids: the lock order), one went to the
+    # newcomer, the rest stay free; the other eligible holds are left to the cleanup
+    released = sorted(
+        Reservation.objects.filter(pk__in=held, status="released").values_list("pk", flat=True)
+    )
+    assert released == sorted(held)[: services.RECLAIM_LIMIT]
+    assert Reservation.objects.filter(pk__in=held, status="held").count() == extra
+    assert set(
+        OutboxEvent.objects.filter(kind="reservation.released").values_list(
+            "payload__reason", flat=True
+        )
+    ) == {"reclaimed"}
+    assert OutboxEvent.objects.filter(kind="reservation.released").count() == len(released)
+    assert Offering.objects.get(pk=offering.pk).seats_available == services.RECLAIM_LIMIT - 1
+    assert new.status == "held"
+    assert services.seat_conservation_violations() == []
