@@ -88,3 +88,100 @@ def test_the_desired_consumers_gauge_is_absent_without_a_known_service_time(db, 
 
     settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 0
     assert BacklogCollector().read_desired_consumers() == {"desired_consumers": []}
+
+
+# --- the desired_consumers gauge's branches ----------------------------------------------------
+
+
+@pytest.fixture
+def capacity_settings(settings):
+    settings.CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S = 0
+    settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 0
+    settings.CLEANUP_CAPACITY_HEADROOM = 0
+    return settings
+
+
+def test_a_configured_per_consumer_rate_is_the_service_time(capacity_settings):
+    from cleanup.metrics import desired_consumers
+
+    capacity_settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 20
+    # 2,400 processed in the 60 s window = 40/s; 1/20 s each (the receipts' 500 ms is ignored):
+    # 40 × 0.05 / 0.7 = 2.86 → 3
+    assert desired_consumers(2400, 500.0, 0.0) == 3
+    # without it, the receipts' mean duration is the service time: 40 × 0.5 / 0.7 = 28.6 → 29
+    capacity_settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 0
+    assert desired_consumers(2400, 500.0, 0.0) == 29
+
+
+def test_the_planned_peak_counts_when_it_is_above_the_measured_rate(capacity_settings):
+    from cleanup.metrics import desired_consumers
+
+    capacity_settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 20
+    capacity_settings.CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S = 40
+    assert desired_consumers(60, None, 0.0) == 3  # planned 40/s beats the measured 1/s
+    capacity_settings.CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S = 1
+    assert desired_consumers(2400, None, 0.0) == 3  # measured 40/s beats the planned 1/s
+    assert desired_consumers(0, None, 0.0) == 1  # idle: the planned 1/s still needs one
+
+
+def test_a_growing_backlog_adds_to_the_arrival_rate_and_a_shrinking_one_does_not(
+    capacity_settings,
+):
+    from cleanup.metrics import desired_consumers
+
+    # 600 processed in 60 s = 10/s at 50 ms: 10 × 0.05 / 0.7 = 0.71 → 1
+    assert desired_consumers(600, 50.0, 0.0) == 1
+    # and 30/s more piling up: 40/s → 3
+    assert desired_consumers(600, 50.0, 30.0) == 3
+    # a backlog shrinking by 100/s does not lower the measured arrivals below what was done
+    assert desired_consumers(600, 50.0, -100.0) == 1
+
+
+def test_headroom_scales_the_arrival_rate(capacity_settings):
+    from cleanup.metrics import desired_consumers
+
+    capacity_settings.CLEANUP_CAPACITY_HEADROOM = 0.5
+    # 40/s × 1.5 × 0.05 / 0.7 = 4.29 → 5
+    assert desired_consumers(2400, 50.0, 0.0) == 5
+
+
+def test_no_service_time_known_means_no_gauge(capacity_settings):
+    from cleanup.metrics import desired_consumers
+
+    assert desired_consumers(2400, None, 30.0) is None
+
+
+def test_the_collector_measures_backlog_growth_between_scrapes(db, capacity_settings):
+    # given: 10/s released at 100 ms each → 1 busy consumer → 2 at 0.7
+    from datetime import timedelta
+
+    from django.db.models.functions import Now
+
+    from cleanup.metrics import BacklogCollector
+    from cleanup.models import CleanupReceipt
+    from reservations import services
+    from reservations.models import Reservation
+
+    CleanupReceipt.objects.bulk_create(
+        CleanupReceipt(
+            idempotency_key=f"release:{i}:1",
+            reservation_id=i,
+            version=1,
+            outcome="released",
+            duration_ms=100.0,
+        )
+        for i in range(1, 601)
+    )
+    collector = BacklogCollector()
+    collector.refresh()
+    assert collector.read_desired_consumers() == {"desired_consumers": [((), 2.0)]}
+    # when: 300 holds become eligible before the next scrape
+    offering = services.create_offering("growth", 300)
+    ids = [services.hold_seat(offering.pk, f"l{i}", 60).pk for i in range(300)]
+    Reservation.objects.filter(pk__in=ids).update(
+        expires_at=Now() - timedelta(minutes=1), next_attempt_at=Now() - timedelta(minutes=1)
+    )
+    collector.refresh()
+    # then: the growth (300 holds over the seconds between scrapes) raises the gauge
+    (((), value),) = collector._last["desired_consumers"]["desired_consumers"]
+    assert value > 2.0
