@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
+from cleanup import broker
 from cleanup.schedule import SWEEP_PREFIX, install_schedule, sweep_entry_name
 
 from .fleet import (
@@ -74,7 +75,12 @@ def test_beat_paused_for_several_intervals_catches_up(workers, schedule, beat_lo
         # when: beat stops; holds expire for several intervals with nobody sending sweeps
         beat.stop()
         assert not beat.alive()
-        time.sleep(1.5)  # let an already-sent sweep finish
+        # let sweeps already sent finish: none waiting, none running
+        wait_until(
+            lambda: broker.queue_depth("sweep") == 0 and broker.unacked_count("sweep") == 0,
+            timeout=60,
+            what="sweep queue drained",
+        )
         paused = create_eligible_holds(300, offerings=3)
         time.sleep(5)
         assert released_count(paused) == 0
