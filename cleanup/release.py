@@ -40,8 +40,9 @@ _RECEIPT_COLUMNS = (
     "queue_age_seconds, duration_ms, created_at"
 )
 # Receipts of the released holds, written by the release statement itself (``AttachedWrite``):
-# one per released row, its message's key, trace and version joined by hold id. The duration is the
-# Python time before the statement plus the statement's own, as the database measures it.
+# one per released row, its message's key, trace and version joined by hold id. The duration
+# is the Python time before the statement plus the statement's own, as the database measures
+# it.
 # A released hold's receipt replaces a non-released receipt for the same key (one written by an
 # older version of this code, say): exactly one 'released' receipt per hold, and never an
 # integrity error that would leave an expired hold held.
