@@ -21,6 +21,7 @@ from django.test import Client
 
 from reservations import api, services
 from reservations.models import Offering, OutboxEvent, Reservation
+from reservations.retry import TRANSIENT_ATTEMPTS
 
 TOKEN = "failure-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -97,7 +98,7 @@ def test_a_persistent_serialization_failure_is_a_503_and_changes_nothing(client,
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "temporarily_unavailable"
     assert response["Retry-After"] == str(api.RETRY_AFTER_SECONDS)
-    assert attempts == api.TRANSIENT_ATTEMPTS
+    assert attempts == TRANSIENT_ATTEMPTS
     hold.refresh_from_db()
     assert (hold.status, hold.version) == ("held", 1)
     assert not OutboxEvent.objects.filter(kind="reservation.confirmed").exists()

@@ -21,21 +21,23 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.functions import Now
 from prometheus_client import REGISTRY
 
+from cleanup import locks
 from cleanup import sweep as sweep_module
 from cleanup.broker import queue_depth, redis_client
 from cleanup.messages import build
-from cleanup.sweep import (
-    LOCK_NAMESPACE,
-    PUBLISH_LOCK,
-    SweepResult,
-    shard_lock_key,
-    sweep_shard,
-)
-from cleanup.tasks import publish_release_messages
+from cleanup.publish import publish_release_messages
+from cleanup.sweep import SweepResult, sweep_shard
 from reservations import services
 from reservations.models import Reservation
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+LOCK_NAMESPACE = locks.NAMESPACE
+PUBLISH_LOCK = locks.SWEEP_PUBLISH[1]
+
+
+def shard_lock_key(shard: int, shards: int) -> int:
+    return locks.sweep_shard(shard, shards)[1]
 
 
 @pytest.fixture(autouse=True)
@@ -189,7 +191,7 @@ def test_a_sweep_stops_between_batches_when_its_time_budget_is_spent(settings, m
 
     clock_skip = [0.0]
     real_monotonic = time.monotonic
-    monkeypatch.setattr("cleanup.tasks.publish_release_messages", publish_then_spend_the_budget)
+    monkeypatch.setattr("cleanup.sweep.publish_release_messages", publish_then_spend_the_budget)
     # the sweep's own clock jumps an hour once the first batch is published
     monkeypatch.setattr(
         sweep_module,
@@ -220,7 +222,7 @@ def test_a_sweep_interrupted_by_its_soft_time_limit_lets_go_of_its_locks(
     def soft_limit(messages: list[dict[str, Any]]) -> None:
         raise SoftTimeLimitExceeded()
 
-    monkeypatch.setattr("cleanup.tasks.publish_release_messages", soft_limit)
+    monkeypatch.setattr("cleanup.sweep.publish_release_messages", soft_limit)
     # when
     result = sweep_shard(0, 1)
     # then: the sweep reports it and returns (a periodic task, not poison)
