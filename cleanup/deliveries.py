@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import redis
 from django.conf import settings
-from django.db import connection
+from django.db import connection, models
 
 from .models import DeliveryCount
 
@@ -71,3 +71,18 @@ def attempts_since(minutes: int, *, now: float | None = None) -> int | None:
     current = int(time.time() if now is None else now) // 60
     keys = [f"{TALLY_PREFIX}{m}" for m in range(current - minutes + 1, current + 1)]
     return sum(int(v) for v in _client(url).mget(keys) if v is not None)
+
+
+def total(keys: list[str]) -> int:
+    """Deliveries counted for these keys, summed (the burst drill's attempt count)."""
+    url = settings.CLEANUP_COUNTER_REDIS_URL
+    if not url:
+        return int(
+            DeliveryCount.objects.filter(pk__in=keys).aggregate(n=models.Sum("count"))["n"] or 0
+        )
+    client = _client(url)
+    counted = 0
+    for start in range(0, len(keys), 5000):
+        chunk = [KEY_PREFIX + k for k in keys[start : start + 5000]]
+        counted += sum(int(v) for v in client.mget(chunk) if v is not None)
+    return counted

@@ -90,6 +90,37 @@ def _write_event(kind: str, reservation_id: int, version: int, payload: dict[str
         )
 
 
+# The one INSERT of holds: ``hold_seat`` writes one row through it, drills and tests many.
+_INSERT_HOLDS = f"""
+INSERT INTO {R} (offering_id, holder, status, expires_at, next_attempt_at, version,
+                 claim_count, last_trace_id, created_at, updated_at, release_reason)
+SELECT %(o)s, x.holder, 'held', e.at, e.at, 1, 0, '', now(), now(), ''
+FROM unnest(%(holders)s::text[], %(secs)s::float8[]) WITH ORDINALITY AS x(holder, secs, n)
+CROSS JOIN LATERAL (SELECT {_NOW} + make_interval(secs => x.secs) AS at) e
+ORDER BY x.n
+RETURNING id, expires_at
+"""
+
+
+def insert_holds(
+    cur: Any,
+    offering_id: int,
+    holders: Sequence[str],
+    expires_in_seconds: Sequence[float],
+    *,
+    now: datetime | None = None,
+) -> list[tuple[int, datetime]]:
+    """Insert held reservations (version 1) on ``offering_id``, each expiring that many seconds
+    from now (negative: already expired; ``next_attempt_at`` = ``expires_at``); return
+    ``(id, expires_at)`` in order. Seats are the caller's business: ``hold_seat`` takes one
+    under the offering's lock; a seeding caller creates the offering with its seats taken."""
+    cur.execute(
+        _INSERT_HOLDS,
+        {"o": offering_id, "holders": list(holders), "secs": list(expires_in_seconds), "now": now},
+    )
+    return [(row[0], row[1]) for row in cur.fetchall()]
+
+
 def create_offering(name: str, capacity: int) -> Offering:
     if capacity < 0:
         raise ValueError("capacity must be >= 0")
@@ -133,15 +164,9 @@ def hold_seat(
             cur.execute(
                 f"UPDATE {O} SET seats_available = seats_available - 1 WHERE id = %s", [offering_id]
             )
-            cur.execute(
-                f"INSERT INTO {R} (offering_id, holder, status, expires_at, next_attempt_at, "
-                f"version, claim_count, last_trace_id, created_at, updated_at, release_reason) "
-                f"VALUES (%(o)s, %(holder)s, 'held', {_NOW} + make_interval(secs => %(ttl)s), "
-                f"{_NOW} + make_interval(secs => %(ttl)s), 1, 0, '', now(), now(), '') "
-                f"RETURNING id, expires_at",
-                {"o": offering_id, "holder": holder, "ttl": ttl, "now": now},
+            ((reservation_id, expires_at),) = insert_holds(
+                cur, offering_id, [holder], [float(ttl)], now=now
             )
-            reservation_id, expires_at = cur.fetchone()
         _write_event(
             OutboxEvent.Kind.HELD,
             reservation_id,

@@ -21,8 +21,9 @@ from django.conf import settings
 from django.db import connection
 
 # The invariants moved to the product (the burst drill checks them too); re-exported here.
-from cleanup.invariants import invariant_violations as invariant_violations
-from cleanup.workers import WorkerProcess, celery_bin
+from cleanup.drills.invariants import invariant_violations as invariant_violations
+from cleanup.drills.workers import WorkerProcess, celery_bin
+from reservations.seed import seed_holds
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,7 +54,7 @@ def service_env(**overrides: str) -> dict[str, str]:
 
 
 class Worker(WorkerProcess):
-    """A product worker (``cleanup.workers``) on the tests' database and broker."""
+    """A product worker (``cleanup.drills.workers``) on the tests' database and broker."""
 
     def __init__(
         self,
@@ -113,31 +114,13 @@ def create_eligible_holds(
 
     Integration tests never move a clock: holds are created with a past expiry.
     """
-    per = -(-count // offerings)
-    ids: list[int] = []
-    for i in range(offerings):
-        n = min(per, count - i * per)
-        if n <= 0:
-            break
-        offering_id = scalar(
-            "INSERT INTO reservations_offering (name, capacity, seats_available, created_at) "
-            "VALUES (%s, %s, %s, now()) RETURNING id",
-            [f"burst-{i}", n + extra_capacity, extra_capacity],
-        )
-        rows = sql(
-            "INSERT INTO reservations_reservation (offering_id, holder, status, expires_at, "
-            "next_attempt_at, version, claim_count, last_trace_id, created_at, updated_at, "
-            "release_reason) "
-            "SELECT %s, 'learner-' || g, 'held', now() - make_interval(secs => %s), "
-            "now() - make_interval(secs => %s), 1, 0, '', now(), now(), '' "
-            "FROM generate_series(1, %s) g RETURNING id",
-            [offering_id, expired_seconds_ago, expired_seconds_ago, n],
-        )
-        ids.extend(r[0] for r in rows)
-    # Fresh statistics, as autovacuum would give a production table after a bulk load.
-    sql("ANALYZE reservations_reservation")
-    sql("ANALYZE reservations_offering")
-    return ids
+    return seed_holds(
+        count,
+        offerings=offerings,
+        expires_in=-float(expired_seconds_ago),
+        extra_capacity=extra_capacity,
+        name="burst",
+    )
 
 
 def outcome_counts() -> dict[str, int]:

@@ -94,3 +94,17 @@ def test_the_domain_never_imports_the_cleanup_machinery() -> None:
         if target.startswith("cleanup")
     }
     assert leaks == set()
+
+
+def test_no_runtime_module_imports_the_drill_tooling() -> None:
+    graph = import_graph()
+    runtime = [
+        name for name in graph if not name.startswith(("cleanup.drills", "cleanup.management"))
+    ]
+    leaks = {
+        (name, target)
+        for name in runtime
+        for target in graph[name]
+        if target.startswith("cleanup.drills")
+    }
+    assert leaks == set()

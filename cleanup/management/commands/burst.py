@@ -1,4 +1,4 @@
-"""The burst drill (see cleanup.burst). Exits non-zero when an invariant fails.
+"""The burst drill (see cleanup.drills.burst). Exits non-zero when an invariant fails.
 
     python manage.py burst                                   # 12,000 holds over 300 s
     python manage.py burst --holds 2000 --window 30 --workers 3 --drain-at 10 --kill-at 15
@@ -13,7 +13,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from cleanup.burst import BurstConfig, run
+from cleanup.drills.burst import run
+from cleanup.drills.state import BurstConfig
 
 
 class Command(BaseCommand):

@@ -11,12 +11,11 @@ when it started the workers itself — drains one worker (SIGTERM) and SIGKILLs 
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -26,68 +25,18 @@ from django.db import connection
 
 from reservations import services
 from reservations.errors import HoldExpired, NotHeld, StaleVersion
+from reservations.seed import seed_holds
 
-from . import broker, deliveries
+from .. import broker, deliveries
+from ..messages import build, idempotency_key
+from ..publish import publish_release_messages, send_sweep
 from .invariants import invariant_violations
-from .messages import build, idempotency_key
-from .publish import publish_release_messages, send_sweep
+from .report import write_outputs
+from .state import BurstConfig, BurstState, Sample
 from .workers import WorkerProcess
 
 R = "reservations_reservation"
 RENEW_TTL_SECONDS = 3600  # renewed holds outlive the drill: they must stay held
-
-
-@dataclass
-class BurstConfig:
-    holds: int = 12000
-    window: float = 300.0
-    offerings: int = 8
-    shards: int = 4
-    lead: float = 3.0  # seconds before the first hold expires
-    renew_fraction: float = 0.0
-    duplicate_fraction: float = 0.0
-    drain_at: float | None = None
-    kill_at: float | None = None
-    workers: int = 0
-    concurrency: int = 1
-    send_sweeps: bool = True
-    sweep_every: float = 2.0
-    slo: float = 300.0
-    timeout: float | None = None
-    out: Path = Path("var/burst")
-    seed: int = 1
-
-
-@dataclass
-class Sample:
-    t: float
-    eligible: int
-    oldest_eligible_s: float | None
-    oldest_by_shard: dict[str, float]
-    queue_depth: int
-    oldest_message_s: float | None
-    unacked: int | None
-    released: int
-    deliveries: int
-    receipts: int
-    outcomes: dict[str, int]
-    retries: int
-    dead_letters: int
-    renewed: int
-    duplicates: int
-    workers_alive: int
-
-
-@dataclass
-class BurstState:
-    ids: list[int] = field(default_factory=list)
-    renew_set: set[int] = field(default_factory=set)
-    renewed: list[int] = field(default_factory=list)
-    renew_missed: int = 0
-    dup_candidates: set[int] = field(default_factory=set)
-    duplicated: set[int] = field(default_factory=set)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    samples: list[Sample] = field(default_factory=list)
 
 
 def _rows(query: str, params: Any = None) -> list[tuple[Any, ...]]:
@@ -101,30 +50,14 @@ def create_holds(cfg: BurstConfig) -> list[int]:
     expiring evenly from now + lead to now + lead + window (window 0: all at now + lead);
     ``next_attempt_at = expires_at`` as ``hold_seat`` sets it. Bulk SQL, one statement per
     offering."""
-    n, k = cfg.holds, cfg.offerings
     stamp = datetime.now(UTC).strftime("%H%M%S")
-    ids: list[int] = []
-    for i in range(k):
-        count = len(range(i, n, k))
-        if count == 0:
-            break
-        oid = _rows(
-            "INSERT INTO reservations_offering (name, capacity, seats_available, created_at) "
-            "VALUES (%s, %s, 0, now()) RETURNING id",
-            [f"burst-{stamp}-{i}", count],
-        )[0][0]
-        rows = _rows(
-            f"INSERT INTO {R} (offering_id, holder, status, expires_at, next_attempt_at, "
-            f"version, claim_count, last_trace_id, created_at, updated_at, release_reason) "
-            f"SELECT %(o)s, 'burst-' || p, 'held', e, e, 1, 0, '', now(), now(), '' "
-            f"FROM (SELECT g * %(k)s + %(i)s AS p FROM generate_series(0, %(c)s - 1) g) s, "
-            f"LATERAL (SELECT now() + make_interval(secs => %(lead)s + %(w)s * s.p / %(n)s) "
-            f"AS e) x RETURNING id",
-            {"o": oid, "k": k, "i": i, "c": count, "lead": cfg.lead, "w": cfg.window, "n": n},
-        )
-        ids.extend(r[0] for r in rows)
-    _rows(f"ANALYZE {R}")
-    return sorted(ids)
+    return seed_holds(
+        cfg.holds,
+        offerings=cfg.offerings,
+        expires_in=lambda p: cfg.lead + cfg.window * p / cfg.holds,
+        name=f"burst-{stamp}",
+        interleave=True,
+    )
 
 
 def _renew_due(cfg: BurstConfig, state: BurstState) -> None:
@@ -175,18 +108,6 @@ def _send_sweeps(cfg: BurstConfig) -> None:
         send_sweep(shard, cfg.shards)
 
 
-def _delivery_total(keys: list[str]) -> int:
-    url = settings.CLEANUP_COUNTER_REDIS_URL
-    if not url:
-        return int(_rows("SELECT coalesce(sum(count), 0) FROM cleanup_deliverycount")[0][0])
-    client = deliveries._client(url)
-    total = 0
-    for start in range(0, len(keys), 5000):
-        chunk = [deliveries.KEY_PREFIX + k for k in keys[start : start + 5000]]
-        total += sum(int(v) for v in client.mget(chunk) if v is not None)
-    return total
-
-
 def sample(cfg: BurstConfig, state: BurstState, t: float, keys: list[str],
            workers: list[WorkerProcess]) -> Sample:
     lo, hi = state.ids[0], state.ids[-1]
@@ -218,7 +139,7 @@ def sample(cfg: BurstConfig, state: BurstState, t: float, keys: list[str],
         oldest_message_s=None if q.oldest_age_seconds is None else round(q.oldest_age_seconds, 2),
         unacked=q.unacked,
         released=int(released),
-        deliveries=_delivery_total(keys),
+        deliveries=deliveries.total(keys),
         receipts=sum(outcomes.values()),
         outcomes=outcomes,
         retries=sum(int(r) for _o, _c, r in receipts),
@@ -390,91 +311,3 @@ def build_report(cfg: BurstConfig, state: BurstState, elapsed: float, finished: 
         "workers": [{"name": w.name, "pid": w.pid, "log": str(w.log_path)} for w in workers],
         "samples": [asdict(s) for s in state.samples],
     }
-
-
-def write_outputs(cfg: BurstConfig, report: dict[str, Any], state: BurstState) -> None:
-    (cfg.out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    plot(cfg, report, state, cfg.out / "plot.png")
-    (cfg.out / "report.md").write_text(markdown(cfg, report))
-
-
-def plot(cfg: BurstConfig, report: dict[str, Any], state: BurstState, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ts = [s.t for s in state.samples]
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)
-    shards = sorted({k for s in state.samples for k in s.oldest_by_shard}, key=int)
-    for k in shards:
-        ax1.plot(ts, [s.oldest_by_shard.get(k, 0.0) for s in state.samples], lw=0.8, alpha=0.6,
-                 label=f"shard {k}")
-    ax1.plot(ts, [s.oldest_eligible_s or 0.0 for s in state.samples], color="black", lw=2,
-             label="oldest eligible (max)")
-    ax1.axhline(cfg.slo, color="red", ls="--", label=f"SLO {cfg.slo:g} s")
-    ax1.set_ylabel("oldest eligible hold age (s)")
-    ax1.legend(loc="upper left", fontsize=8, ncol=3)
-    ax1.grid(alpha=0.3)
-    ax2.plot(ts, [s.eligible for s in state.samples], label="eligible holds (backlog)", lw=2)
-    ax2.plot(ts, [s.queue_depth for s in state.samples], label="release queue depth", lw=1.5)
-    ax2.plot(ts, [s.released for s in state.samples], label="released (cumulative)", lw=1,
-             ls=":")
-    ax2.set_ylabel("holds / messages")
-    ax2.set_xlabel("seconds since the holds were created")
-    ax2.grid(alpha=0.3)
-    for ev in state.events:
-        if "drain" in ev["event"] or "kill" in ev["event"]:
-            color = "orange" if "drain" in ev["event"] else "purple"
-            for ax in (ax1, ax2):
-                ax.axvline(ev["t"], color=color, ls="-.")
-            ax1.text(ev["t"], 0.97, " ".join(ev["event"].split(" ")[:2]), color=color,
-                     fontsize=8, rotation=90, ha="right", va="top",
-                     transform=ax1.get_xaxis_transform())
-    ax2.legend(loc="upper right", fontsize=8)
-    ok = "invariants OK" if report["invariants"]["ok"] else "INVARIANTS FAILED"
-    fig.suptitle(f"Burst: {report['holds']:,} holds over {cfg.window:g} s, "
-                 f"{cfg.workers or '?'} workers × {cfg.concurrency} — {ok}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def markdown(cfg: BurstConfig, report: dict[str, Any]) -> str:
-    s = report["summary"]
-    lines = [
-        f"# Burst drill — {report['holds']:,} holds over {cfg.window:g} s",
-        "",
-        f"- workers: {cfg.workers or 'an already running fleet'} × concurrency {cfg.concurrency}; "
-        f"shards {cfg.shards}; sweeps every {cfg.sweep_every:g} s "
-        f"({'sent by the drill' if cfg.send_sweeps else 'beat'})",
-        f"- finished: **{report['finished']}** in {report['elapsed_s']} s",
-        f"- peak oldest eligible age: **{s['peak_oldest_eligible_s']} s** (SLO {s['slo_s']:g} s; "
-        f"{s['seconds_above_slo']} samples above)",
-        f"- peak backlog: {s['peak_eligible']:,} eligible; peak queue depth "
-        f"{s['peak_queue_depth']:,}",
-        f"- released {s['released']:,}; renewed {report['renewed']} (missed "
-        f"{report['renew_missed']}); duplicates published {report['duplicates_published']}",
-        f"- outcomes (receipts): {json.dumps(s['outcomes'])} — a duplicate of a handled key "
-        f"ends already_handled without a second receipt (the key is unique), so duplicates "
-        f"show as delivery attempts beyond transitions",
-        f"- delivery attempts {s['deliveries']:,}; retries {s['retries']}; dead letters "
-        f"{s['dead_letters']}",
-        f"- processing rate {s['processing_rate_per_s']} msg/s over {s['processing_window_s']} s; "
-        f"release transaction mean {s['release_db_ms_mean']} ms",
-        f"- release lateness (released_at − expires_at): p50 {s['release_lateness_p50_s']} s, "
-        f"p99 {s['release_lateness_p99_s']} s, max {s['release_lateness_max_s']} s",
-        f"- measured service time per consumer: {report['capacity_inputs']['service_time_s']} s "
-        f"(`manage.py capacity_plan --from-report report.json`)",
-        "",
-        "## Events",
-        *[f"- t={e['t']} s: {e['event']}" for e in report["events"]],
-        "",
-        "## Invariants",
-        "- all OK" if report["invariants"]["ok"]
-        else "\n".join(f"- FAILED: {v}" for v in report["invariants"]["violations"]),
-        "",
-        "![plot](plot.png)",
-        "",
-    ]
-    return "\n".join(lines)

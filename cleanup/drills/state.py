@@ -1,0 +1,61 @@
+"""What a burst drill is asked to do (``BurstConfig``) and what it saw (``BurstState``,
+one ``Sample`` per second)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class BurstConfig:
+    holds: int = 12000
+    window: float = 300.0
+    offerings: int = 8
+    shards: int = 4
+    lead: float = 3.0  # seconds before the first hold expires
+    renew_fraction: float = 0.0
+    duplicate_fraction: float = 0.0
+    drain_at: float | None = None
+    kill_at: float | None = None
+    workers: int = 0
+    concurrency: int = 1
+    send_sweeps: bool = True
+    sweep_every: float = 2.0
+    slo: float = 300.0
+    timeout: float | None = None
+    out: Path = Path("var/burst")
+    seed: int = 1
+
+
+@dataclass
+class Sample:
+    t: float
+    eligible: int
+    oldest_eligible_s: float | None
+    oldest_by_shard: dict[str, float]
+    queue_depth: int
+    oldest_message_s: float | None
+    unacked: int | None
+    released: int
+    deliveries: int
+    receipts: int
+    outcomes: dict[str, int]
+    retries: int
+    dead_letters: int
+    renewed: int
+    duplicates: int
+    workers_alive: int
+
+
+@dataclass
+class BurstState:
+    ids: list[int] = field(default_factory=list)
+    renew_set: set[int] = field(default_factory=set)
+    renewed: list[int] = field(default_factory=list)
+    renew_missed: int = 0
+    dup_candidates: set[int] = field(default_factory=set)
+    duplicated: set[int] = field(default_factory=set)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
