@@ -96,38 +96,32 @@ def record(
     database itself is unreachable is the dead letter just logged and counted (the hold's
     lease then brings the hold back to a later sweep)."""
     try:
-        return _record(
+        return _write(
             reason,
-            error=error,
-            task_name=task_name,
-            task_id=task_id,
-            payload=payload,
-            message=message,
-            delivery_count=delivery_count,
-            reservation_id=reservation_id,
-            version=version,
-            idempotency_key=idempotency_key,
-            trace_id=trace_id,
+            error,
+            task_name,
+            task_id,
+            payload,
+            message,
+            delivery_count,
+            (reservation_id, version, idempotency_key, trace_id),
         )
     except Exception:  # noqa: BLE001 - a dead letter is the last resort; it never raises
         logger.exception("dead letter could not be recorded", extra={"reason": reason})
         return None
 
 
-def _record(
+def _write(
     reason: str,
-    *,
     error: str,
     task_name: str,
     task_id: str,
     payload: Any,
     message: dict[str, Any] | None,
     delivery_count: int,
-    reservation_id: int | None,
-    version: int | None,
-    idempotency_key: str,
-    trace_id: str,
+    identity: tuple[int | None, int | None, str, str],
 ) -> DeadLetter | None:
+    reservation_id, version, idempotency_key, trace_id = identity
     if not isinstance(message, dict):
         message = None
     if message is not None:

@@ -306,20 +306,24 @@ def renew_hold(request: HttpRequest, hold_id: int) -> HttpResponse:
     return JsonResponse(hold_json(hold))
 
 
-@api_view("POST")
-def confirm_hold(request: HttpRequest, hold_id: int) -> HttpResponse:
+def _versioned_change(
+    request: HttpRequest, hold_id: int, change: Callable[[int, int], Reservation]
+) -> HttpResponse:
+    """confirm/cancel: the body carries only the version the client saw."""
     _check_id(hold_id, ReservationNotFound.code, "hold")
     version = _expected_version(_json_object(request, _VERSION_FIELDS))
-    hold = call_with_retries(lambda: services.confirm(hold_id, version))
+    hold = call_with_retries(lambda: change(hold_id, version))
     return JsonResponse(hold_json(hold))
+
+
+@api_view("POST")
+def confirm_hold(request: HttpRequest, hold_id: int) -> HttpResponse:
+    return _versioned_change(request, hold_id, services.confirm)
 
 
 @api_view("POST")
 def cancel_hold(request: HttpRequest, hold_id: int) -> HttpResponse:
-    _check_id(hold_id, ReservationNotFound.code, "hold")
-    version = _expected_version(_json_object(request, _VERSION_FIELDS))
-    hold = call_with_retries(lambda: services.cancel(hold_id, version))
-    return JsonResponse(hold_json(hold))
+    return _versioned_change(request, hold_id, services.cancel)
 
 
 @api_view("GET")
