@@ -1,4 +1,4 @@
-"""The invariant check itself (cleanup.invariants): it passes on a correct history and names
+"""The invariant check itself (cleanup.drills.invariants): it passes on a correct history and names
 each kind of violation, including a hold released by a message whose version it no longer had."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.db.models.functions import Now
 
-from cleanup.invariants import invariant_violations
+from cleanup.drills.invariants import invariant_violations
 from cleanup.messages import build, validate
 from cleanup.models import CleanupReceipt
 from cleanup.release import Attempt, release
