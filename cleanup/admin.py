@@ -51,15 +51,8 @@ class OpenFilter(admin.SimpleListFilter):
         return None
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+class ReadOnlyAdmin(admin_guard.ReadOnly, admin.ModelAdmin):
+    """Receipts and dead letters are records: inspected, never edited."""
 
 
 def _hold_link(reservation_id: int | None) -> str:

@@ -166,7 +166,7 @@ class PublishedFilter(admin.SimpleListFilter):
         return None
 
 
-class OutboxEventInline(admin.TabularInline):
+class OutboxEventInline(admin_guard.ReadOnly, admin.TabularInline):
     model = OutboxEvent
     fields = ("id", "kind", "version", "created_at", "published_at", "payload")
     readonly_fields = fields
@@ -175,18 +175,9 @@ class OutboxEventInline(admin.TabularInline):
     can_delete = False
     show_change_link = False
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 @admin.register(Reservation)
-class ReservationAdmin(admin.ModelAdmin):
+class ReservationAdmin(admin_guard.ReadOnly, admin.ModelAdmin):
     list_display = (
         "id",
         "offering",
@@ -259,16 +250,6 @@ class ReservationAdmin(admin.ModelAdmin):
         if reservation_id is not None:
             match |= Q(pk=reservation_id)
         return queryset.filter(match), False
-
-    # Inspect only: every state change goes through the services.
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Reservation | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Reservation | None = None) -> bool:
-        return False
 
     def has_release_permission(self, request: HttpRequest) -> bool:
         """The action is a state change: it needs the model's change permission."""
@@ -368,7 +349,7 @@ class ReservationAdmin(admin.ModelAdmin):
 
 
 @admin.register(OutboxEvent)
-class OutboxEventAdmin(admin.ModelAdmin):
+class OutboxEventAdmin(admin_guard.ReadOnly, admin.ModelAdmin):
     list_display = ("id", "kind", "reservation", "version", "created_at", "published_at")
     list_filter = ("kind", PublishedFilter)
     search_fields = ("reservation__id",)
@@ -389,11 +370,3 @@ class OutboxEventAdmin(admin.ModelAdmin):
             return queryset.none(), False
         return queryset.filter(reservation_id=reservation_id), False
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: OutboxEvent | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: OutboxEvent | None = None) -> bool:
-        return False

@@ -90,3 +90,17 @@ def log_each(
                 action_flag=CHANGE,
                 change_message=f"{what}: {result}",
             )
+
+
+class ReadOnly:
+    """Inspect only: no add, change or delete through the admin (every state change goes
+    through the services and the guarded actions). Mix into a ``ModelAdmin`` or an inline."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
