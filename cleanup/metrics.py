@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -44,6 +44,30 @@ SWEEP_DURATION = Histogram(
     "Duration of one sweep run of a shard",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+
+AUTOSCALE_DECISIONS = Counter(
+    f"{PREFIX}_autoscale_decisions",
+    "Pool autoscaler decisions (cleanup.autoscale), by action and reason",
+    ["action", "reason"],
+)
+# Written by the worker's main process only; "livemax" keeps one series per worker instance
+# without a pid label (each instance has its own metrics directory and port).
+AUTOSCALE_POOL = Gauge(
+    f"{PREFIX}_autoscale_pool_processes",
+    "Pool processes of this worker when the autoscaler last decided",
+    multiprocess_mode="livemax",
+)
+AUTOSCALE_TARGET = Gauge(
+    f"{PREFIX}_autoscale_target_processes",
+    "Pool size the autoscaler wants for this worker (within --autoscale MIN..MAX)",
+    multiprocess_mode="livemax",
+)
+
+
+def record_autoscale_decision(action: str, reason: str, current: int, target: int) -> None:
+    AUTOSCALE_DECISIONS.labels(action=action, reason=reason).inc()
+    AUTOSCALE_POOL.set(current)
+    AUTOSCALE_TARGET.set(target)
 
 
 def record_delivery(task: str) -> None:

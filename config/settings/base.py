@@ -230,6 +230,26 @@ CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S = env_float(
 )
 CLEANUP_CAPACITY_PER_CONSUMER_PER_S = env_float("CLEANUP_CAPACITY_PER_CONSUMER_PER_S", 0, minimum=0)
 CLEANUP_CAPACITY_HEADROOM = env_float("CLEANUP_CAPACITY_HEADROOM", 0.5, minimum=0)
+# The pool autoscaler (cleanup.autoscale, used with `celery worker --autoscale=MAX,MIN`): how
+# often it reads the backlog, the window its rates are measured over, the fraction of the SLO the
+# oldest eligible hold may reach before the backlog must be drained, the utilization target,
+# how long a lower target must persist before the pool shrinks, and the service time per pool
+# process assumed until one is measured (CLEANUP_CAPACITY_PER_CONSUMER_PER_S overrides both).
+CLEANUP_AUTOSCALE_INTERVAL = env_float("CLEANUP_AUTOSCALE_INTERVAL", 5, minimum=0.2)
+CLEANUP_AUTOSCALE_WINDOW = env_float("CLEANUP_AUTOSCALE_WINDOW", 60, minimum=1)
+CLEANUP_AUTOSCALE_SLO_TARGET = env_float("CLEANUP_AUTOSCALE_SLO_TARGET", 0.5, minimum=0.01)
+CLEANUP_AUTOSCALE_UTILIZATION = env_float("CLEANUP_AUTOSCALE_UTILIZATION", 0.7, minimum=0.01)
+CLEANUP_AUTOSCALE_COOLDOWN = env_float("CLEANUP_AUTOSCALE_COOLDOWN", 60, minimum=0)
+CLEANUP_AUTOSCALE_SERVICE_TIME = env_float("CLEANUP_AUTOSCALE_SERVICE_TIME", 0.05, minimum=0.0001)
+CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS = env_int(
+    "CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS", 2000, minimum=1
+)
+if CLEANUP_AUTOSCALE_SLO_TARGET > 1 or CLEANUP_AUTOSCALE_UTILIZATION > 1:
+    raise ImproperlyConfigured(
+        "CLEANUP_AUTOSCALE_SLO_TARGET and CLEANUP_AUTOSCALE_UTILIZATION must be <= 1"
+    )
+# Only used when a worker runs with --autoscale; without it the pool has a fixed size.
+CELERY_WORKER_AUTOSCALER = "cleanup.autoscale:BacklogAutoscaler"
 LOG_FORMAT = env_str("LOG_FORMAT", "text")
 if LOG_FORMAT not in {"text", "json"}:
     raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r}: expected 'text' or 'json'")

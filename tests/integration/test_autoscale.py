@@ -1,0 +1,237 @@
+"""The backlog-driven pool autoscaler (cleanup.autoscale) in real ``celery worker --autoscale``
+processes: the pool size is read from /proc (the worker's pool children), the decisions from the
+worker's log.
+
+Each test runs one worker of its own (the shared fleet is paused), with a short decision
+interval and cooldown so the scenarios finish in tens of seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from .fleet import (
+    Worker,
+    create_eligible_holds,
+    invariant_violations,
+    log_fields,
+    log_lines,
+    released_count,
+    service_env,
+    sweep_until,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.workers, pytest.mark.usefixtures("exclusive_workers", "clean")]
+
+FAST = {
+    "CLEANUP_AUTOSCALE_INTERVAL": "1",
+    "CLEANUP_AUTOSCALE_COOLDOWN": "5",
+    "CLEANUP_AUTOSCALE_WINDOW": "10",
+    "CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS": "500",
+}
+
+
+class PoolWatch:
+    """Samples the worker's pool size (its child processes) every 0.2 s in a thread."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._started = time.monotonic()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.monotonic() - self._started, len(self.worker.children())))
+            self._stop.wait(0.2)
+
+    def __enter__(self) -> PoolWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def now(self) -> int:
+        return len(self.worker.children())
+
+    def peak(self) -> int:
+        return max((n for _, n in self.samples), default=0)
+
+    def timeline(self) -> list[tuple[float, int]]:
+        """(seconds, pool size) at every change."""
+        out: list[tuple[float, int]] = []
+        for t, n in self.samples:
+            if not out or out[-1][1] != n:
+                out.append((round(t, 1), n))
+        return out
+
+
+@contextmanager
+def autoscaled_worker(
+    tmp_path: Path, autoscale: str, **env: str
+) -> Iterator[tuple[Worker, PoolWatch]]:
+    worker = Worker(
+        f"as-{uuid.uuid4().hex[:6]}",
+        int(autoscale.split(",")[0]),
+        tmp_path / "autoscaled.log",
+        extra_args=[f"--autoscale={autoscale}"],
+        env_overrides={**FAST, **env},
+    ).start()
+    try:
+        worker.wait_ready()
+        with PoolWatch(worker) as watch:
+            yield worker, watch
+    finally:
+        worker.stop(timeout=30)
+
+
+def decisions(worker: Worker) -> list[dict[str, str]]:
+    return [log_fields(line) for line in log_lines([worker.log_path], "autoscale decision")]
+
+
+def write_report(tmp_path: Path, name: str, watch: PoolWatch, worker: Worker) -> None:
+    """The pool size over time and the decisions, for the docs and the closing note."""
+    report = {
+        "pool_size_timeline_s": watch.timeline(),
+        "decisions": [
+            {k: d.get(k) for k in ("action", "reason", "pool", "target", "in_backlog",
+                                   "in_oldest_eligible_age_s", "in_queue_depth",
+                                   "in_service_time_s", "in_service_source", "fleet_drain",
+                                   "fleet_sustain")}
+            for d in decisions(worker)
+            if d.get("action") != "hold" or d.get("reason") not in ("at_target",)
+        ][:60],
+    }
+    out = Path(os.environ.get("AUTOSCALE_REPORT_DIR", tmp_path))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(report, indent=1))
+
+
+def test_a_backlog_grows_the_pool_to_max_and_an_idle_queue_shrinks_it_to_min(
+    tmp_path: Path,
+) -> None:
+    # given: one worker that may run 1..4 processes, an SLO of 20 s, and 3,000 holds that just
+    # expired: at the assumed 50 ms per release one process needs ~150 s, far past the SLO.
+    with autoscaled_worker(tmp_path, "4,1", CLEANUP_SLO_SECONDS="20") as (worker, watch):
+        wait_until(lambda: watch.now() == 1, timeout=30, what="the pool to start at min (1)")
+        ids = create_eligible_holds(3000, expired_seconds_ago=1)
+        started = time.monotonic()
+
+        # when: sweeps publish the backlog
+        sweep_until(lambda: watch.now() == 4, shards=2, timeout=60)
+        grew_after = time.monotonic() - started
+
+        # then: the pool reached max within a bounded time, while the backlog was there
+        assert released_count(ids) < len(ids), "grew only after the work was done"
+        sweep_until(lambda: released_count(ids) == len(ids), shards=2, timeout=240)
+        drained_after = time.monotonic() - started
+
+        # and when the queue is idle, the pool returns to min after the cooldown
+        wait_until(lambda: watch.now() == 1, timeout=60, what="the pool to shrink to min (1)")
+        shrank_after = time.monotonic() - started
+        write_report(tmp_path, "autoscale-grow-shrink", watch, worker)
+
+    grows = [d for d in decisions(worker) if d.get("action") == "grow"]
+    shrinks = [d for d in decisions(worker) if d.get("action") == "shrink"]
+    assert grows and grows[0]["reason"] in {"backlog", "slo_at_risk", "arrivals"}, grows
+    assert int(grows[0]["in_backlog"]) > 0
+    assert shrinks and shrinks[-1]["target"] == "1" and shrinks[-1]["reason"] == "idle", shrinks
+    assert grew_after < 60 and drained_after < shrank_after
+    assert invariant_violations(ids) == []
+    print(  # noqa: T201 - the measurement, shown with -s
+        f"grew to 4 after {grew_after:.1f}s, drained after {drained_after:.1f}s, "
+        f"back to 1 after {shrank_after:.1f}s; pool timeline {watch.timeline()}"
+    )
+
+
+def test_a_burst_the_current_pool_drains_within_the_slo_does_not_grow_it(
+    tmp_path: Path,
+) -> None:
+    # given: a worker at 2 of up to 4 processes, the default 300 s SLO, and 600 holds that just
+    # expired: two processes drain them in seconds, far inside the SLO.
+    with autoscaled_worker(tmp_path, "4,2") as (worker, watch):
+        wait_until(lambda: watch.now() == 2, timeout=30, what="the pool to start at min (2)")
+        ids = create_eligible_holds(600, expired_seconds_ago=1)
+
+        # when
+        sweep_until(lambda: released_count(ids) == len(ids), shards=2, timeout=120)
+        # a few more decisions after the burst, with the rates measured over it
+        time.sleep(5)
+        write_report(tmp_path, "autoscale-burst-no-growth", watch, worker)
+
+    # then: every hold released, and the pool never grew
+    assert invariant_violations(ids) == []
+    assert watch.peak() == 2, watch.timeline()
+    seen = decisions(worker)
+    assert seen, "the autoscaler made no decision"
+    assert not [d for d in seen if d.get("action") == "grow"]
+    # it did see the burst
+    assert any(int(d.get("in_backlog", "0")) > 0 for d in seen)
+
+
+def test_a_database_read_error_keeps_the_current_size(tmp_path: Path) -> None:
+    # given: a worker grown to 4 by a backlog, which then drains (so it would shrink to 1)
+    with autoscaled_worker(
+        tmp_path, "4,1", CLEANUP_SLO_SECONDS="20", CLEANUP_AUTOSCALE_COOLDOWN="8"
+    ) as (worker, watch):
+        ids = create_eligible_holds(1500, expired_seconds_ago=1)
+        sweep_until(lambda: watch.now() == 4, shards=2, timeout=60)
+        sweep_until(lambda: released_count(ids) == len(ids), shards=2, timeout=240)
+
+        # when: the autoscaler's reads fail (the test holds an exclusive lock on the holds
+        # table, so its statements hit their 500 ms timeout) for three cooldowns
+        dsn = service_env()["DATABASE_URL"]
+        with psycopg.connect(dsn) as blocker:
+            blocker.execute("LOCK TABLE reservations_reservation IN ACCESS EXCLUSIVE MODE")
+            locked_at = time.monotonic()
+            wait_until(
+                lambda: any(d.get("reason") == "read_error" for d in decisions(worker)),
+                timeout=20,
+                what="a read_error decision",
+            )
+            while time.monotonic() - locked_at < 24:
+                # then: the pool keeps its size
+                assert watch.now() == 4, watch.timeline()
+                time.sleep(0.5)
+            blocker.rollback()
+
+        # and once reads work again it shrinks as usual (so it would have shrunk before)
+        wait_until(lambda: watch.now() == 1, timeout=60, what="the pool to shrink after the error")
+        write_report(tmp_path, "autoscale-read-error", watch, worker)
+
+    errors = [d for d in decisions(worker) if d.get("reason") == "read_error"]
+    assert errors and all(d["action"] == "hold" for d in errors)
+    assert "database" in log_lines([worker.log_path], "reason=read_error")[0]
+    assert invariant_violations(ids) == []
+
+
+def test_a_broker_read_error_is_a_failed_reading(settings: object) -> None:
+    """The reader reports an unreachable broker as an error (so ``decide`` holds), never as an
+    empty queue. The database part reads the real test database."""
+    from cleanup.autoscale import Policy, Reader, decide
+
+    # given: a broker URL where nothing listens (port 1 on this host)
+    settings.CELERY_BROKER_URL = "redis://127.0.0.1:1/0"  # type: ignore[attr-defined]
+    reader = Reader("me@host", 10, lambda: 3)
+
+    # when
+    reading = reader.read()
+
+    # then
+    assert reading.error.startswith("broker:"), reading
+    decision = decide(reading, Policy(min_procs=1, max_procs=4), 3, time.monotonic())
+    assert (decision.action, decision.target, decision.reason) == ("hold", 3, "read_error")

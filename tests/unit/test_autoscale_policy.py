@@ -1,0 +1,69 @@
+"""The autoscaler's policy (cleanup.autoscale.decide) on hand-made readings."""
+
+from __future__ import annotations
+
+from cleanup.autoscale import Policy, Reading, decide
+
+POLICY = Policy(min_procs=1, max_procs=8, slo_seconds=300, slo_target=0.5, cooldown_seconds=60)
+NOW = 1000.0
+
+
+def reading(**kw: object) -> Reading:
+    base: dict[str, object] = {"taken_at": NOW, "service_time_s": 0.05}
+    base.update(kw)
+    return Reading(**base)  # type: ignore[arg-type]
+
+
+def test_a_backlog_that_would_outlive_the_slo_target_grows_the_pool_to_drain_it_in_time() -> None:
+    # 6,000 holds × 0.05 s = 300 process-seconds; 150 s budget − 10 s age → ceil(300/140) = 3
+    d = decide(reading(backlog=6000, oldest_eligible_age_s=10), POLICY, 1, NOW)
+    assert (d.action, d.target, d.reason, d.fleet_drain) == ("grow", 3, "backlog", 3)
+
+
+def test_a_backlog_past_the_slo_target_goes_straight_to_max() -> None:
+    d = decide(reading(backlog=10, oldest_eligible_age_s=151), POLICY, 2, NOW)
+    assert (d.action, d.target, d.reason) == ("grow", 8, "slo_at_risk")
+
+
+def test_a_backlog_one_process_drains_in_time_keeps_the_pool() -> None:
+    d = decide(reading(backlog=500, oldest_eligible_age_s=5), POLICY, 1, NOW)
+    assert (d.action, d.target) == ("hold", 1)
+
+
+def test_the_share_is_divided_among_peers() -> None:
+    d = decide(reading(backlog=6000, oldest_eligible_age_s=10, peers=3), POLICY, 1, NOW)
+    assert d.target == 1  # ceil(3 / 3)
+    d = decide(reading(backlog=60000, oldest_eligible_age_s=10, peers=3), POLICY, 1, NOW)
+    assert d.target == 8  # ceil(22 / 3) = 8
+
+
+def test_sustained_arrivals_use_the_capacity_arithmetic() -> None:
+    # 40 msg/s × 0.05 s × 1.5 headroom / 0.7 = 4.3 → 5 consumers
+    d = decide(reading(backlog=1, arrival_per_s=40), POLICY, 1, NOW)
+    assert (d.target, d.fleet_sustain, d.reason) == (5, 5, "arrivals")
+
+
+def test_shrinking_waits_for_the_cooldown_of_a_lower_target() -> None:
+    idle = reading()
+    assert decide(idle, POLICY, 4, NOW, last_change_at=NOW - 100, lower_since=None).action == "hold"
+    d = decide(idle, POLICY, 4, NOW, last_change_at=NOW - 100, lower_since=NOW - 30)
+    assert (d.action, d.reason) == ("hold", "cooldown")
+    d = decide(idle, POLICY, 4, NOW, last_change_at=NOW - 30, lower_since=NOW - 61)
+    assert (d.action, d.reason) == ("hold", "cooldown")
+    d = decide(idle, POLICY, 4, NOW, last_change_at=NOW - 100, lower_since=NOW - 61)
+    assert (d.action, d.target, d.reason) == ("shrink", 1, "idle")
+
+
+def test_errors_and_stale_readings_keep_the_current_size() -> None:
+    assert decide(None, POLICY, 3, NOW).action == "hold"
+    d = decide(reading(error="database: timeout"), POLICY, 3, NOW, lower_since=NOW - 999)
+    assert (d.action, d.target, d.reason) == ("hold", 3, "read_error")
+    d = decide(reading(taken_at=NOW - 31), POLICY, 3, NOW, lower_since=NOW - 999)
+    assert (d.action, d.target, d.reason) == ("hold", 3, "stale_reading")
+
+
+def test_bounds_are_respected() -> None:
+    bounded = Policy(min_procs=2, max_procs=3)
+    assert decide(reading(backlog=10**6, oldest_eligible_age_s=999), bounded, 2, NOW).target == 3
+    d = decide(reading(), bounded, 3, NOW, last_change_at=0, lower_since=0)
+    assert d.target == 2
