@@ -77,6 +77,29 @@ phase "ruff" .venv/bin/ruff check .
 phase "mypy" .venv/bin/mypy .
 phase "pytest" .venv/bin/python -m pytest "$@"
 
+# The real-worker correctness suites again on RabbitMQ (duplicates, renewals after the message,
+# killed worker and pool child, malformed input and dead letters, backpressure), in a vhost of
+# the tests' own (scripts/rabbitmq.py; started with CI=true when installed but stopped). Skipped,
+# with the reason, only when no RabbitMQ can be had, or when pytest arguments were given.
+RABBITMQ_SUITES=(tests/integration/test_delivery.py tests/integration/test_pipeline_scenarios.py)
+[ -f tests/integration/test_hostile_input.py ] && RABBITMQ_SUITES+=(tests/integration/test_hostile_input.py)
+rabbitmq_suites() {
+  if [ "$#" -gt 0 ]; then
+    echo "RabbitMQ suites skipped: pytest arguments were given"
+    return 0
+  fi
+  local exports rc=0
+  exports=$(.venv/bin/python scripts/rabbitmq.py) || rc=$?
+  if [ "$rc" = 3 ]; then
+    echo "RabbitMQ suites SKIPPED (reason above)"
+    return 0
+  elif [ "$rc" != 0 ]; then
+    return "$rc"
+  fi
+  ( eval "$exports" && .venv/bin/python -m pytest -p no:cacheprovider "${RABBITMQ_SUITES[@]}" )
+}
+phase "pytest-rabbitmq" rabbitmq_suites "$@"
+
 # Alert rules: `promtool test rules` when promtool is on PATH or installable (Debian package
 # `prometheus`, as root with apt-get); skipped with a notice otherwise. A failing rule test fails
 # the run.

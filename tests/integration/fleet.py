@@ -73,11 +73,109 @@ class Worker(WorkerProcess):
         )
 
 
-def purge_broker() -> None:
-    """Empty the tests' own Redis database (its queues and kombu's unacked bookkeeping)."""
-    from cleanup.broker import redis_client
+# Queues the tests use besides the product's (scenario 10 runs a capped fleet on its own).
+EXTRA_QUEUES = ("sweep-cap", "cleanup-cap", "maintenance-cap", "scenario-5-lost")
 
-    redis_client().flushdb()
+
+def broker_is_redis() -> bool:
+    return bool(settings.BROKER_IS_REDIS)
+
+
+def test_queues() -> list[str]:
+    return [
+        settings.CLEANUP_SWEEP_QUEUE,
+        settings.CLEANUP_RELEASE_QUEUE,
+        settings.CLEANUP_MAINTENANCE_QUEUE,
+        settings.CLEANUP_DEAD_LETTER_QUEUE,
+        *EXTRA_QUEUES,
+    ]
+
+
+def purge_broker() -> None:
+    """Empty the tests' own broker space: on Redis the tests' own database number (its queues
+    and kombu's unacked bookkeeping); on RabbitMQ the tests' queues in the tests' own vhost
+    (messages a running worker holds unacked are not purgeable and come back to it)."""
+    if broker_is_redis():
+        from cleanup.broker import redis_client
+
+        redis_client().flushdb()
+        return
+    from config.celery_app import app
+
+    with app.connection_for_write() as conn:
+        for queue in test_queues():
+            channel: Any = conn.channel()
+            try:
+                channel.queue_purge(queue)
+            except Exception:  # noqa: BLE001 - not declared yet: nothing to purge
+                pass
+            finally:
+                try:
+                    channel.close()
+                except Exception:  # noqa: BLE001
+                    pass
+
+
+def amqp_vhost() -> str:
+    from urllib.parse import unquote, urlsplit
+
+    path = urlsplit(settings.CELERY_BROKER_URL).path
+    return unquote(path[1:]) if len(path) > 1 else "/"
+
+
+def unacked(queue: str) -> int | None:
+    """Messages of ``queue`` delivered to a worker and not yet acknowledged. Redis: kombu's
+    unacked hash. RabbitMQ: ``rabbitmqctl list_queues`` for the tests' vhost (AMQP itself does
+    not report it); None when rabbitmqctl is not usable."""
+    if broker_is_redis():
+        from cleanup.broker import unacked_count
+
+        return unacked_count(queue)
+    import shutil
+
+    ctl = shutil.which("rabbitmqctl")
+    if not ctl:
+        return None
+    out = subprocess.run(
+        [ctl, "-q", "list_queues", "-p", amqp_vhost(), "name", "messages_unacknowledged"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    if out.returncode != 0:
+        return None
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == queue:
+            return int(parts[1])
+    return 0
+
+
+def queue_settled(queue: str) -> bool:
+    """Nothing waiting in ``queue`` and nothing delivered and unacknowledged."""
+    from cleanup.broker import queue_depth
+
+    return queue_depth(queue) == 0 and (unacked(queue) or 0) == 0
+
+
+def delivery_totals(keys: list[str]) -> list[int]:
+    """Delivery counters of many keys at once (Redis MGET, or the PostgreSQL table)."""
+    from cleanup import deliveries
+
+    if settings.CLEANUP_COUNTER_REDIS_URL:
+        client = deliveries._client(settings.CLEANUP_COUNTER_REDIS_URL)
+        full = [deliveries.KEY_PREFIX + k for k in keys]
+        values = [v for at in range(0, len(full), 2000) for v in client.mget(full[at : at + 2000])]
+        return [int(v or 0) for v in values]
+    counts = dict(
+        sql(
+            "SELECT idempotency_key, count FROM cleanup_deliverycount WHERE idempotency_key = "
+            "ANY(%s)",
+            [keys],
+        )
+    )
+    return [int(counts.get(k, 0)) for k in keys]
 
 
 def wait_until(

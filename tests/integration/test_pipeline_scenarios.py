@@ -1,4 +1,5 @@
-"""Delivery scenarios with real ``celery worker`` processes on real Redis and PostgreSQL.
+"""Delivery scenarios with real ``celery worker`` processes on real Redis (or RabbitMQ, see
+scripts/test.sh) and PostgreSQL.
 
 Each test asserts from SQL (the invariants of docs/PIPELINE.md, receipts) and never from mocks:
 2. duplicated messages and concurrent sweeps of one shard → exactly one release per hold;
@@ -32,12 +33,14 @@ from .fleet import (
     claim_counts,
     create_eligible_holds,
     delivery_counts,
+    delivery_totals,
     fleet,
     hold_messages,
     invariant_violations,
     log_fields,
     log_lines,
     outcome_counts,
+    queue_settled,
     released_count,
     run_sweeps,
     scalar,
@@ -66,7 +69,7 @@ def _receipts_for(ids: list[int]) -> int:
 
 
 def _queues_drained(queue: str = "cleanup") -> bool:
-    return broker.queue_depth(queue) == 0 and broker.unacked_count(queue) == 0
+    return queue_settled(queue)
 
 
 def _leases_passed(ids: list[int]) -> bool:
@@ -331,7 +334,8 @@ def test_a_message_deleted_from_the_broker_is_recovered_by_a_later_sweep(workers
                 producer=producer,
             )
     assert broker.queue_depth("scenario-5-lost") == len(ids)
-    broker.redis_client().delete(*broker.priority_keys("scenario-5-lost"))
+    with release_reservation_task.app.connection_for_write() as conn:
+        conn.default_channel.queue_purge("scenario-5-lost")  # Redis or RabbitMQ
     assert broker.queue_depth("scenario-5-lost") == 0
     # when: the lease passes (by the database's clock) and a later sweep runs
     wait_until(lambda: _leases_passed(ids), timeout=60, interval=0.2, what="lease passed")
@@ -507,11 +511,7 @@ def test_a_burst_under_a_small_queue_cap_stays_bounded_and_enqueues_each_hold_on
     assert sum(int(s["published"]) for s in sweeps) == released
     assert any(s["backpressure"] == "True" for s in sweeps)
     # one delivery per published message: nothing was redelivered or duplicated
-    redis = broker.redis_client()
-    keys = [f"reservation-cleanup:deliveries:release:{i}:1" for i in ids]
-    delivered = [
-        int(v or 0) for at in range(0, len(keys), 2000) for v in redis.mget(keys[at : at + 2000])
-    ]
+    delivered = delivery_totals([f"release:{i}:1" for i in ids])
     assert set(delivered) <= {0, 1}
     assert sum(delivered) == released
     assert released_at_cap is not None
