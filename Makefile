@@ -1,4 +1,4 @@
-.PHONY: run test lint bench embedded-status embedded-stop
+.PHONY: run test lint bench chaos embedded-status embedded-stop
 
 # Run the system: web + worker + beat + Flower, on local or embedded PostgreSQL/Redis.
 run:
@@ -7,6 +7,11 @@ run:
 # Run every check: ruff, mypy, pytest (with real workers).
 test:
 	bash scripts/test.sh
+
+# Chaos drills with real services (minutes): a lost node at the default recovery settings, a
+# private Redis restarted mid-burst, every database connection terminated, a partitioned worker.
+chaos:
+	RESERVATIONS_CHAOS=1 .venv/bin/python -m pytest tests/integration/test_chaos.py -s $(ARGS)
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/mypy .

@@ -30,6 +30,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Serves the collected static files (the admin's) from the app server itself, with far-future
+    # cache headers and compressed variants; the container image runs collectstatic at build.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -68,7 +71,14 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+STATIC_ROOT = Path(env_str("STATIC_ROOT", str(BASE_DIR / "var" / "static")))
+# Compressed (gzip/brotli) variants written by collectstatic, served by WhiteNoise. Not the
+# manifest variant: it refuses to render a template whose static file was never collected,
+# which a fresh clone (tests, `make run`) has not done.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 
 # --- Reservations domain -------------------------------------------------------------------
 RESERVATIONS_API_TOKEN = env_str("RESERVATIONS_API_TOKEN")
@@ -94,12 +104,15 @@ CLEANUP_EVENTS_QUEUE = env_str("CLEANUP_EVENTS_QUEUE", "reservation-events")
 # (a batch of 1,000 holds is about 170 KB). See docs/HARDENING.md.
 CLEANUP_MAX_MESSAGE_BYTES = env_int("CLEANUP_MAX_MESSAGE_BYTES", 1024 * 1024, minimum=64 * 1024)
 
-# Time limits bound a stuck release; the soft limit leaves room to roll back and log.
-CLEANUP_TASK_TIME_LIMIT = env_int("CLEANUP_TASK_TIME_LIMIT", 60, minimum=1)
-CLEANUP_TASK_SOFT_TIME_LIMIT = env_int("CLEANUP_TASK_SOFT_TIME_LIMIT", 50, minimum=1)
+# Time limits bound a stuck release; the soft limit leaves room to roll back and log. A release
+# is one statement (milliseconds) and a sweep stops at its time budget, so 30 s is generous; it
+# is kept short because the visibility timeout (below) must cover it, and that timeout is how
+# long a lost node's messages wait before coming back.
+CLEANUP_TASK_TIME_LIMIT = env_int("CLEANUP_TASK_TIME_LIMIT", 30, minimum=1)
+CLEANUP_TASK_SOFT_TIME_LIMIT = env_int("CLEANUP_TASK_SOFT_TIME_LIMIT", 25, minimum=1)
 # Retries: exponential backoff with full jitter, capped well below the visibility timeout.
 CLEANUP_MAX_RETRIES = env_int("CLEANUP_MAX_RETRIES", 5, minimum=0)
-CLEANUP_RETRY_BACKOFF_MAX = env_int("CLEANUP_RETRY_BACKOFF_MAX", 60, minimum=1)
+CLEANUP_RETRY_BACKOFF_MAX = env_int("CLEANUP_RETRY_BACKOFF_MAX", 30, minimum=1)
 # Deliveries of one idempotency key before the message is dead-lettered without any work: bounds
 # a poison message that kills its worker (reject_on_worker_lost requeues it without limit).
 CLEANUP_MAX_DELIVERIES = env_int("CLEANUP_MAX_DELIVERIES", 8, minimum=1)
@@ -134,16 +147,20 @@ CLEANUP_ELIGIBLE_COUNT_CAP = env_int("CLEANUP_ELIGIBLE_COUNT_CAP", 100000, minim
 CLEANUP_BEAT_LOCK_ID = env_int("CLEANUP_BEAT_LOCK_ID", 727_001)
 CLEANUP_BEAT_IDLE_SESSION_TIMEOUT = env_int("CLEANUP_BEAT_IDLE_SESSION_TIMEOUT", 30, minimum=1)
 
-# Redis visibility timeout: a message fetched but not acked comes back after this long. It must
-# exceed the hard time limit (else a running task is delivered twice) and the longest retry
-# countdown (Celery retries are ETA messages held unacked in the worker; an ETA beyond the
-# timeout is delivered again and again — docs/LIBRARY-NOTES.md §2).
-CLEANUP_VISIBILITY_TIMEOUT = env_int("CLEANUP_VISIBILITY_TIMEOUT", 300, minimum=1)
-_longest_hold = max(CLEANUP_TASK_TIME_LIMIT, CLEANUP_RETRY_BACKOFF_MAX)
+# Redis visibility timeout: a message fetched but not acked comes back after this long — also
+# when its worker is lost, so recovery after a node loss is about this + the restore interval
+# (default 75 + 5 s, measured ≈ 80 s). The clock starts when the worker fetches the message, so
+# it must exceed the longest a fetched message can stay unacked without anything being wrong:
+# a retry is an ETA message held unacked in the worker for up to the backoff cap and then run
+# for up to the hard time limit; longer, and a running or waiting task is delivered twice
+# (docs/PIPELINE.md "Recovery times" has the trade-off; docs/LIBRARY-NOTES.md §2 the ETA case).
+CLEANUP_VISIBILITY_TIMEOUT = env_int("CLEANUP_VISIBILITY_TIMEOUT", 75, minimum=1)
+_longest_hold = CLEANUP_TASK_TIME_LIMIT + CLEANUP_RETRY_BACKOFF_MAX
 if CLEANUP_VISIBILITY_TIMEOUT <= _longest_hold:
     raise ImproperlyConfigured(
-        f"CLEANUP_VISIBILITY_TIMEOUT={CLEANUP_VISIBILITY_TIMEOUT} must exceed both "
-        f"CLEANUP_TASK_TIME_LIMIT and CLEANUP_RETRY_BACKOFF_MAX (longest is {_longest_hold})"
+        f"CLEANUP_VISIBILITY_TIMEOUT={CLEANUP_VISIBILITY_TIMEOUT} must exceed "
+        f"CLEANUP_TASK_TIME_LIMIT + CLEANUP_RETRY_BACKOFF_MAX ({_longest_hold}): a retry waits "
+        f"unacked for up to the backoff cap, then runs for up to the time limit"
     )
 if CLEANUP_MAX_DELIVERIES <= CLEANUP_MAX_RETRIES:
     # Each Celery retry is a delivery too; a cap below the retries would dead-letter a message

@@ -1,0 +1,49 @@
+"""``python manage.py beat_health``: exit 0 when some beat holds the leader lock (so sweeps are
+being scheduled), 1 otherwise. For docker-compose and Kubernetes probes of the beat service:
+
+    healthcheck: {test: ["CMD", "python", "manage.py", "beat_health"]}
+
+The lock is the PostgreSQL session advisory lock ``(LEASE_NAMESPACE, CLEANUP_BEAT_LOCK_ID)`` that
+``cleanup.schedule.LeaderDatabaseScheduler`` takes before it sends anything; ``pg_locks`` shows
+it as an advisory lock with classid/objid = the two keys (objsubid 2: the two-key form). A
+standby beat is healthy while a leader exists; when no beat holds the lock, nothing is being
+scheduled and every beat reports unhealthy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+from django.db import connection
+
+from cleanup.schedule import LEASE_NAMESPACE
+
+LEADER_SQL = (
+    "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+    "WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database() "
+    "AND l.classid = %s::bigint::oid AND l.objid = %s::bigint::oid AND l.objsubid = 2"
+)
+
+
+def leaders() -> int:
+    with connection.cursor() as cur:
+        cur.execute(LEADER_SQL, [LEASE_NAMESPACE, settings.CLEANUP_BEAT_LOCK_ID])
+        return int(cur.fetchone()[0])
+
+
+class Command(BaseCommand):
+    help = "Exit 0 when a beat holds the leader lock (sweeps are being scheduled), else 1."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            count = leaders()
+        except Exception as exc:  # noqa: BLE001 - no database is "unhealthy"
+            self.stderr.write(f"unhealthy: cannot read pg_locks: {exc!r}")
+            raise SystemExit(1) from None
+        if count:
+            self.stdout.write("ok: a beat holds the leader lock")
+            return
+        self.stderr.write("unhealthy: no beat holds the leader lock; nothing is scheduled")
+        raise SystemExit(1)

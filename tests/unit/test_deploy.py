@@ -1,0 +1,174 @@
+"""The deployment files say what the code does: docker-compose.yml runs every service the system
+needs, wired to the same settings; .env.example lists every variable it reads; the Kubernetes
+manifests, alert rules and dashboard reference only metrics the project really exports.
+
+(`docker-compose config -q --env-file .env.example` is run by scripts/test.sh when the
+docker-compose package is installed.)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+METRIC = re.compile(r"\breservation_cleanup_[a-z_]+\b")
+COMPOSE_VAR = re.compile(r"(?<!\$)\$\{([A-Z_][A-Z0-9_]*)")
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def command(service: dict[str, Any]) -> str:
+    value = service.get("command", [])
+    return " ".join(value) if isinstance(value, list) else str(value)
+
+
+def healthcheck(service: dict[str, Any]) -> str:
+    test = service.get("healthcheck", {}).get("test", [])
+    return " ".join(test) if isinstance(test, list) else str(test)
+
+
+def exported_metrics() -> set[str]:
+    """Every metric name the project serves: the worker/web counters and histograms (with the
+    suffixes Prometheus gives them) and the web's scrape-time gauges."""
+    from prometheus_client import REGISTRY
+
+    from cleanup import metrics
+
+    names: set[str] = set()
+    for collector_names in REGISTRY._collector_to_names.values():  # noqa: SLF001
+        if any(n.startswith(metrics.PREFIX) for n in collector_names):
+            names.update(collector_names)
+    names.update(f"{metrics.PREFIX}_{name}" for name in metrics.GAUGE_HELP)
+    names.update(
+        {f"{metrics.PREFIX}_scrape_errors_total", f"{metrics.PREFIX}_scrape_duration_seconds"}
+    )
+    return names
+
+
+def test_compose_runs_every_service_the_system_needs() -> None:
+    services = compose()["services"]
+    assert set(services) >= {
+        "postgres", "redis", "migrate", "web", "worker", "beat", "flower", "prometheus", "grafana",
+    }  # fmt: skip
+    # web: a real WSGI server, health from /readyz
+    assert command(services["web"]).startswith("gunicorn config.wsgi:application")
+    assert "/readyz" in healthcheck(services["web"])
+    # worker: an autoscaled pool (the backlog autoscaler is the configured class)
+    assert "--autoscale=" in command(services["worker"])
+    from django.conf import settings
+
+    assert settings.CELERY_WORKER_AUTOSCALER == "cleanup.autoscale:BacklogAutoscaler"
+    # every long-running service has a health check
+    for name in ("postgres", "redis", "web", "worker", "beat", "flower"):
+        assert healthcheck(services[name]), f"{name} has no health check"
+    assert "beat_health" in healthcheck(services["beat"])
+    assert "/healthcheck" in healthcheck(services["flower"])
+    # Redis requires a password, and the health check authenticates
+    assert "--requirepass" in command(services["redis"])
+    assert "REDISCLI_AUTH" in services["redis"]["environment"]
+    # Prometheus with the alert rules, Grafana with the dashboard provisioned
+    volumes = " ".join(services["prometheus"]["volumes"])
+    assert "deploy/alerts.yml" in volumes and "deploy/prometheus.yml" in volumes
+    volumes = " ".join(services["grafana"]["volumes"])
+    assert "deploy/grafana/provisioning" in volumes and "deploy/grafana/dashboards" in volumes
+
+
+def test_every_app_service_shares_one_configuration() -> None:
+    services = compose()["services"]
+    app_services = ["migrate", "web", "worker", "beat", "flower"]
+    envs = [services[name]["environment"] for name in app_services]
+    for key in ("DATABASE_URL", "CELERY_BROKER_URL", "SECRET_KEY", "DJANGO_SETTINGS_MODULE"):
+        assert len({env[key] for env in envs}) == 1, key
+    broker = envs[0]["CELERY_BROKER_URL"]
+    assert broker.startswith("redis://:${REDIS_PASSWORD") and broker.endswith("@redis:6379/0")
+    assert "@postgres:5432/" in envs[0]["DATABASE_URL"]
+    assert envs[0]["DJANGO_SETTINGS_MODULE"] == "config.settings.production"
+
+
+def test_scaling_the_worker_out_is_safe() -> None:
+    worker = compose()["services"]["worker"]
+    # no fixed name or host port (both would collide on --scale worker=N); a per-container name
+    assert "container_name" not in worker and "ports" not in worker
+    assert "worker@%h" in command(worker)
+
+
+def test_env_example_lists_every_variable_compose_reads() -> None:
+    text = (ROOT / "docker-compose.yml").read_text()
+    used = set(COMPOSE_VAR.findall(text))
+    example = {
+        line.split("=", 1)[0].strip()
+        for line in (ROOT / ".env.example").read_text().splitlines()
+        if "=" in line and not line.lstrip().startswith("#")
+    }
+    assert used, "no ${VAR} found: the pattern is broken"
+    assert sorted(used - example) == []
+    assert "GRAFANA_ADMIN_PASSWORD" in example
+
+
+def test_prometheus_scrapes_flower_with_the_configured_user_not_a_hard_coded_one() -> None:
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    flower = next(job for job in config["scrape_configs"] if job["job_name"] == "flower")
+    assert flower["basic_auth"]["username"] == "__FLOWER_USER__"
+    entrypoint = " ".join(compose()["services"]["prometheus"]["entrypoint"])
+    assert "__FLOWER_USER__|$${FLOWER_BASIC_AUTH%%:*}" in entrypoint
+
+
+def k8s_documents() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in sorted((ROOT / "deploy" / "k8s").glob("*.yaml")):
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return docs
+
+
+def test_the_keda_scaled_object_targets_the_worker_on_exported_metrics() -> None:
+    docs = k8s_documents()
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    scaled = [d for d in docs if d["kind"] == "ScaledObject"]
+    assert len(scaled) == 1
+    target = scaled[0]["spec"]["scaleTargetRef"]["name"]
+    assert target in deployments
+    args = " ".join(deployments[target]["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert "--autoscale=" in args and "sweep,cleanup,maintenance" in args
+    exported = exported_metrics()
+    queried: set[str] = set()
+    for trigger in scaled[0]["spec"]["triggers"]:
+        assert trigger["type"] == "prometheus"
+        names = set(METRIC.findall(trigger["metadata"]["query"]))
+        assert names, trigger
+        queried |= names
+    assert sorted(queried - exported) == []
+    # the project's own signals, not the raw Redis list length
+    assert "reservation_cleanup_desired_consumers" in queried
+    assert "reservation_cleanup_oldest_eligible_reservation_age_seconds" in queried
+
+
+def test_the_hpa_alternative_uses_exported_metrics() -> None:
+    hpas = [d for d in k8s_documents() if d["kind"] == "HorizontalPodAutoscaler"]
+    assert hpas
+    names = {m["external"]["metric"]["name"] for h in hpas for m in h["spec"]["metrics"]}
+    assert names and sorted(names - exported_metrics()) == []
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "deploy/alerts.yml",
+        "deploy/grafana/dashboards/reservation-cleanup.json",
+        "deploy/k8s/keda-scaledobject.yaml",
+    ],
+)
+def test_alerts_and_dashboard_reference_only_exported_metrics(path: str) -> None:
+    text = (ROOT / path).read_text()
+    if path.endswith(".json"):
+        json.loads(text)  # valid JSON
+    names = set(METRIC.findall(text))
+    assert names, f"{path} references no project metric"
+    assert sorted(names - exported_metrics()) == []
