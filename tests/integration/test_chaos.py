@@ -35,6 +35,8 @@ from .fleet import (
     broker_is_redis,
     create_eligible_holds,
     invariant_violations,
+    log_fields,
+    log_lines,
     outcome_counts,
     released_count,
     run_sweeps,
@@ -290,3 +292,381 @@ def test_every_worker_database_connection_terminated_mid_burst_releases_each_hol
     assert sum(terminated) > 0
     assert invariant_violations(expected_released=ids) == []
     assert outcome_counts().get("released") == len(ids)
+
+
+# --- A partitioned worker node (network namespace) --------------------------------------------
+#
+# One worker runs in a network namespace of the test's own, joined to the host by a veth pair
+# with link-local addresses the test assigns (169.254.211.1 host side, .2 in the namespace; the
+# loopback range cannot be used: the host routes all of 127/8 to its own lo). It reaches a private
+# redis-server bound to the host side address and PostgreSQL through a TCP relay the test runs
+# there. A partition is an iptables DROP rule *inside the namespace* (packets vanish, as on a
+# real network; the host's own firewall is never touched); healing deletes it.
+
+NS_HOST_IP, NS_IP = "169.254.211.1", "169.254.211.2"
+
+
+def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+
+
+class Netns:
+    def __init__(self) -> None:
+        tag = f"{os.getpid() % 100000}"
+        self.name, self.host_if, self.ns_if = f"chaos{tag}", f"chh{tag}", f"chn{tag}"
+
+    def create(self) -> Netns:
+        if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("iptables"):
+            pytest.skip("network namespaces need root, iproute2 and iptables")
+        if _run("ip", "netns", "add", self.name).returncode != 0:
+            pytest.skip("cannot create a network namespace here (ip netns add failed)")
+        steps = [
+            ("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if),
+            ("ip", "link", "set", self.ns_if, "netns", self.name),
+            ("ip", "addr", "add", f"{NS_HOST_IP}/30", "dev", self.host_if),
+            ("ip", "link", "set", self.host_if, "up"),
+            *[
+                ("ip", "netns", "exec", self.name, *c)
+                for c in (
+                    ("ip", "addr", "add", f"{NS_IP}/30", "dev", self.ns_if),
+                    ("ip", "link", "set", self.ns_if, "up"),
+                    ("ip", "link", "set", "lo", "up"),
+                )
+            ],
+        ]
+        for step in steps:
+            done = _run(*step)
+            if done.returncode != 0:
+                self.delete()
+                pytest.skip(f"network namespace set-up failed: {' '.join(step)}: {done.stderr}")
+        return self
+
+    def _rule(self, op: str, port: int) -> None:
+        # both directions: nothing from the namespace to the port, nothing back from it
+        for chain, peer, side in (("OUTPUT", "-d", "--dport"), ("INPUT", "-s", "--sport")):
+            done = _run(
+                "ip", "netns", "exec", self.name, "iptables", op, chain, "-p", "tcp",
+                peer, NS_HOST_IP, side, str(port), "-j", "DROP",
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+
+    def cut(self, port: int) -> None:
+        self._rule("-A", port)
+
+    def heal(self, port: int) -> None:
+        self._rule("-D", port)
+
+    def delete(self) -> None:
+        _run("ip", "netns", "delete", self.name)  # removes the veth pair with it
+        _run("ip", "link", "delete", self.host_if)
+
+
+class Relay:
+    """A TCP relay (listen address → target), threads per connection; the test's own."""
+
+    def __init__(self, listen: tuple[str, int], target: tuple[str, int]) -> None:
+        import threading
+
+        self.listen, self.target = listen, target
+        self.server = socket.create_server(listen, reuse_port=False)
+        self.server.settimeout(0.5)
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._sockets: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while not self._stop.is_set():
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def _accept(self) -> None:
+        import threading
+
+        while not self._stop.is_set():
+            try:
+                client, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target, timeout=10)
+            upstream.settimeout(None)
+            client.settimeout(None)
+            self._sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                t = threading.Thread(target=self._pipe, args=(a, b), daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.server.close()
+        for s in self._sockets:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+
+
+class NetnsWorker(Worker):
+    """A product worker started with ``ip netns exec <ns>``."""
+
+    def __init__(self, netns: Netns, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.netns = netns
+
+    def start(self) -> NetnsWorker:
+        from cleanup.workers import ROOT, celery_bin
+
+        env = dict(os.environ)
+        env.update(self.env)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.netns.name, celery_bin(), "-A", "config", "worker",
+             "-Q", self.queues, "-c", str(self.concurrency), "-n", f"{self.name}@%h",
+             "--without-gossip", "--without-mingle", "--loglevel", "INFO"],  # fmt: skip
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        return self
+
+
+@contextmanager
+def partition_rig(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """Namespace, private Redis (host address + loopback), PostgreSQL relay, and the two
+    environments: the partitioned node's and the host node's."""
+    redis_port = int(os.environ.get("CHAOS_REDIS_PORT", "16401")) + 1
+    pg_port = redis_port + 1
+    netns = Netns().create()
+    server: PrivateRedis | None = None
+    relay: Relay | None = None
+    try:
+        server = PrivateRedis(tmp_path / "redis", redis_port, persistent=False)
+        binary = shutil.which("redis-server")
+        assert binary
+        server.directory.mkdir(parents=True, exist_ok=True)
+        server.proc = subprocess.Popen(
+            [binary, "--port", str(redis_port), "--bind", "127.0.0.1", NS_HOST_IP,
+             "--dir", str(server.directory), "--appendonly", "no", "--save", "",
+             "--protected-mode", "no"],  # fmt: skip
+            stdout=(server.directory / "redis.log").open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_until(lambda: not _free(redis_port), timeout=20, what="private redis up")
+        db = settings_db()
+        relay = Relay((NS_HOST_IP, pg_port), (db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)))
+        host_env = {"CELERY_BROKER_URL": f"redis://127.0.0.1:{redis_port}/0"}
+        ns_db_url = service_env()["DATABASE_URL"].replace(
+            f"@{db['HOST']}:{db['PORT']}/", f"@{NS_HOST_IP}:{pg_port}/"
+        )
+        ns_env = {
+            "CELERY_BROKER_URL": f"redis://{NS_HOST_IP}:{redis_port}/0",
+            "DATABASE_URL": ns_db_url,
+        }
+        yield {
+            "netns": netns, "redis": server, "redis_port": redis_port, "pg_port": pg_port,
+            "host_env": host_env, "ns_env": ns_env,
+        }  # fmt: skip
+    finally:
+        if relay is not None:
+            relay.close()
+        if server is not None:
+            server.kill()
+        netns.delete()
+
+
+def settings_db() -> dict[str, Any]:
+    from django.conf import settings
+
+    db = dict(settings.DATABASES["default"])
+    if str(db.get("HOST") or "").startswith("/") or not db.get("HOST"):
+        pytest.skip("the partition drill needs PostgreSQL over TCP")
+    db["PORT"] = db.get("PORT") or 5432
+    return db
+
+
+def _receipts_by(worker_name: str, ids: list[int]) -> int:
+    return int(
+        scalar(
+            "SELECT count(*) FROM cleanup_cleanupreceipt WHERE worker LIKE %s "
+            "AND reservation_id = ANY(%s)",
+            [f"{worker_name}@%", ids],
+        )
+    )
+
+
+def _more_work_taken_by(worker_name: str, ids: list[int]) -> int:
+    """Add 100 fresh eligible holds to ``ids``; how many of ``ids`` the worker released."""
+    ids.extend(create_eligible_holds(100, offerings=1, expired_seconds_ago=1))
+    return _receipts_by(worker_name, ids)
+
+
+@pytest.mark.usefixtures("exclusive_workers", "clean")
+@pytest.mark.timeout(400)
+def test_a_node_that_loses_the_broker_but_not_the_database_has_its_messages_redelivered(
+    tmp_path: Path,
+) -> None:
+    with partition_rig(tmp_path) as rig:
+        netns: Netns = rig["netns"]
+        # given: the partitioned-to-be node P alone, two of its releases parked mid-statement
+        ids = create_eligible_holds(400, offerings=4)
+        first_offering = scalar("SELECT min(offering_id) FROM reservations_reservation")
+        install_schedule(shards=2, every=1)
+        # a long lease: H sees those holds again only through redelivery, never a re-claim
+        lease = {"CLEANUP_LEASE_SECONDS": "120"}
+        node_p = NetnsWorker(netns, f"np-{uuid.uuid4().hex[:6]}", 2, tmp_path / "node-p.log",
+                             env_overrides={**rig["ns_env"], **lease})  # fmt: skip
+        node_h = _worker(tmp_path, "node-h", 2, **rig["host_env"], **lease)
+        lock = psycopg.connect(_conninfo())
+        try:
+            node_p.start().wait_ready()
+            lock.execute(
+                "SELECT id FROM reservations_offering WHERE id = %s FOR UPDATE", [first_offering]
+            )
+            with beats(tmp_path, 1, env_overrides=rig["host_env"]):
+                wait_until(
+                    lambda: len(_blocked_backends()) >= 2, timeout=60, what="P's releases parked"
+                )
+                parked = [
+                    r[0]
+                    for r in sql(
+                        "SELECT id FROM reservations_reservation WHERE offering_id = %s",
+                        [first_offering],
+                    )
+                ]
+                # when: P loses the broker (still reaches PostgreSQL); H starts; the lock goes
+                netns.cut(rig["redis_port"])
+                node_h.start().wait_ready()
+                lock.rollback()
+                # then: everything is released — P's parked statements commit through its
+                # database link, H gets P's unacked messages back after the visibility timeout
+                wait_until(
+                    lambda: released_count(ids) == len(ids),
+                    timeout=180, interval=1, what="all released",
+                )  # fmt: skip
+                first = set(parked)
+
+                def redelivered_to_h() -> list[str]:
+                    return [
+                        line
+                        for line in log_lines([node_h.log_path], "outcome=already_handled")
+                        if int(log_fields(line).get("reservation_id", "0")) in first
+                    ]
+
+                redelivered = wait_until(
+                    redelivered_to_h, timeout=90, what="P's messages redelivered to H"
+                )
+                # and when the link heals, P rejoins and takes new work
+                netns.heal(rig["redis_port"])
+                fresh = create_eligible_holds(300, offerings=2, expired_seconds_ago=1)
+                rejoined = wait_until(
+                    lambda: _more_work_taken_by(node_p.name, fresh),
+                    timeout=150, interval=5, what="P takes new work after healing",
+                )  # fmt: skip
+                wait_until(lambda: released_count(fresh) == len(fresh), timeout=120)
+        finally:
+            lock.close()
+            node_p.kill()
+            node_h.stop(timeout=30)
+    print(  # noqa: T201
+        f"\npartition (broker lost, database kept): {len(redelivered)} of P's messages "
+        f"redelivered to H and found already handled; P released "
+        f"{_receipts_by(node_p.name, ids)} of the first 400; after healing P released "
+        f"{rejoined} of the fresh holds; outcomes {outcome_counts()}"
+    )
+    every = scalar("SELECT array_agg(id) FROM reservations_reservation")
+    assert invariant_violations(expected_released=list(every)) == []
+    assert redelivered and rejoined
+
+
+@pytest.mark.usefixtures("exclusive_workers", "clean")
+@pytest.mark.timeout(400)
+def test_a_node_that_loses_the_database_but_not_the_broker_strands_no_hold(
+    tmp_path: Path,
+) -> None:
+    with partition_rig(tmp_path) as rig:
+        netns: Netns = rig["netns"]
+        # given: P alone, two of its releases parked mid-statement (the test holds the lock)
+        ids = create_eligible_holds(400, offerings=4)
+        first_offering = scalar("SELECT min(offering_id) FROM reservations_reservation")
+        install_schedule(shards=2, every=1)
+        node_p = NetnsWorker(netns, f"np-{uuid.uuid4().hex[:6]}", 2, tmp_path / "node-p.log",
+                             env_overrides=rig["ns_env"])  # fmt: skip
+        node_h = _worker(tmp_path, "node-h", 2, **rig["host_env"])
+        lock = psycopg.connect(_conninfo())
+        try:
+            node_p.start().wait_ready()
+            lock.execute(
+                "SELECT id FROM reservations_offering WHERE id = %s FOR UPDATE", [first_offering]
+            )
+            with beats(tmp_path, 1, env_overrides=rig["host_env"]):
+                backends = wait_until(
+                    lambda: len(_blocked_backends()) >= 2 and _blocked_backends(),
+                    timeout=60,
+                    what="P's releases parked",
+                )
+                # when: P loses PostgreSQL (still reaches the broker); its parked statements are
+                # aborted server-side; H starts; the lock goes
+                netns.cut(rig["pg_port"])
+                cut_at = time.monotonic()
+                for pid in backends:
+                    sql("SELECT pg_terminate_backend(%s)", [pid])
+                node_h.start().wait_ready()
+                lock.rollback()
+                # then: every hold is released, the parked ones by H (P's tasks hit their time
+                # limit; the holds come back through a retry or the claim lease)
+                wait_until(
+                    lambda: released_count(ids) == len(ids),
+                    timeout=240, interval=1, what="all released",
+                )  # fmt: skip
+                all_released = time.monotonic() - cut_at
+                first = [
+                    r[0]
+                    for r in sql(
+                        "SELECT id FROM reservations_reservation WHERE offering_id = %s",
+                        [first_offering],
+                    )
+                ]
+                by_p_during_cut = _receipts_by(node_p.name, first)
+                # and when the link heals, P rejoins
+                netns.heal(rig["pg_port"])
+                fresh: list[int] = []
+                rejoined = wait_until(
+                    lambda: _more_work_taken_by(node_p.name, fresh),
+                    timeout=150, interval=5, what="P releases after healing",
+                )  # fmt: skip
+                wait_until(lambda: released_count(fresh) == len(fresh), timeout=120)
+        finally:
+            lock.close()
+            node_p.kill()
+            node_h.stop(timeout=30)
+    letters = sql("SELECT reason, count(*) FROM cleanup_deadletter GROUP BY reason")
+    retried = log_lines([node_p.log_path], "Retry in")
+    print(  # noqa: T201
+        f"\npartition (database lost, broker kept): all 400 released {all_released:.1f}s after "
+        f"the cut; P released {by_p_during_cut} of the parked offering's holds; dead letters "
+        f"{letters}; P retry lines {len(retried)}; after healing P released {rejoined} fresh "
+        f"holds; outcomes {outcome_counts()}"
+    )
+    every = scalar("SELECT array_agg(id) FROM reservations_reservation")
+    assert invariant_violations(expected_released=list(every)) == []
+    assert by_p_during_cut == 0 and rejoined
