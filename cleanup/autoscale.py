@@ -164,6 +164,7 @@ class Reader:
         self.window_s = window_s
         self._procs = procs  # () -> current pool size
         self._backlog_history: deque[tuple[float, int]] = deque()
+        self._processed_halves = (0, 0)  # receipts in the older and the newer half-window
         # (monotonic, tasks completed by this worker, busy process-seconds so far)
         self._own: deque[tuple[float, int, float]] = deque()
         self._busy_s = 0.0
@@ -221,13 +222,35 @@ class Reader:
             n = int(cur.fetchone()[0])
             # Served by cleanup_receipt_created_idx.
             cur.execute(
-                "SELECT count(*), count(DISTINCT worker) FILTER (WHERE worker <> %s) "
+                "SELECT count(*), "
+                "count(*) FILTER (WHERE created_at > now() - make_interval(secs => %s)), "
+                "count(DISTINCT worker) FILTER (WHERE worker <> %s) "
                 "FROM cleanup_cleanupreceipt "
                 "WHERE created_at > now() - make_interval(secs => %s)",
-                [self.hostname, self.window_s],
+                [self.window_s / 2, self.hostname, self.window_s],
             )
-            processed, others = cur.fetchone()
+            processed, recent, others = cur.fetchone()
+        self._processed_halves = (int(processed) - int(recent), int(recent))
         return min(n, cap), n > cap, oldest, int(processed) / self.window_s, int(others) + 1
+
+    def _sustained_arrivals(self, now: float, backlog: int) -> float | None:
+        """Holds arriving per second, as a *sustained* rate: arrivals (processed + backlog
+        growth) in each half of the window, and the lower of the two. A one-off burst lands in
+        one half only, so it does not count as a stream; the drain term sizes for it. None
+        until the history covers most of the window."""
+        history = self._backlog_history
+        t0, b0 = history[0]
+        if now - t0 < 0.8 * self.window_s:
+            return None
+        middle = now - self.window_s / 2
+        tm, bm = min(history, key=lambda sample: abs(sample[0] - middle))
+        if not t0 < tm < now:
+            return None
+        half = self.window_s / 2
+        old_processed, recent_processed = self._processed_halves
+        older = old_processed / half + (bm - b0) / (tm - t0)
+        newer = recent_processed / half + (backlog - bm) / (now - tm)
+        return max(0.0, min(older, newer))
 
     def read(self) -> Reading:
         from django.conf import settings
@@ -251,11 +274,7 @@ class Reader:
         history.append((now, backlog))
         while len(history) > 2 and now - history[0][0] > self.window_s:
             history.popleft()
-        arrival: float | None = None
-        span = now - history[0][0]
-        if span >= self.window_s / 2 and not capped:
-            growth = (backlog - history[0][1]) / span
-            arrival = max(0.0, processed_per_s + growth)
+        arrival = None if capped else self._sustained_arrivals(now, backlog)
 
         per_consumer = float(settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S or 0)
         if per_consumer > 0:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cleanup.autoscale import Policy, Reading, decide
+from cleanup.autoscale import Policy, Reader, Reading, decide
 
 POLICY = Policy(min_procs=1, max_procs=8, slo_seconds=300, slo_target=0.5, cooldown_seconds=60)
 NOW = 1000.0
@@ -67,3 +67,29 @@ def test_bounds_are_respected() -> None:
     assert decide(reading(backlog=10**6, oldest_eligible_age_s=999), bounded, 2, NOW).target == 3
     d = decide(reading(), bounded, 3, NOW, last_change_at=0, lower_since=0)
     assert d.target == 2
+
+
+def _reader_with(history: list[tuple[float, int]], halves: tuple[int, int]) -> Reader:
+    reader = Reader("me@host", 60, lambda: 2)
+    reader._backlog_history.extend(history)
+    reader._processed_halves = halves
+    return reader
+
+
+def test_a_steady_stream_counts_as_sustained_arrivals() -> None:
+    # 10 holds/s for a minute, all processed, backlog flat at 5
+    history = [(float(t), 5) for t in range(0, 61, 5)]
+    reader = _reader_with(history, (300, 300))
+    assert reader._sustained_arrivals(60.0, 5) == 10.0
+
+
+def test_a_one_off_burst_is_not_a_stream() -> None:
+    # 600 holds landed at t=2, drained by t=40; nothing else arrived
+    history = [(0.0, 0), (5.0, 560), (10.0, 480), (30.0, 160), (40.0, 0), (50.0, 0), (60.0, 0)]
+    reader = _reader_with(history, (440, 160))
+    assert reader._sustained_arrivals(60.0, 0) == 0.0
+
+
+def test_no_estimate_before_the_window_is_covered() -> None:
+    reader = _reader_with([(30.0, 0), (40.0, 0)], (0, 0))
+    assert reader._sustained_arrivals(60.0, 0) is None
