@@ -329,7 +329,7 @@ class BacklogAutoscaler(Autoscaler):
         self._last_change_at: float | None = None
         self._lower_since: float | None = None
         self._last_logged: tuple[str, int, int, str, bool] | None = None
-        self._stop = threading.Event()
+        self._reader_stop = threading.Event()
         self._thread = threading.Thread(
             target=self._read_forever, name="cleanup-autoscale-reader", daemon=True
         )
@@ -357,14 +357,14 @@ class BacklogAutoscaler(Autoscaler):
             return int(self.min_concurrency)
 
     def _read_forever(self) -> None:
-        while not self._stop.is_set():
+        while not self._reader_stop.is_set():
             try:
                 reading = self.reader.read()
             except Exception as exc:  # noqa: BLE001 - never let the thread die
                 reading = Reading(time.monotonic(), error=f"reader: {exc!r}"[:300])
             with self._reading_lock:
                 self._reading = reading
-            self._stop.wait(self.interval)
+            self._reader_stop.wait(self.interval)
 
     # Celery's bgThread.body (used without an event loop, e.g. the solo/threads pools).
     def body(self) -> None:
@@ -373,7 +373,7 @@ class BacklogAutoscaler(Autoscaler):
         time.sleep(self.interval)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._reader_stop.set()
         super().stop()
 
     def update(self, max: int | None = None, min: int | None = None) -> tuple[int, int]:

@@ -104,7 +104,7 @@ def unacked_count(queue: str) -> int:
 def _amqp_depth(queue: str) -> int:
     from config.celery_app import app
 
-    with app.connection_for_write() as conn:
+    with app.connection_for_write(settings.CELERY_BROKER_URL) as conn:
         channel: Any = conn.channel()
         try:
             _name, count, _consumers = channel.queue_declare(queue=queue, passive=True)

@@ -113,7 +113,8 @@ def write_report(tmp_path: Path, name: str, watch: PoolWatch, worker: Worker) ->
                                    "in_service_time_s", "in_service_source", "fleet_drain",
                                    "fleet_sustain")}
             for d in decisions(worker)
-            if d.get("action") != "hold" or d.get("reason") not in ("at_target",)
+            if d.get("action") != "hold" or d.get("reason") != "at_target"
+            or d.get("in_backlog") not in (None, "0")
         ][:60],
     }
     out = Path(os.environ.get("AUTOSCALE_REPORT_DIR", tmp_path))
@@ -149,7 +150,10 @@ def test_a_backlog_grows_the_pool_to_max_and_an_idle_queue_shrinks_it_to_min(
     shrinks = [d for d in decisions(worker) if d.get("action") == "shrink"]
     assert grows and grows[0]["reason"] in {"backlog", "slo_at_risk", "arrivals"}, grows
     assert int(grows[0]["in_backlog"]) > 0
-    assert shrinks and shrinks[-1]["target"] == "1" and shrinks[-1]["reason"] == "idle", shrinks
+    # (it may already shrink while the tail of the backlog drains, once fewer processes clear
+    # it within the SLO budget; an idle queue always ends at min)
+    assert shrinks and shrinks[-1]["target"] == "1", shrinks
+    assert {d["reason"] for d in shrinks} <= {"idle", "backlog"}, shrinks
     assert grew_after < 60 and drained_after < shrank_after
     assert invariant_violations(ids) == []
     print(  # noqa: T201 - the measurement, shown with -s
@@ -224,8 +228,11 @@ def test_a_broker_read_error_is_a_failed_reading(settings: object) -> None:
     empty queue. The database part reads the real test database."""
     from cleanup.autoscale import Policy, Reader, decide
 
-    # given: a broker URL where nothing listens (port 1 on this host)
-    settings.CELERY_BROKER_URL = "redis://127.0.0.1:1/0"  # type: ignore[attr-defined]
+    # given: a broker URL where nothing listens (port 1 on this host), of the broker's kind
+    redis = settings.BROKER_IS_REDIS  # type: ignore[attr-defined]
+    settings.CELERY_BROKER_URL = (  # type: ignore[attr-defined]
+        "redis://127.0.0.1:1/0" if redis else "amqp://guest:guest@127.0.0.1:1//"
+    )
     reader = Reader("me@host", 10, lambda: 3)
 
     # when
