@@ -86,7 +86,6 @@ def test_queues() -> list[str]:
         settings.CLEANUP_SWEEP_QUEUE,
         settings.CLEANUP_RELEASE_QUEUE,
         settings.CLEANUP_MAINTENANCE_QUEUE,
-        settings.CLEANUP_DEAD_LETTER_QUEUE,
         *EXTRA_QUEUES,
     ]
 

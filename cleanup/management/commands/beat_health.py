@@ -3,11 +3,12 @@ being scheduled), 1 otherwise. For docker-compose and Kubernetes probes of the b
 
     healthcheck: {test: ["CMD", "python", "manage.py", "beat_health"]}
 
-The lock is the PostgreSQL session advisory lock ``(LEASE_NAMESPACE, CLEANUP_BEAT_LOCK_ID)`` that
-``cleanup.schedule.LeaderDatabaseScheduler`` takes before it sends anything; ``pg_locks`` shows
-it as an advisory lock with classid/objid = the two keys (objsubid 2: the two-key form). A
-standby beat is healthy while a leader exists; when no beat holds the lock, nothing is being
-scheduled and every beat reports unhealthy.
+The lock is the PostgreSQL session advisory lock
+``cleanup.locks.beat_lease(CLEANUP_BEAT_LOCK_ID)`` that ``cleanup.schedule.
+LeaderDatabaseScheduler`` takes before it sends anything; ``pg_locks`` shows it as an advisory
+lock with classid/objid = the two keys (objsubid 2: the two-key form). A standby beat is healthy
+while a leader exists; when no beat holds the lock, nothing is being scheduled and every beat
+reports unhealthy.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import connection
 
-from cleanup.schedule import LEASE_NAMESPACE
+from cleanup import locks
 
 LEADER_SQL = (
     "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
@@ -29,7 +30,7 @@ LEADER_SQL = (
 
 def leaders() -> int:
     with connection.cursor() as cur:
-        cur.execute(LEADER_SQL, [LEASE_NAMESPACE, settings.CLEANUP_BEAT_LOCK_ID])
+        cur.execute(LEADER_SQL, list(locks.beat_lease(settings.CLEANUP_BEAT_LOCK_ID)))
         return int(cur.fetchone()[0])
 
 
