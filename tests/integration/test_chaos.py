@@ -4,10 +4,10 @@ connection terminated at once. Invariants are asserted from SQL afterwards: ever
 released exactly once, nothing renewed released, seats conserved, nothing stuck.
 
 They take minutes (the node-loss drill waits out the default 75 s visibility timeout), so they
-run with ``make chaos`` (RESERVATIONS_CHAOS=1), not in ``bash scripts/test.sh``. The Redis drills start a
-private ``redis-server`` on a port of their own (CHAOS_REDIS_PORT, default 16401) in the test's
-temporary directory; the machine's shared servers are never stopped or reconfigured, and only
-the test database's own backends are terminated.
+run with ``make chaos`` (RESERVATIONS_CHAOS=1), not in ``bash scripts/test.sh``. The Redis
+drills start a private ``redis-server`` on a port of their own (CHAOS_REDIS_PORT, default 16401)
+in the test's temporary directory; the machine's shared servers are never stopped or
+reconfigured, and only the test database's own backends are terminated.
 """
 
 from __future__ import annotations
