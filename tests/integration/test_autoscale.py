@@ -41,6 +41,10 @@ FAST = {
     "CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS": "500",
 }
 
+# SLO 20 s and a configured 20 releases/s per process: a backlog of B holds needs
+# ceil(B × 0.05 s / (10 s − age)) processes, whatever the measured speed of this machine.
+SLOW_SERVICE = {"CLEANUP_SLO_SECONDS": "20", "CLEANUP_CAPACITY_PER_CONSUMER_PER_S": "20"}
+
 
 class PoolWatch:
     """Samples the worker's pool size (its child processes) every 0.2 s in a thread."""
@@ -125,9 +129,10 @@ def write_report(tmp_path: Path, name: str, watch: PoolWatch, worker: Worker) ->
 def test_a_backlog_grows_the_pool_to_max_and_an_idle_queue_shrinks_it_to_min(
     tmp_path: Path,
 ) -> None:
-    # given: one worker that may run 1..4 processes, an SLO of 20 s, and 3,000 holds that just
-    # expired: at the assumed 50 ms per release one process needs ~150 s, far past the SLO.
-    with autoscaled_worker(tmp_path, "4,1", CLEANUP_SLO_SECONDS="20") as (worker, watch):
+    # given: one worker that may run 1..4 processes, an SLO of 20 s, a configured service rate of
+    # 20 releases/s per process (so the arithmetic does not depend on this machine's speed), and
+    # 3,000 holds that just expired: one process needs ~150 s, far past the SLO.
+    with autoscaled_worker(tmp_path, "4,1", **SLOW_SERVICE) as (worker, watch):
         wait_until(lambda: watch.now() == 1, timeout=30, what="the pool to start at min (1)")
         ids = create_eligible_holds(3000, expired_seconds_ago=1)
         started = time.monotonic()
@@ -190,7 +195,7 @@ def test_a_burst_the_current_pool_drains_within_the_slo_does_not_grow_it(
 def test_a_database_read_error_keeps_the_current_size(tmp_path: Path) -> None:
     # given: a worker grown to 4 by a backlog, which then drains (so it would shrink to 1)
     with autoscaled_worker(
-        tmp_path, "4,1", CLEANUP_SLO_SECONDS="20", CLEANUP_AUTOSCALE_COOLDOWN="8"
+        tmp_path, "4,1", **SLOW_SERVICE, CLEANUP_AUTOSCALE_COOLDOWN="8"
     ) as (worker, watch):
         ids = create_eligible_holds(1500, expired_seconds_ago=1)
         sweep_until(lambda: watch.now() == 4, shards=2, timeout=60)
