@@ -466,7 +466,7 @@ class NetnsWorker(Worker):
         self.netns = netns
 
     def start(self) -> NetnsWorker:
-        from cleanup.workers import ROOT, celery_bin
+        from cleanup.drills.workers import ROOT, celery_bin
 
         env = dict(os.environ)
         env.update(self.env)
