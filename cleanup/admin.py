@@ -28,6 +28,7 @@ from reservations.admin import EMPTY, ReservationAdmin
 from reservations.models import OutboxEvent, Reservation
 
 from . import deadletters, deliveries
+from .messages import idempotency_key
 from .models import CleanupReceipt, CleanupSchedule, DeadLetter
 from .schedule import MANAGED_NOTE, SWEEP_PREFIX, apply_schedule, is_managed
 from .story import explain
@@ -283,7 +284,6 @@ class ReservationStoryAdmin(ReservationAdmin):
     def deliveries_counted(self, obj: Reservation) -> str:
         if obj is None or obj.pk is None:
             return EMPTY
-        from .messages import idempotency_key
 
         return _deliveries(idempotency_key(int(obj.pk), int(obj.version)))
 

@@ -7,4 +7,4 @@ class CleanupConfig(AppConfig):
 
     def ready(self) -> None:
         # Connect Celery signal handlers (signals: publish, dead letters; observability: metrics)
-        from . import observability, signals  # noqa: F401
+        from . import observability, signals  # noqa: F401, PLC0415

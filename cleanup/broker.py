@@ -18,6 +18,8 @@ from typing import Any
 import redis
 from django.conf import settings
 
+from config.celery_app import app
+
 # kombu's Redis priority steps and separator (kombu.transport.redis defaults).
 PRIORITY_STEPS = (0, 3, 6, 9)
 PRIORITY_SEP = "\x06\x16"
@@ -102,7 +104,6 @@ def unacked_count(queue: str) -> int:
 
 
 def _amqp_depth(queue: str) -> int:
-    from config.celery_app import app
 
     with app.connection_for_write(settings.CELERY_BROKER_URL) as conn:
         channel: Any = conn.channel()

@@ -18,11 +18,16 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
+from django_celery_beat.models import PeriodicTask
 
-from . import deliveries
+from config.celery_app import app
+from reservations.services import shard_buckets
+
+from . import deliveries, locks
 from .broker import QueueStats, queue_stats
 from .metrics import DESIRED_WINDOW_S, ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL, desired_consumers
 from .models import CleanupReceipt, DeadLetter, HealthSample, SweepRecord
+from .schedule import LEASE_APP_PREFIX, SWEEP_PREFIX, current_schedule, installed_shards
 
 logger = logging.getLogger("cleanup.health")
 
@@ -125,7 +130,6 @@ def _cursor_rows(sql: str, params: Any = None) -> list[tuple[Any, ...]]:
 def read_shards(shards: int, cap: int) -> list[tuple[float, int, bool]]:
     """(oldest eligible age, eligible count up to cap, capped) per shard, as /metrics reads
     them: one bounded statement each."""
-    from reservations.services import shard_buckets
 
     rows = []
     with connection.cursor() as cur:
@@ -189,8 +193,6 @@ def read_open_dead_letters() -> list[tuple[str, str, int]]:
 
 
 def read_lease() -> dict[str, Any] | None:
-    from . import locks
-    from .schedule import LEASE_APP_PREFIX
 
     rows = _cursor_rows(LEASE_LOCK_SQL, list(locks.beat_lease(settings.CLEANUP_BEAT_LOCK_ID)))
     if not rows:
@@ -205,9 +207,7 @@ def read_lease() -> dict[str, Any] | None:
 
 
 def read_last_sent() -> datetime | None:
-    from django_celery_beat.models import PeriodicTask
 
-    from .schedule import SWEEP_PREFIX
 
     value = (
         PeriodicTask.objects.filter(name__startswith=SWEEP_PREFIX)
@@ -221,7 +221,6 @@ def read_last_sent() -> datetime | None:
 def read_workers(timeout: float = PING_TIMEOUT_S) -> list[WorkerInfo]:
     """Workers that answered within ``timeout`` (two remote-control broadcasts sent at once:
     ``stats`` for the pool size, ``active_queues`` for what each consumes)."""
-    from config.celery_app import app
 
     def stats() -> dict[str, Any]:
         return app.control.inspect(timeout=timeout).stats() or {}
@@ -261,7 +260,6 @@ def read_desired(samples: list[HealthSample]) -> float | None:
 
 
 def collect(*, with_workers: bool = True) -> Health:
-    from .schedule import current_schedule, installed_shards
 
     now = time.time()
     schedule = current_schedule()
@@ -361,7 +359,6 @@ def record_sweep(result: Any) -> None:
 def take_sample() -> HealthSample:
     """One chart point: worst oldest-eligible age and total eligible over the shards, release
     queue depth (None when the broker does not answer), releases in the last minute."""
-    from .schedule import current_schedule, installed_shards
 
     schedule = current_schedule()
     shards = schedule.shards if schedule else (installed_shards() or 1)

@@ -6,6 +6,7 @@ fields); a missing field, a wrong type or an inconsistent key makes it ``malform
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -150,7 +151,6 @@ class BatchMessage:
 
     @property
     def batch_key(self) -> str:
-        import hashlib
 
         keys = sorted(m.idempotency_key for m in self.items)
         digest = hashlib.sha1("\n".join(keys).encode(), usedforsecurity=False).hexdigest()

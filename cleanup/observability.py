@@ -26,6 +26,7 @@ from collections import defaultdict
 from typing import Any
 
 from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
+from django.conf import settings
 
 logger = logging.getLogger("cleanup.observability")
 
@@ -71,8 +72,8 @@ def compact(path: str) -> dict[str, int]:
     prometheus_client has no public API to merge files, so this is the one place that uses its
     file format through ``MmapedDict`` (``read_all_values_from_file``, ``write_value``,
     ``close``); tests/unit/test_library_contracts.py fails if that API changes."""
-    from prometheus_client.mmap_dict import MmapedDict
-    from prometheus_client.multiprocess import mark_process_dead
+    from prometheus_client.mmap_dict import MmapedDict  # noqa: PLC0415 - prometheus_client chooses its multiprocess mode at first import (docs/LIBRARY-NOTES.md §3)
+    from prometheus_client.multiprocess import mark_process_dead  # noqa: PLC0415 - prometheus_client chooses its multiprocess mode at first import (docs/LIBRARY-NOTES.md §3)
 
     folded = 0
     with _lock:
@@ -118,7 +119,7 @@ def compact(path: str) -> dict[str, int]:
 
 
 def _collector_class() -> Any:
-    from prometheus_client.multiprocess import MultiProcessCollector
+    from prometheus_client.multiprocess import MultiProcessCollector  # noqa: PLC0415 - prometheus_client chooses its multiprocess mode at first import (docs/LIBRARY-NOTES.md §3)
 
     class LockedMultiProcessCollector(MultiProcessCollector):  # type: ignore[misc]
         """Reads the directory under the compactor's lock."""
@@ -145,7 +146,7 @@ def _compactor(path: str, interval: float) -> None:
 
 
 def start_metrics_server(port: int, addr: str = "0.0.0.0") -> Any:  # noqa: S104
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry, start_http_server  # noqa: PLC0415 - prometheus_client chooses its multiprocess mode at first import (docs/LIBRARY-NOTES.md §3)
 
     path = multiproc_dir()
     if path is None:
@@ -157,7 +158,6 @@ def start_metrics_server(port: int, addr: str = "0.0.0.0") -> Any:  # noqa: S104
     registry = CollectorRegistry()
     _collector_class()(registry, path=path)
     server = start_http_server(port, addr=addr, registry=registry)
-    from django.conf import settings
 
     interval = float(settings.WORKER_METRICS_COMPACT_INTERVAL)
     threading.Thread(
@@ -169,7 +169,6 @@ def start_metrics_server(port: int, addr: str = "0.0.0.0") -> Any:  # noqa: S104
 
 @worker_ready.connect
 def serve_worker_metrics(sender: Any = None, **_: Any) -> None:
-    from django.conf import settings
 
     if settings.WORKER_METRICS_PORT > 0:
         try:
@@ -185,7 +184,7 @@ def mark_child_dead(pid: int | None = None, **_: Any) -> None:
     path = multiproc_dir()
     if path is None:
         return
-    from prometheus_client.multiprocess import mark_process_dead
+    from prometheus_client.multiprocess import mark_process_dead  # noqa: PLC0415 - prometheus_client chooses its multiprocess mode at first import (docs/LIBRARY-NOTES.md §3)
 
     mark_process_dead(pid or os.getpid(), path)
 

@@ -20,6 +20,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from kombu import Exchange, Queue
 
+from config.celery_app import app
 from reservations.models import OutboxEvent
 
 from . import locks
@@ -30,7 +31,6 @@ logger = logging.getLogger("cleanup.outbox")
 
 
 def relay_batch(limit: int | None = None) -> int:
-    from config.celery_app import app
 
     limit = limit or settings.CLEANUP_RELAY_BATCH_SIZE
     queue = Queue(

@@ -35,8 +35,8 @@ ENVELOPE_SLACK = 1.5
 
 
 def dead_letter_entry(item: bytes | str, queue: str, problem: str) -> None:
-    from . import deadletters
-    from .models import DeadLetter
+    from . import deadletters  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
+    from .models import DeadLetter  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
 
     raw = item if isinstance(item, bytes) else item.encode("utf-8", "surrogatepass")
     logger.error("broker entry set aside", extra={"queue": queue, "error": problem})

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 from typing import Any
 
 import psycopg
@@ -225,7 +227,6 @@ LEASE_APP_PREFIX = "cleanup-beat-lease "
 
 
 def lease_application_name() -> str:
-    import socket
 
     return f"{LEASE_APP_PREFIX}{socket.gethostname()}:{_pid()}"[:63]
 
@@ -353,6 +354,5 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
 
 
 def _pid() -> int:
-    import os
 
     return os.getpid()

@@ -8,6 +8,7 @@ from typing import Any
 
 from celery.signals import before_task_publish, task_rejected, task_unknown
 
+from . import deadletters
 from .models import DeadLetter
 
 
@@ -59,7 +60,6 @@ def _header(message: Any, name: str, limit: int) -> str:
 
 def dead_letter_message(message: Any, reason: str, error: str) -> None:
     """A dead letter for a broker message that never reached a task (never raises)."""
-    from . import deadletters
 
     deadletters.record(
         reason,
@@ -74,7 +74,6 @@ def dead_letter_message(message: Any, reason: str, error: str) -> None:
 def dead_letter_unknown_task(
     message: Any = None, exc: Any = None, name: str = "", id: str = "", **_: Any
 ) -> None:
-    from . import deadletters
 
     deadletters.record(
         DeadLetter.Reason.UNKNOWN_TASK,
@@ -87,7 +86,6 @@ def dead_letter_unknown_task(
 
 @task_rejected.connect
 def dead_letter_rejected(message: Any = None, exc: Any = None, **_: Any) -> None:
-    from . import deadletters
 
     deadletters.record(
         DeadLetter.Reason.REJECTED,

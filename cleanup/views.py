@@ -35,6 +35,9 @@ from prometheus_client import (
 )
 from prometheus_client.registry import Collector
 
+from config.celery_app import app
+
+from .broker import redis_client
 from .metrics import BacklogCollector
 
 logger = logging.getLogger("cleanup.views")
@@ -133,11 +136,9 @@ def _check_database() -> None:
 
 def _check_broker() -> None:
     if settings.BROKER_IS_REDIS:
-        from .broker import redis_client
 
         redis_client().ping()
         return
-    from config.celery_app import app
 
     with app.connection_for_write() as conn:
         conn.ensure_connection(max_retries=1, timeout=5)

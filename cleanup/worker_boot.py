@@ -82,7 +82,7 @@ def prepare(argv: list[str] | None = None) -> Path | None:
 
 
 def _reselect_value_class() -> None:
-    from prometheus_client import values
+    from prometheus_client import values  # noqa: PLC0415 - only after PROMETHEUS_MULTIPROC_DIR is set above (docs/LIBRARY-NOTES.md §3)
 
     values.ValueClass = values.get_value_class()
     if "cleanup.metrics" in sys.modules:  # pragma: no cover - import order broke
@@ -97,7 +97,7 @@ def main() -> None:
     argv = ["celery", *sys.argv[1:]]
     prepare(argv)
     sys.argv = argv
-    from celery.__main__ import main as celery_main
+    from celery.__main__ import main as celery_main  # noqa: PLC0415 - only when run as a script
 
     celery_main()
 

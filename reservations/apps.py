@@ -6,6 +6,6 @@ class ReservationsConfig(AppConfig):
     verbose_name = "Reservations"
 
     def ready(self) -> None:
-        from . import db
+        from . import db  # noqa: PLC0415 - the connection hook registers once the app registry is ready
 
         db.install()

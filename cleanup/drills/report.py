@@ -17,10 +17,10 @@ def write_outputs(cfg: BurstConfig, report: dict[str, Any], state: BurstState) -
 
 
 def plot(cfg: BurstConfig, report: dict[str, Any], state: BurstState, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # noqa: PLC0415 - heavy and only for the plot; the backend is chosen before pyplot
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - after matplotlib.use('Agg')
 
     ts = [s.t for s in state.samples]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(11, 7), sharex=True)

@@ -14,6 +14,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from config.celery_app import app
+
 
 class Command(BaseCommand):
     help = "Ping the local Celery worker; exit 1 when it does not answer."
@@ -26,7 +28,6 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, default=5.0)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from config.celery_app import app
 
         name = options["name"]
         try:
