@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from django.conf import settings
+
 # Floating-point noise (2.0000000001) must not add a whole consumer.
 _EPSILON = 1e-9
 
@@ -180,3 +182,44 @@ def inputs_from_report(report: dict[str, object]) -> dict[str, float]:
     if not isinstance(arrival, int | float) or arrival <= 0:
         raise ValueError("report has no arrival rate")
     return {"service_time_s": float(service), "arrival_rate_per_s": float(arrival)}
+
+
+# Consumers are sized to be this busy at the measured arrival rate: a queue served at full
+# utilization grows without bound at the first burst (the capacity_plan report shows why).
+TARGET_UTILIZATION = 0.7
+
+
+# Measured over this window: terminal outcomes per second and their mean duration (receipts,
+# index cleanup_receipt_created_idx).
+DESIRED_WINDOW_S = 60
+
+
+def desired_consumers(
+    processed_in_window: int,
+    mean_duration_ms: float | None,
+    backlog_growth_per_s: float,
+) -> float | None:
+    """``reservation_cleanup_desired_consumers``: consumers = arrival rate × service time ÷
+    utilization (``cleanup.capacity.compute_desired_consumers``), with
+    - arrival rate = holds processed per second over the window + the growth of the eligible
+      backlog per second (what arrives is either processed or waiting), or the planned peak
+      ``CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S`` when that is higher;
+    - service time = 1 / ``CLEANUP_CAPACITY_PER_CONSUMER_PER_S`` when set (e.g. from a burst
+      report, which includes Celery's own per-message cost), else the receipts' mean duration
+      (the release itself only, so a lower bound);
+    - ``CLEANUP_CAPACITY_HEADROOM`` as the retry/headroom ratio; ``TARGET_UTILIZATION``.
+    None (not exported) while no service time is known.
+    """
+    planned = float(getattr(settings, "CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S", 0) or 0)
+    per_consumer = float(getattr(settings, "CLEANUP_CAPACITY_PER_CONSUMER_PER_S", 0) or 0)
+    headroom = float(getattr(settings, "CLEANUP_CAPACITY_HEADROOM", 0.5) or 0)
+    arrivals = max(planned, processed_in_window / DESIRED_WINDOW_S + max(0.0, backlog_growth_per_s))
+    if per_consumer > 0:
+        service_time = 1.0 / per_consumer
+    elif mean_duration_ms:
+        service_time = mean_duration_ms / 1000.0
+    else:
+        return None
+    return float(
+        compute_desired_consumers(arrivals, service_time, TARGET_UTILIZATION, headroom)
+    )

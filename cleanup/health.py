@@ -25,7 +25,8 @@ from reservations.services import shard_buckets
 
 from . import deliveries, locks
 from .broker import QueueStats, queue_stats
-from .metrics import DESIRED_WINDOW_S, ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL, desired_consumers
+from .capacity import DESIRED_WINDOW_S, desired_consumers
+from .collectors import ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL
 from .models import CleanupReceipt, DeadLetter, HealthSample, SweepRecord
 from .schedule import LEASE_APP_PREFIX, SWEEP_PREFIX, current_schedule, installed_shards
 

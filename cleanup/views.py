@@ -38,7 +38,7 @@ from prometheus_client.registry import Collector
 from config.celery_app import app
 
 from .broker import redis_client
-from .metrics import BacklogCollector
+from .collectors import BacklogCollector
 
 logger = logging.getLogger("cleanup.views")
 

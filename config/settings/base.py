@@ -240,8 +240,9 @@ WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0, minimum=0)
 WORKER_METRICS_ADDR = env_str("WORKER_METRICS_ADDR", "127.0.0.1")
 # How often a worker's main process folds dead pool children's metric files into an archive.
 WORKER_METRICS_COMPACT_INTERVAL = env_float("WORKER_METRICS_COMPACT_INTERVAL", 30, minimum=0.1)
-# reservation_cleanup_desired_consumers = ceil(peak arrivals/s × (1 + headroom) / per consumer/s);
-# exported only when both rates are set (cleanup.metrics.desired_consumers is the hook).
+# Inputs of cleanup.capacity.desired_consumers (the desired_consumers gauge, the autoscaler):
+# a planned peak arrival rate (a floor under the measured one), the measured per-consumer rate
+# from a burst report (else the receipts' mean duration is used), and retry headroom.
 CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S = env_float(
     "CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S", 0, minimum=0
 )

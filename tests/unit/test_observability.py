@@ -16,7 +16,7 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from cleanup.broker import redis_client
-from cleanup.metrics import BacklogCollector
+from cleanup.collectors import BacklogCollector
 from cleanup.views import metrics_registry
 from tests.integration.fleet import create_eligible_holds
 

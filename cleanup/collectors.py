@@ -1,0 +1,279 @@
+"""Scrape-time gauges of the web process's /metrics: the SLO signal (oldest eligible hold per
+shard), the capped backlog, the queues, the outbox, dead letters and desired consumers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .capacity import DESIRED_WINDOW_S, desired_consumers
+from .metrics import PREFIX
+
+# --- Scrape-time gauges (web process only) ---------------------------------------------------
+#
+# ``BacklogCollector`` is NOT registered at import: ``cleanup.views`` registers one instance in
+# its own registry for the /metrics view of the web process. Workers never run these queries.
+#
+# Every DB section runs in its own transaction under ``SET LOCAL statement_timeout``; when a
+# section fails (timeout, database or broker down), its last good values are exported again and
+# ``reservation_cleanup_scrape_errors_total{collector}`` is incremented.
+
+_log = logging.getLogger("cleanup.metrics")
+
+RESERVATION_TABLE = "reservations_reservation"
+OUTBOX_TABLE = "reservations_outboxevent"
+
+# Index-ordered, per bucket of the shard (reservations_held_bucket_idx: bucket, expires_at
+# WHERE status='held'): one probe per bucket, the minimum of those. Never an aggregate over the
+# backlog, and an empty shard beside a large backlog elsewhere stays cheap.
+OLDEST_ELIGIBLE_SQL = (
+    f"SELECT EXTRACT(EPOCH FROM (now() - min(o.expires_at)))::float8 "
+    f"FROM unnest(%s::smallint[]) AS b(bucket) CROSS JOIN LATERAL ("
+    f"SELECT expires_at FROM {RESERVATION_TABLE} WHERE status = 'held' AND bucket = b.bucket "
+    f"AND expires_at <= now() ORDER BY expires_at LIMIT 1) o"
+)
+# Counts at most cap + 1 rows: the answer is exact below the cap and "capped" above it.
+ELIGIBLE_COUNT_SQL = (
+    f"SELECT count(*) FROM (SELECT 1 FROM {RESERVATION_TABLE} "
+    f"WHERE status = 'held' AND bucket = ANY(%s::smallint[]) AND expires_at <= now() "
+    f"LIMIT %s) AS capped"
+)
+OUTBOX_OLDEST_SQL = (
+    f"SELECT EXTRACT(EPOCH FROM (now() - created_at))::float8 FROM {OUTBOX_TABLE} "
+    f"WHERE published_at IS NULL ORDER BY id LIMIT 1"
+)
+
+Sample = tuple[tuple[str, ...], float]
+
+
+class BacklogCollector(Collector):
+    """Scrape-time gauges: the SLO signal, the capped backlog, queues, outbox, dead letters."""
+
+    SECTIONS = ("eligible", "queues", "outbox", "dead_letters", "desired_consumers")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # section -> metric name -> samples (label values, value): the last good reading.
+        self._last: dict[str, dict[str, list[Sample]]] = {}
+        self._errors: dict[str, float] = {s: 0.0 for s in self.SECTIONS}
+        self._durations: dict[str, float] = {}
+        self._previous_backlog: tuple[float, float] | None = None
+
+    # -- readings ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _shards() -> int:
+        from .schedule import installed_shards
+
+        return installed_shards() or 1
+
+    @staticmethod
+    def _db(fn: Callable[[Any], dict[str, list[Sample]]]) -> dict[str, list[Sample]]:
+        from django.conf import settings
+        from django.db import connection, transaction
+
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute(
+                    "SELECT set_config('statement_timeout', %s, true)",
+                    [str(int(settings.METRICS_STATEMENT_TIMEOUT_MS))],
+                )
+                return fn(cur)
+
+    def read_eligible(self) -> dict[str, list[Sample]]:
+        from django.conf import settings
+
+        from reservations.services import shard_buckets
+
+        shards = self._shards()
+        cap = int(settings.CLEANUP_ELIGIBLE_COUNT_CAP)
+
+        def run(cur: Any) -> dict[str, list[Sample]]:
+            oldest: list[Sample] = []
+            count: list[Sample] = []
+            capped: list[Sample] = []
+            for k in range(shards):
+                buckets = shard_buckets(k, shards)
+                cur.execute(OLDEST_ELIGIBLE_SQL, [buckets])
+                row = cur.fetchone()
+                age = row[0] if row else None
+                oldest.append(((str(k),), max(0.0, float(age)) if age is not None else 0.0))
+                cur.execute(ELIGIBLE_COUNT_SQL, [buckets, cap + 1])
+                n = int(cur.fetchone()[0])
+                count.append(((str(k),), float(min(n, cap))))
+                capped.append(((str(k),), 1.0 if n > cap else 0.0))
+            return {
+                "oldest_eligible_reservation_age_seconds": oldest,
+                "eligible_reservations": count,
+                "eligible_reservations_capped": capped,
+            }
+
+        return self._db(run)
+
+    @staticmethod
+    def read_queues() -> dict[str, list[Sample]]:
+        from django.conf import settings
+
+        from .broker import queue_stats
+
+        depth: list[Sample] = []
+        age: list[Sample] = []
+        unacked: list[Sample] = []
+        for queue in (
+            settings.CLEANUP_SWEEP_QUEUE,
+            settings.CLEANUP_RELEASE_QUEUE,
+            settings.CLEANUP_MAINTENANCE_QUEUE,
+        ):
+            stats = queue_stats(queue)
+            depth.append(((queue,), float(stats.depth)))
+            if stats.oldest_age_seconds is not None:
+                age.append(((queue,), stats.oldest_age_seconds))
+            elif settings.BROKER_IS_REDIS:  # empty on Redis: nothing waits
+                age.append(((queue,), 0.0))
+            # RabbitMQ cannot peek: the age is not exported rather than faked.
+            if stats.unacked is not None:
+                unacked.append(((queue,), float(stats.unacked)))
+        return {
+            "queue_depth": depth,
+            "queue_oldest_message_age_seconds": age,
+            "queue_unacked": unacked,
+        }
+
+    def read_outbox(self) -> dict[str, list[Sample]]:
+        def run(cur: Any) -> dict[str, list[Sample]]:
+            cur.execute(OUTBOX_OLDEST_SQL)
+            row = cur.fetchone()
+            age = max(0.0, float(row[0])) if row else 0.0
+            return {"outbox_oldest_unpublished_age_seconds": [((), age)]}
+
+        return self._db(run)
+
+    def read_dead_letters(self) -> dict[str, list[Sample]]:
+        from .models import DeadLetter
+
+        def run(cur: Any) -> dict[str, list[Sample]]:
+            # Served by the partial index cleanup_dl_open_idx (open letters only).
+            cur.execute(
+                f"SELECT reason, count(*) FROM {DeadLetter._meta.db_table} "
+                f"WHERE resolved_at IS NULL GROUP BY reason"
+            )
+            counts = {str(reason): float(n) for reason, n in cur.fetchall()}
+            reasons = [c for c, _ in DeadLetter.Reason.choices]
+            reasons += [r for r in counts if r not in reasons]
+            return {"dead_letters_open": [((r,), counts.get(r, 0.0)) for r in reasons]}
+
+        return self._db(run)
+
+    def read_desired_consumers(self) -> dict[str, list[Sample]]:
+        from .models import CleanupReceipt
+
+        # Backlog growth from this refresh's eligible count and the previous one.
+        backlog = sum(v for _, v in self._last.get("eligible", {}).get("eligible_reservations", []))
+        now = time.monotonic()
+        previous = self._previous_backlog
+        self._previous_backlog = (now, backlog)
+        growth = 0.0
+        if previous is not None and now > previous[0]:
+            growth = (backlog - previous[1]) / (now - previous[0])
+
+        def run(cur: Any) -> dict[str, list[Sample]]:
+            cur.execute(
+                f"SELECT count(*), avg(duration_ms) FROM {CleanupReceipt._meta.db_table} "
+                f"WHERE created_at > now() - make_interval(secs => %s)",
+                [DESIRED_WINDOW_S],
+            )
+            processed, mean_ms = cur.fetchone()
+            value = desired_consumers(
+                int(processed), float(mean_ms) if mean_ms is not None else None, growth
+            )
+            return {"desired_consumers": [] if value is None else [((), value)]}
+
+        return self._db(run)
+
+    # -- collection -------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        readers: dict[str, Callable[[], dict[str, list[Sample]]]] = {
+            "eligible": self.read_eligible,
+            "queues": self.read_queues,
+            "outbox": self.read_outbox,
+            "dead_letters": self.read_dead_letters,
+            "desired_consumers": self.read_desired_consumers,
+        }
+        for section, reader in readers.items():
+            started = time.perf_counter()
+            try:
+                self._last[section] = reader()
+            except Exception as exc:  # noqa: BLE001 - keep the last value, count the error
+                self._errors[section] = self._errors.get(section, 0.0) + 1
+                _log.warning(
+                    "metrics collector failed; exporting its last values",
+                    extra={"collector": section, "error": repr(exc)[:300]},
+                )
+            self._durations[section] = time.perf_counter() - started
+
+    def collect(self) -> Iterable[Metric]:
+        with self._lock:
+            self.refresh()
+            yield from self._families()
+
+    def _families(self) -> Iterable[Metric]:
+        labels = {
+            "oldest_eligible_reservation_age_seconds": ["shard"],
+            "eligible_reservations": ["shard"],
+            "eligible_reservations_capped": ["shard"],
+            "queue_depth": ["queue"],
+            "queue_oldest_message_age_seconds": ["queue"],
+            "queue_unacked": ["queue"],
+            "outbox_oldest_unpublished_age_seconds": [],
+            "dead_letters_open": ["reason"],
+            "desired_consumers": [],
+        }
+        for name, label_names in labels.items():
+            family = GaugeMetricFamily(f"{PREFIX}_{name}", GAUGE_HELP[name], labels=label_names)
+            for section in self._last.values():
+                for label_values, value in section.get(name, []):
+                    family.add_metric(list(label_values), value)
+            yield family
+        errors = CounterMetricFamily(
+            f"{PREFIX}_scrape_errors",
+            "Scrape-time collector failures (the gauge kept its last value)",
+            labels=["collector"],
+        )
+        for collector, n in sorted(self._errors.items()):
+            errors.add_metric([collector], n)
+        yield errors
+        duration = GaugeMetricFamily(
+            f"{PREFIX}_scrape_duration_seconds",
+            "Time each scrape-time collector took in the last scrape",
+            labels=["collector"],
+        )
+        for collector, seconds in sorted(self._durations.items()):
+            duration.add_metric([collector], seconds)
+        yield duration
+
+
+GAUGE_HELP = {
+    "oldest_eligible_reservation_age_seconds": (
+        "SLO signal: now - min(expires_at) over held, expired holds (claimed or not); 0 if none"
+    ),
+    "eligible_reservations": "Held, expired holds (counted up to CLEANUP_ELIGIBLE_COUNT_CAP)",
+    "eligible_reservations_capped": "1 when eligible_reservations hit the count cap",
+    "queue_depth": "Messages waiting in the broker queue (all priorities)",
+    "queue_oldest_message_age_seconds": (
+        "Age of the oldest waiting message (enqueued_at header); 0 when the queue is empty"
+    ),
+    "queue_unacked": "Messages fetched by workers and not yet acknowledged (Redis)",
+    "outbox_oldest_unpublished_age_seconds": "Age of the oldest unpublished outbox event (0: none)",
+    "dead_letters_open": "Dead letters not yet resolved (requeued)",
+    "desired_consumers": (
+        "Consumers needed: measured arrival rate x service time / 0.7 utilization, with headroom"
+    ),
+}
