@@ -33,8 +33,15 @@ from typing import Any, cast
 
 from celery.worker import state as worker_state
 from celery.worker.autoscale import Autoscaler
+from django.conf import settings
+from django.db import connection, transaction
 
+from reservations.models import BUCKETS
+
+from . import metrics
+from .broker import queue_stats
 from .capacity import ceil_consumers, compute_desired_consumers
+from .collectors import ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL
 
 log = logging.getLogger("cleanup.autoscale")
 
@@ -201,12 +208,8 @@ class Reader:
         return None
 
     def _database(self) -> tuple[int, bool, float, float, int]:
-        from django.conf import settings
-        from django.db import connection, transaction
 
-        from reservations.models import BUCKETS
 
-        from .metrics import ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL
 
         buckets = list(range(BUCKETS))
         cap = int(settings.CLEANUP_ELIGIBLE_COUNT_CAP)
@@ -253,10 +256,7 @@ class Reader:
         return max(0.0, min(older, newer))
 
     def read(self) -> Reading:
-        from django.conf import settings
-        from django.db import connection
 
-        from .broker import queue_stats
 
         now = time.monotonic()
         own_service = self._own_service_time(now)
@@ -315,7 +315,6 @@ class BacklogAutoscaler(Autoscaler):
         keepalive: float | None = None,
         mutex: Any = None,
     ) -> None:
-        from django.conf import settings
 
         interval = float(settings.CLEANUP_AUTOSCALE_INTERVAL)
         # Celery's event loop calls maybe_scale every `keepalive` seconds.
@@ -336,7 +335,6 @@ class BacklogAutoscaler(Autoscaler):
         self._thread.start()
 
     def _policy(self) -> Policy:
-        from django.conf import settings
 
         return Policy(
             min_procs=int(self.min_concurrency),
@@ -418,7 +416,6 @@ class BacklogAutoscaler(Autoscaler):
         return changed
 
     def _record(self, decision: Decision) -> None:
-        from . import metrics
 
         after = decision.current if decision.action == HOLD else decision.target
         metrics.record_autoscale_decision(decision.action, decision.reason, after, decision.target)

@@ -10,11 +10,18 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from django.conf import settings
+from django.db import connection, transaction
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from reservations.services import shard_buckets
+
+from .broker import queue_stats
 from .capacity import DESIRED_WINDOW_S, desired_consumers
 from .metrics import PREFIX
+from .models import CleanupReceipt, DeadLetter
+from .schedule import installed_shards
 
 # --- Scrape-time gauges (web process only) ---------------------------------------------------
 #
@@ -70,14 +77,11 @@ class BacklogCollector(Collector):
 
     @staticmethod
     def _shards() -> int:
-        from .schedule import installed_shards
 
         return installed_shards() or 1
 
     @staticmethod
     def _db(fn: Callable[[Any], dict[str, list[Sample]]]) -> dict[str, list[Sample]]:
-        from django.conf import settings
-        from django.db import connection, transaction
 
         with transaction.atomic():
             with connection.cursor() as cur:
@@ -88,9 +92,7 @@ class BacklogCollector(Collector):
                 return fn(cur)
 
     def read_eligible(self) -> dict[str, list[Sample]]:
-        from django.conf import settings
 
-        from reservations.services import shard_buckets
 
         shards = self._shards()
         cap = int(settings.CLEANUP_ELIGIBLE_COUNT_CAP)
@@ -119,9 +121,7 @@ class BacklogCollector(Collector):
 
     @staticmethod
     def read_queues() -> dict[str, list[Sample]]:
-        from django.conf import settings
 
-        from .broker import queue_stats
 
         depth: list[Sample] = []
         age: list[Sample] = []
@@ -156,7 +156,6 @@ class BacklogCollector(Collector):
         return self._db(run)
 
     def read_dead_letters(self) -> dict[str, list[Sample]]:
-        from .models import DeadLetter
 
         def run(cur: Any) -> dict[str, list[Sample]]:
             # Served by the partial index cleanup_dl_open_idx (open letters only).
@@ -172,7 +171,6 @@ class BacklogCollector(Collector):
         return self._db(run)
 
     def read_desired_consumers(self) -> dict[str, list[Sample]]:
-        from .models import CleanupReceipt
 
         # Backlog growth from this refresh's eligible count and the previous one.
         backlog = sum(v for _, v in self._last.get("eligible", {}).get("eligible_reservations", []))

@@ -40,13 +40,13 @@ def exported_metrics() -> set[str]:
     suffixes Prometheus gives them) and the web's scrape-time gauges."""
     from prometheus_client import REGISTRY
 
-    from cleanup import metrics
+    from cleanup import collectors, metrics
 
     names: set[str] = set()
     for collector_names in REGISTRY._collector_to_names.values():  # noqa: SLF001
         if any(n.startswith(metrics.PREFIX) for n in collector_names):
             names.update(collector_names)
-    names.update(f"{metrics.PREFIX}_{name}" for name in metrics.GAUGE_HELP)
+    names.update(f"{metrics.PREFIX}_{name}" for name in collectors.GAUGE_HELP)
     names.update(
         {f"{metrics.PREFIX}_scrape_errors_total", f"{metrics.PREFIX}_scrape_duration_seconds"}
     )
