@@ -56,7 +56,8 @@ def create_holds(eligible: int, *, offerings: int = 8, other: int = 0) -> None:
     if other:
         oid = sql(
             "INSERT INTO reservations_offering (name, capacity, seats_available, created_at) "
-            "VALUES ('bench-other', %s, 0, now()) RETURNING id", [other],
+            "VALUES ('bench-other', %s, 0, now()) RETURNING id",
+            [other],
         )[0][0]
         sql(
             "INSERT INTO reservations_reservation (offering_id, holder, status, expires_at, "
@@ -78,16 +79,20 @@ def create_holds(eligible: int, *, offerings: int = 8, other: int = 0) -> None:
         sql(
             "UPDATE reservations_offering SET capacity = (SELECT count(*) FROM "
             "reservations_reservation WHERE offering_id = %s AND status IN ('held','confirmed')) "
-            "WHERE id = %s", [oid, oid],
+            "WHERE id = %s",
+            [oid, oid],
         )
     sql("ANALYZE reservations_reservation")
     sql("ANALYZE reservations_offering")
 
 
 def eligible_count() -> int:
-    return int(sql(
-        "SELECT count(*) FROM reservations_reservation WHERE status = 'held' "
-        "AND expires_at <= now()")[0][0])
+    return int(
+        sql(
+            "SELECT count(*) FROM reservations_reservation WHERE status = 'held' "
+            "AND expires_at <= now()"
+        )[0][0]
+    )
 
 
 def released_count() -> int:
@@ -104,6 +109,7 @@ def check(expected: int) -> list[str]:
 
 
 # --- measurements ----------------------------------------------------------------------------
+
 
 def commit_latency(n: int = 300) -> dict[str, Any]:
     import psycopg
@@ -160,9 +166,15 @@ def set_based(holds: int) -> dict[str, Any]:
     with transaction.atomic():
         released, receipts, events = sql(SET_BASED_SQL)[0]
     elapsed = time.perf_counter() - t
-    return {"holds": holds, "released": released, "receipts": receipts, "events": events,
-            "seconds": round(elapsed, 3), "rate": round(released / elapsed, 1),
-            "violations": check(holds)}
+    return {
+        "holds": holds,
+        "released": released,
+        "receipts": receipts,
+        "events": events,
+        "seconds": round(elapsed, 3),
+        "rate": round(released / elapsed, 1),
+        "violations": check(holds),
+    }
 
 
 def psycopg_loop(holds: int, rows: int) -> dict[str, Any]:
@@ -172,33 +184,53 @@ def psycopg_loop(holds: int, rows: int) -> dict[str, Any]:
 
     reset()
     create_holds(holds)
-    ids = sql("SELECT id, version FROM reservations_reservation WHERE status = 'held' "
-              "ORDER BY id LIMIT %s", [rows])
-    receipt = ("INSERT INTO cleanup_cleanupreceipt (idempotency_key, reservation_id, version, "
-               "outcome, attempt, worker, task_id, trace_id, queue_age_seconds, duration_ms, "
-               "created_at) VALUES (%s, %s, %s, 'released', 1, 'bench-loop', '', '', NULL, "
-               "NULL, now()) ON CONFLICT (idempotency_key) DO NOTHING")
+    ids = sql(
+        "SELECT id, version FROM reservations_reservation WHERE status = 'held' "
+        "ORDER BY id LIMIT %s",
+        [rows],
+    )
+    receipt = (
+        "INSERT INTO cleanup_cleanupreceipt (idempotency_key, reservation_id, version, "
+        "outcome, attempt, worker, task_id, trace_id, queue_age_seconds, duration_ms, "
+        "created_at) VALUES (%s, %s, %s, 'released', 1, 'bench-loop', '', '', NULL, "
+        "NULL, now()) ON CONFLICT (idempotency_key) DO NOTHING"
+    )
     with psycopg.connect(os.environ["DATABASE_URL"]) as conn:
         t = time.perf_counter()
         for rid, version in ids:
             with conn.transaction():
-                row = conn.execute(services._RELEASE_CTES + " SELECT count(*) FROM released_rows",
-                                   {"ids": [rid], "versions": [version], "reason": "expired",
-                                    "now": None}).fetchone()
+                row = conn.execute(
+                    services._RELEASE_CTES + " SELECT count(*) FROM released_rows",
+                    {"ids": [rid], "versions": [version], "reason": "expired", "now": None},
+                ).fetchone()
                 assert row is not None and row[0] == 1
                 conn.execute(receipt, [f"release:{rid}:{version}", rid, version])
         elapsed = time.perf_counter() - t
-    return {"rows": len(ids), "seconds": round(elapsed, 3), "rate": round(len(ids) / elapsed, 1),
-            "violations": check(len(ids))}
+    return {
+        "rows": len(ids),
+        "seconds": round(elapsed, 3),
+        "rate": round(len(ids) / elapsed, 1),
+        "violations": check(len(ids)),
+    }
 
 
-def start_layout(name: str, layout: tuple[int, int], queues: str, env: dict[str, str],
-                 extra: list[str] | None = None) -> list[WorkerProcess]:
+def start_layout(
+    name: str,
+    layout: tuple[int, int],
+    queues: str,
+    env: dict[str, str],
+    extra: list[str] | None = None,
+) -> list[WorkerProcess]:
     instances, concurrency = layout
     workers = [
-        WorkerProcess(f"bench-{name}-{i}-{os.getpid()}", concurrency,
-                      LOGS / f"{name}-{i}.log", queues=queues, env=env,
-                      extra_args=extra or []).start()
+        WorkerProcess(
+            f"bench-{name}-{i}-{os.getpid()}",
+            concurrency,
+            LOGS / f"{name}-{i}.log",
+            queues=queues,
+            env=env,
+            extra_args=extra or [],
+        ).start()
         for i in range(instances)
     ]
     for w in workers:
@@ -237,8 +269,14 @@ def noop_drain(n: int, layout: tuple[int, int], events: bool = False) -> dict[st
     r = redis_client()
     env = {"CELERY_TASK_EVENTS": str(events).lower()}
     workers = [
-        WorkerProcess(f"bench-noop{i}-{os.getpid()}", layout[1], LOGS / f"noop-{i}.log",
-                      queues="bench", env=env, extra_args=["-I", "bench.tasks"]).start()
+        WorkerProcess(
+            f"bench-noop{i}-{os.getpid()}",
+            layout[1],
+            LOGS / f"noop-{i}.log",
+            queues="bench",
+            env=env,
+            extra_args=["-I", "bench.tasks"],
+        ).start()
         for i in range(layout[0])
     ]
     try:
@@ -250,12 +288,23 @@ def noop_drain(n: int, layout: tuple[int, int], events: bool = False) -> dict[st
         t1 = wait_drained("bench", timeout=600)
     finally:
         stop_all(workers)
-    return {"tasks": n, "layout": f"{layout[0]}x{layout[1]}", "seconds": round(t1 - t0, 3),
-            "rate": round(n / (t1 - t0), 1), "events": events}
+    return {
+        "tasks": n,
+        "layout": f"{layout[0]}x{layout[1]}",
+        "seconds": round(t1 - t0, 3),
+        "rate": round(n / (t1 - t0), 1),
+        "events": events,
+    }
 
 
-def product_drain(holds: int, layout: tuple[int, int], *, events: bool = False,
-                  mode: str = "single", shards: int = 4) -> dict[str, Any]:
+def product_drain(
+    holds: int,
+    layout: tuple[int, int],
+    *,
+    events: bool = False,
+    mode: str = "single",
+    shards: int = 4,
+) -> dict[str, Any]:
     """Real sweeps through the broker, fan-out, release on real workers: holds / time from the
     first sweep to all released."""
     from cleanup.tasks import sweep_shard_task
@@ -286,9 +335,17 @@ def product_drain(holds: int, layout: tuple[int, int], *, events: bool = False,
     finally:
         stop_all(workers)
     outcomes = dict(sql("SELECT outcome, count(*) FROM cleanup_cleanupreceipt GROUP BY 1"))
-    return {"holds": holds, "layout": f"{layout[0]}x{layout[1]}", "events": events, "mode": mode,
-            "seconds": round(t1 - t0, 3), "rate": round(holds / (t1 - t0), 1),
-            "outcomes": outcomes, "violations": check(holds), "memory_kb": memory}
+    return {
+        "holds": holds,
+        "layout": f"{layout[0]}x{layout[1]}",
+        "events": events,
+        "mode": mode,
+        "seconds": round(t1 - t0, 3),
+        "rate": round(holds / (t1 - t0), 1),
+        "outcomes": outcomes,
+        "violations": check(holds),
+        "memory_kb": memory,
+    }
 
 
 def sweep_cost(small: int, large: int, eligible: int, batch: int) -> dict[str, Any]:
@@ -304,8 +361,11 @@ def sweep_cost(small: int, large: int, eligible: int, batch: int) -> dict[str, A
             try:
                 with transaction.atomic():
                     t = time.perf_counter()
-                    claimed = len(services.claim_expired(
-                        0, 4, batch_size=batch, lease_seconds=300, max_claims=10))
+                    claimed = len(
+                        services.claim_expired(
+                            0, 4, batch_size=batch, lease_seconds=300, max_claims=10
+                        )
+                    )
                     times.append(time.perf_counter() - t)
                     raise _Rollback
             except _Rollback:
@@ -313,8 +373,14 @@ def sweep_cost(small: int, large: int, eligible: int, batch: int) -> dict[str, A
         # EXPLAIN exactly the statement claim_expired runs (captured, whatever its SQL is now).
         captured: list[tuple[str, Any]] = []
 
-        def capture(execute: Any, query: str, qparams: Any, many: bool, context: Any,
-                    sink: list[tuple[str, Any]] = captured) -> Any:
+        def capture(
+            execute: Any,
+            query: str,
+            qparams: Any,
+            many: bool,
+            context: Any,
+            sink: list[tuple[str, Any]] = captured,
+        ) -> Any:
             sink.append((query, qparams))
             return execute(query, qparams, many, context)
 
@@ -322,8 +388,7 @@ def sweep_cost(small: int, large: int, eligible: int, batch: int) -> dict[str, A
         try:
             with transaction.atomic():
                 with connection.execute_wrapper(capture):
-                    services.claim_expired(0, 4, batch_size=batch, lease_seconds=300,
-                                           max_claims=10)
+                    services.claim_expired(0, 4, batch_size=batch, lease_seconds=300, max_claims=10)
                 raise _Rollback
         except _Rollback:
             pass
@@ -336,9 +401,15 @@ def sweep_cost(small: int, large: int, eligible: int, batch: int) -> dict[str, A
             pass
         path = RESULTS / f"{STAMP}-explain-claim-{total}.txt"
         path.write_text(plan + "\n")
-        out[label] = {"rows": total, "eligible": eligible, "batch": batch, "claimed": claimed,
-                      "median_ms": round(statistics.median(times) * 1000, 2),
-                      "min_ms": round(min(times) * 1000, 2), "explain": str(path.relative_to(ROOT))}
+        out[label] = {
+            "rows": total,
+            "eligible": eligible,
+            "batch": batch,
+            "claimed": claimed,
+            "median_ms": round(statistics.median(times) * 1000, 2),
+            "min_ms": round(min(times) * 1000, 2),
+            "explain": str(path.relative_to(ROOT)),
+        }
     out["ratio"] = round(out["large"]["median_ms"] / out["small"]["median_ms"], 2)
     return out
 
@@ -370,47 +441,73 @@ def rss(tasks: int, layout: tuple[int, int]) -> dict[str, Any]:
         stop_all(workers)
 
     def peak(snapshot: dict[str, Any], kind: str) -> int:
-        return max(v.get("VmHWM", 0) for procs in snapshot.values()
-                   for k, v in procs.items() if (k == "main") == (kind == "main"))
+        return max(
+            v.get("VmHWM", 0)
+            for procs in snapshot.values()
+            for k, v in procs.items()
+            if (k == "main") == (kind == "main")
+        )
 
     first, last = snapshots[str(tasks // 10)], snapshots[str(tasks)]
     growth = {
         kind: round(peak(last, kind) / peak(first, kind) - 1, 4) for kind in ("main", "child")
     }
-    return {"tasks": tasks, "layout": f"{layout[0]}x{layout[1]}", "snapshots_kb": snapshots,
-            "growth": growth, "max_growth": max(growth.values())}
+    return {
+        "tasks": tasks,
+        "layout": f"{layout[0]}x{layout[1]}",
+        "snapshots_kb": snapshots,
+        "growth": growth,
+        "max_growth": max(growth.values()),
+    }
 
 
 def batch_available() -> bool:
     """The batched mode counts once it is committed (git), not while it is being written."""
-    probe = subprocess.run(["git", "grep", "-q", "cleanup.release_batch", "HEAD", "--",
-                            "cleanup/tasks.py"], cwd=ROOT)
+    probe = subprocess.run(
+        ["git", "grep", "-q", "cleanup.release_batch", "HEAD", "--", "cleanup/tasks.py"], cwd=ROOT
+    )
     return probe.returncode == 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--holds", type=int, default=20000)
-    parser.add_argument("--drain-holds", type=int, default=0,
-                        help="holds/tasks for the worker drains (default: --holds); lower it "
-                             "when the machine is too slow to drain 20k several times")
-    parser.add_argument("--loop-rows", type=int, default=3000,
-                        help="rows for the single-process psycopg loop (commit-bound)")
+    parser.add_argument(
+        "--drain-holds",
+        type=int,
+        default=0,
+        help="holds/tasks for the worker drains (default: --holds); lower it "
+        "when the machine is too slow to drain 20k several times",
+    )
+    parser.add_argument(
+        "--loop-rows",
+        type=int,
+        default=3000,
+        help="rows for the single-process psycopg loop (commit-bound)",
+    )
     parser.add_argument("--rss-tasks", type=int, default=100000)
     parser.add_argument("--sweep-rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=2, help="best of N for the drains")
-    parser.add_argument("--skip", default="",
-                        help="comma list: rss,sweep,events,layouts,batch,drains")
+    parser.add_argument(
+        "--skip", default="", help="comma list: rss,sweep,events,layouts,batch,drains"
+    )
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     drain = args.drain_holds or args.holds
     RESULTS.mkdir(parents=True, exist_ok=True)
     LOGS.mkdir(parents=True, exist_ok=True)
     res: dict[str, Any] = {
-        "started": STAMP, "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                      "note": "2 cores, shared with other people's test runs"},
-        "holds": args.holds, "drain_holds": drain, "argv": sys.argv[1:],
-        "broker": os.environ["CELERY_BROKER_URL"], "database": BENCH_DB,
+        "started": STAMP,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "note": "2 cores, shared with other people's test runs",
+        },
+        "holds": args.holds,
+        "drain_holds": drain,
+        "argv": sys.argv[1:],
+        "broker": os.environ["CELERY_BROKER_URL"],
+        "database": BENCH_DB,
     }
 
     def best(fn: Any, *a: Any, **kw: Any) -> dict[str, Any]:
@@ -425,9 +522,12 @@ def main() -> int:
         path.write_text(json.dumps(res, indent=2, default=str) + "\n")  # partial results
         print(f"[{time.strftime('%H:%M:%S')}] {name} …", flush=True)
 
-    step("commit latency"); res["commit_latency"] = commit_latency()  # noqa: E702
-    step("set-based CTE"); res["set_based"] = best(set_based, args.holds)  # noqa: E702
-    step("psycopg loop"); res["psycopg_loop"] = psycopg_loop(args.holds, args.loop_rows)  # noqa: E702
+    step("commit latency")
+    res["commit_latency"] = commit_latency()
+    step("set-based CTE")
+    res["set_based"] = best(set_based, args.holds)
+    step("psycopg loop")
+    res["psycopg_loop"] = psycopg_loop(args.holds, args.loop_rows)
     layouts = [(1, 2)] if "layouts" in skip else [(1, 2), (2, 1)]
     if "drains" in skip:
         layouts = []
@@ -435,11 +535,13 @@ def main() -> int:
     res["per_reservation"] = {}
     for lay in layouts:
         key = f"{lay[0]}x{lay[1]}"
-        step(f"no-op drain {key}"); res["noop"][key] = best(noop_drain, drain, lay)  # noqa: E702
+        step(f"no-op drain {key}")
+        res["noop"][key] = best(noop_drain, drain, lay)
         step(f"per-reservation drain {key}")
         res["per_reservation"][key] = best(product_drain, drain, lay)
-    best_layout = max(res["per_reservation"], key=lambda k: res["per_reservation"][k]["rate"],
-                      default="1x2")
+    best_layout = max(
+        res["per_reservation"], key=lambda k: res["per_reservation"][k]["rate"], default="1x2"
+    )
     lay_t = tuple(int(x) for x in best_layout.split("x"))
     if "events" not in skip and "drains" not in skip:
         step(f"per-reservation drain {best_layout}, task events on")
@@ -449,8 +551,11 @@ def main() -> int:
         res["batched"] = best(product_drain, drain, lay_t, mode="batch")
     else:
         skipped = skip & {"batch", "drains"}
-        res["batched"] = {"skipped": f"--skip {','.join(sorted(skipped))}" if skipped else
-                          "batched release mode (CLEANUP_RELEASE_MODE=batch) is not in git HEAD"}
+        res["batched"] = {
+            "skipped": f"--skip {','.join(sorted(skipped))}"
+            if skipped
+            else "batched release mode (CLEANUP_RELEASE_MODE=batch) is not in git HEAD"
+        }
     if "sweep" not in skip:
         step("sweep cost 20k vs 1M rows")
         res["sweep"] = sweep_cost(args.holds, args.sweep_rows, 2000, 500)
@@ -469,59 +574,108 @@ def ratios(res: dict[str, Any], layout: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, pr in res["per_reservation"].items():
         out[f"per_reservation_vs_noop_{key}"] = {
-            "value": round(pr["rate"] / res["noop"][key]["rate"], 3), "target": ">= 0.75"}
+            "value": round(pr["rate"] / res["noop"][key]["rate"], 3),
+            "target": ">= 0.75",
+        }
     if "rate" in res.get("batched", {}):
         out["batched_vs_set_based"] = {
             "value": round(res["batched"]["rate"] / res["set_based"]["rate"], 4),
-            "target": ">= 0.3"}
+            "target": ">= 0.3",
+        }
     if "sweep" in res:
         out["sweep_1m_vs_20k"] = {"value": res["sweep"]["ratio"], "target": "<= 1.5"}
     if "rss" in res:
         out["rss_growth_10k_to_100k"] = {"value": res["rss"]["max_growth"], "target": "<= 0.10"}
     if "per_reservation_events" in res:
         out["events_on_vs_off"] = {
-            "value": round(res["per_reservation_events"]["rate"]
-                           / res["per_reservation"][layout]["rate"], 3), "target": "(cost)"}
+            "value": round(
+                res["per_reservation_events"]["rate"] / res["per_reservation"][layout]["rate"], 3
+            ),
+            "target": "(cost)",
+        }
     out["psycopg_loop_vs_set_based"] = {
-        "value": round(res["psycopg_loop"]["rate"] / res["set_based"]["rate"], 4), "target": "-"}
+        "value": round(res["psycopg_loop"]["rate"] / res["set_based"]["rate"], 4),
+        "target": "-",
+    }
     return out
 
 
 def print_table(res: dict[str, Any], layout: str) -> None:
     rows: list[tuple[str, str, str]] = []
     cl = res["commit_latency"]
-    rows.append(("commit latency (300 autocommit inserts)", f"{cl['mean_ms']} ms",
-                 f"{cl['tps']} tps"))
+    rows.append(
+        ("commit latency (300 autocommit inserts)", f"{cl['mean_ms']} ms", f"{cl['tps']} tps")
+    )
     sb = res["set_based"]
-    rows.append((f"set-based CTE, {sb['holds']} holds", f"{sb['rate']:,.0f} rows/s",
-                 f"{sb['seconds']} s"))
+    rows.append(
+        (f"set-based CTE, {sb['holds']} holds", f"{sb['rate']:,.0f} rows/s", f"{sb['seconds']} s")
+    )
     pl = res["psycopg_loop"]
-    rows.append((f"psycopg per-row loop, 1 process, {pl['rows']} rows",
-                 f"{pl['rate']:,.0f} rows/s", f"{pl['seconds']} s"))
+    rows.append(
+        (
+            f"psycopg per-row loop, 1 process, {pl['rows']} rows",
+            f"{pl['rate']:,.0f} rows/s",
+            f"{pl['seconds']} s",
+        )
+    )
     for key, nd in res["noop"].items():
-        rows.append((f"Celery no-op drain {key}, {nd['tasks']} tasks",
-                     f"{nd['rate']:,.0f} tasks/s", f"runs {nd['runs']}"))
+        rows.append(
+            (
+                f"Celery no-op drain {key}, {nd['tasks']} tasks",
+                f"{nd['rate']:,.0f} tasks/s",
+                f"runs {nd['runs']}",
+            )
+        )
     for key, pr in res["per_reservation"].items():
-        rows.append((f"per-reservation {key}, {pr['holds']} holds",
-                     f"{pr['rate']:,.0f} holds/s", f"runs {pr['runs']}"))
+        rows.append(
+            (
+                f"per-reservation {key}, {pr['holds']} holds",
+                f"{pr['rate']:,.0f} holds/s",
+                f"runs {pr['runs']}",
+            )
+        )
     if "per_reservation_events" in res:
         ev = res["per_reservation_events"]
-        rows.append((f"per-reservation {layout}, task events ON", f"{ev['rate']:,.0f} holds/s",
-                     f"{ev['seconds']} s"))
+        rows.append(
+            (
+                f"per-reservation {layout}, task events ON",
+                f"{ev['rate']:,.0f} holds/s",
+                f"{ev['seconds']} s",
+            )
+        )
     b = res["batched"]
-    rows.append((f"batched mode {layout}, {b.get('holds', '-')} holds",
-                 f"{b['rate']:,.0f} holds/s" if "rate" in b else "-",
-                 "" if "rate" in b else "SKIPPED: " + b["skipped"]))
+    rows.append(
+        (
+            f"batched mode {layout}, {b.get('holds', '-')} holds",
+            f"{b['rate']:,.0f} holds/s" if "rate" in b else "-",
+            "" if "rate" in b else "SKIPPED: " + b["skipped"],
+        )
+    )
     if "sweep" in res:
         s = res["sweep"]
-        rows.append((f"sweep claim 500 @ {s['small']['rows']:,} rows",
-                     f"{s['small']['median_ms']} ms", "median of 7"))
-        rows.append((f"sweep claim 500 @ {s['large']['rows']:,} rows",
-                     f"{s['large']['median_ms']} ms", "median of 7"))
+        rows.append(
+            (
+                f"sweep claim 500 @ {s['small']['rows']:,} rows",
+                f"{s['small']['median_ms']} ms",
+                "median of 7",
+            )
+        )
+        rows.append(
+            (
+                f"sweep claim 500 @ {s['large']['rows']:,} rows",
+                f"{s['large']['median_ms']} ms",
+                "median of 7",
+            )
+        )
     if "rss" in res:
         r = res["rss"]
-        rows.append((f"worker RSS growth {r['tasks'] // 10}→{r['tasks']} no-op tasks",
-                     f"main {r['growth']['main']:+.1%}", f"child {r['growth']['child']:+.1%}"))
+        rows.append(
+            (
+                f"worker RSS growth {r['tasks'] // 10}→{r['tasks']} no-op tasks",
+                f"main {r['growth']['main']:+.1%}",
+                f"child {r['growth']['child']:+.1%}",
+            )
+        )
     width = max(len(r[0]) for r in rows) + 2
     print("\n" + "measurement".ljust(width) + "result".ljust(20) + "note")
     for name, value, note in rows:

@@ -267,8 +267,7 @@ class ReservationStoryAdmin(ReservationAdmin):
         ).count()
         events = OutboxEvent.objects.filter(reservation_id=pk).count()
         return format_html(
-            '<span id="hold-links">{} · {} · {} · <a href="#story">story (explain_hold)</a>'
-            "</span>",
+            '<span id="hold-links">{} · {} · {} · <a href="#story">story (explain_hold)</a></span>',
             _changelist_link(
                 "cleanup_cleanupreceipt", {"reservation_id": pk}, f"{receipts} receipt(s)"
             ),
@@ -344,7 +343,7 @@ class CleanupScheduleAdmin(admin.ModelAdmin):
         if not rows:
             return "none yet (saved on the next save)"
         return format_html(
-            "<ul id=\"managed-entries\">{}</ul>",
+            '<ul id="managed-entries">{}</ul>',
             format_html_join(
                 "",
                 '<li><a href="{}">{}</a> — every {}s, {}, last sent {}</li>',
@@ -396,7 +395,8 @@ class CleanupAwarePeriodicTaskAdmin(PeriodicTaskAdmin):  # type: ignore[misc]
         if entry is not None and is_managed(entry.name) and request.method == "GET":
             url = reverse("admin:cleanup_cleanupschedule_changelist")
             self.message_user(
-                request, format_html('{} <a href="{}">Open it</a>.', MANAGED_NOTE, url),
+                request,
+                format_html('{} <a href="{}">Open it</a>.', MANAGED_NOTE, url),
                 messages.INFO,
             )
         return cast(HttpResponse, super().change_view(request, object_id, form_url, extra_context))

@@ -209,8 +209,6 @@ class Reader:
 
     def _database(self) -> tuple[int, bool, float, float, int]:
 
-
-
         buckets = list(range(BUCKETS))
         cap = int(settings.CLEANUP_ELIGIBLE_COUNT_CAP)
         with transaction.atomic(), connection.cursor() as cur:
@@ -256,7 +254,6 @@ class Reader:
         return max(0.0, min(older, newer))
 
     def read(self) -> Reading:
-
 
         now = time.monotonic()
         own_service = self._own_service_time(now)

@@ -117,6 +117,3 @@ def _amqp_depth(queue: str) -> int:
             except Exception:  # noqa: BLE001
                 pass
         return int(count)
-
-
-

@@ -220,6 +220,4 @@ def desired_consumers(
         service_time = mean_duration_ms / 1000.0
     else:
         return None
-    return float(
-        compute_desired_consumers(arrivals, service_time, TARGET_UTILIZATION, headroom)
-    )
+    return float(compute_desired_consumers(arrivals, service_time, TARGET_UTILIZATION, headroom))

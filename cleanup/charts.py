@@ -33,9 +33,7 @@ def _line(
             for t, v in known
         ]
         coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
-        dots = "".join(
-            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2" fill="{color}"/>' for x, y in xy
-        )
+        dots = "".join(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2" fill="{color}"/>' for x, y in xy)
         body = (
             f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{coords}"/>{dots}'
             f'<text x="{PAD - 4}" y="{PAD + 4}" text-anchor="end" class="axis">{_fmt(peak)}</text>'
@@ -46,7 +44,7 @@ def _line(
         )
     last = known[-1][1] if known else None
     label = escape(title)
-    return mark_safe(  # noqa: S308 - every value above is a number or escaped
+    return mark_safe(  # every value above is a number or escaped
         f'<svg role="img" aria-label="{label}" viewBox="0 0 {WIDTH} {HEIGHT}" '
         f'width="{WIDTH}" height="{HEIGHT}" class="health-chart">'
         f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" fill="none" stroke="#ccc"/>'

@@ -93,7 +93,6 @@ class BacklogCollector(Collector):
 
     def read_eligible(self) -> dict[str, list[Sample]]:
 
-
         shards = self._shards()
         cap = int(settings.CLEANUP_ELIGIBLE_COUNT_CAP)
 
@@ -121,7 +120,6 @@ class BacklogCollector(Collector):
 
     @staticmethod
     def read_queues() -> dict[str, list[Sample]]:
-
 
         depth: list[Sample] = []
         age: list[Sample] = []

@@ -92,13 +92,13 @@ class DeadLetteringConsumer(_Consumer):
                 self._set_aside(message, *problem)
             except fatal:
                 raise
-            except Exception as exc:  # noqa: BLE001 - one message must never stop the worker
+            except Exception as exc:  # one message must never stop the worker
                 logger.error("message raised before reaching a task", exc_info=True)
                 try:
                     self._set_aside(message, DeadLetter.Reason.REJECTED, repr(exc)[:2000])
                 except fatal:
                     raise
-                except Exception:  # noqa: BLE001
+                except Exception:
                     logger.exception("could not set the message aside")
             return None
 

@@ -106,7 +106,7 @@ def record(
             delivery_count,
             (reservation_id, version, idempotency_key, trace_id),
         )
-    except Exception:  # noqa: BLE001 - a dead letter is the last resort; it never raises
+    except Exception:  # a dead letter is the last resort; it never raises
         logger.exception("dead letter could not be recorded", extra={"reason": reason})
         return None
 
@@ -225,7 +225,7 @@ def requeue(
                     reservation_services.reschedule_claim([letter.reservation_id or 0])
                 else:
                     publish_release_messages([_republishable(letter.message)])
-            except Exception:  # noqa: BLE001 - reported per letter; the claim is undone
+            except Exception:  # reported per letter; the claim is undone
                 logger.exception("requeue failed", extra={"dead_letter_id": letter.pk})
                 DeadLetter.objects.filter(pk=letter.pk).update(resolved_at=None, resolution="")
                 action = "error"

@@ -209,7 +209,6 @@ def read_lease() -> dict[str, Any] | None:
 
 def read_last_sent() -> datetime | None:
 
-
     value = (
         PeriodicTask.objects.filter(name__startswith=SWEEP_PREFIX)
         .order_by("-last_run_at")

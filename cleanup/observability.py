@@ -141,11 +141,11 @@ def _compactor(path: str, interval: float) -> None:
             result = compact(path)
             if result["folded_files"]:
                 logger.debug("worker metrics compacted", extra=result)
-        except Exception:  # noqa: BLE001 - never take the worker down for metrics
+        except Exception:  # never take the worker down for metrics
             logger.exception("worker metrics compaction failed")
 
 
-def start_metrics_server(port: int, addr: str = "0.0.0.0") -> Any:  # noqa: S104
+def start_metrics_server(port: int, addr: str = "0.0.0.0") -> Any:
     from prometheus_client import CollectorRegistry, start_http_server  # noqa: PLC0415 - prometheus_client chooses its multiprocess mode at first import (docs/LIBRARY-NOTES.md §3)
 
     path = multiproc_dir()
@@ -192,6 +192,3 @@ def mark_child_dead(pid: int | None = None, **_: Any) -> None:
 @worker_shutdown.connect
 def stop_compactor(**_: Any) -> None:
     _stop.set()
-
-
-

@@ -29,7 +29,6 @@ from .models import CleanupReceipt, DeadLetter
 logger = logging.getLogger("cleanup.outbox")
 
 
-
 def relay_batch(limit: int | None = None) -> int:
 
     limit = limit or settings.CLEANUP_RELAY_BATCH_SIZE

@@ -64,7 +64,7 @@ def screen_entry(item: bytes | str, queue: str) -> dict[str, Any] | None:
         return payload  # type: ignore[no-any-return]
     try:
         dead_letter_entry(item, queue, problem)
-    except Exception:  # noqa: BLE001
+    except Exception:
         logger.exception("could not dead-letter a broker entry")
     return None
 

@@ -69,17 +69,13 @@ class SweepResult:
 
 def _try_shard_lock(shard: int, shards: int) -> bool:
     with connection.cursor() as cur:
-        cur.execute(
-            "SELECT pg_try_advisory_lock(%s, %s)", list(locks.sweep_shard(shard, shards))
-        )
+        cur.execute("SELECT pg_try_advisory_lock(%s, %s)", list(locks.sweep_shard(shard, shards)))
         return bool(cur.fetchone()[0])
 
 
 def _release_shard_lock(shard: int, shards: int) -> None:
     with connection.cursor() as cur:
-        cur.execute(
-            "SELECT pg_advisory_unlock(%s, %s)", list(locks.sweep_shard(shard, shards))
-        )
+        cur.execute("SELECT pg_advisory_unlock(%s, %s)", list(locks.sweep_shard(shard, shards)))
 
 
 def _drop_leaked_locks() -> None:

@@ -136,7 +136,6 @@ def _check_database() -> None:
 
 def _check_broker() -> None:
     if settings.BROKER_IS_REDIS:
-
         redis_client().ping()
         return
 

@@ -266,8 +266,7 @@ class ReservationAdmin(admin_guard.ReadOnly, admin.ModelAdmin):
             if matching is not None:
                 self.message_user(
                     request,
-                    f"Select at most {ADMIN_RELEASE_LIMIT} holds at a time; "
-                    f"nothing was released.",
+                    f"Select at most {ADMIN_RELEASE_LIMIT} holds at a time; nothing was released.",
                     messages.ERROR,
                 )
                 return None
@@ -369,4 +368,3 @@ class OutboxEventAdmin(admin_guard.ReadOnly, admin.ModelAdmin):
         if reservation_id is None:
             return queryset.none(), False
         return queryset.filter(reservation_id=reservation_id), False
-

@@ -77,9 +77,7 @@ def confirmation(
     return TemplateResponse(request, "admin/confirm_action.html", context)
 
 
-def log_each(
-    request: HttpRequest, objects_by_result: dict[str, list[Any]], what: str
-) -> None:
+def log_each(request: HttpRequest, objects_by_result: dict[str, list[Any]], what: str) -> None:
     """One CHANGE ``LogEntry`` per object acted on: who (the request's user), when (now), what
     (``"<what>: <result>"``)."""
     for result, objects in objects_by_result.items():

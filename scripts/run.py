@@ -83,7 +83,7 @@ class Supervisor:
     # --- children -----------------------------------------------------------------------------
     def start(self, name: str, argv: list[str]) -> None:
         say(f"starting {name}: {' '.join(argv)}")
-        process = subprocess.Popen(  # noqa: S603
+        process = subprocess.Popen(
             argv,
             cwd=ROOT,
             env=self.env,
@@ -203,13 +203,11 @@ def port_free(port: int) -> bool:
 
 
 def manage(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(  # noqa: S603
-        [PYTHON, "manage.py", *args], cwd=ROOT, env=env, check=check, text=True
-    )
+    return subprocess.run([PYTHON, "manage.py", *args], cwd=ROOT, env=env, check=check, text=True)
 
 
 def manage_quiet(env: dict[str, str], *args: str) -> int:
-    result = subprocess.run(  # noqa: S603
+    result = subprocess.run(
         [PYTHON, "manage.py", *args],
         cwd=ROOT,
         env=env,
@@ -235,7 +233,7 @@ def ensure_dev_superuser(env: dict[str, str]) -> str | None:
     if not env["DJANGO_SETTINGS_MODULE"].endswith(".local"):
         return None
     user, password = DEV_SUPERUSER
-    result = subprocess.run(  # noqa: S603
+    result = subprocess.run(
         [PYTHON, "manage.py", "shell", "-c", CREATE_SUPERUSER.format(user=user, password=password)],
         cwd=ROOT,
         env=env,

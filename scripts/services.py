@@ -359,7 +359,7 @@ def start_embedded_redis() -> tuple[int, bool]:
             "--logfile", "", "--protected-mode", "yes",
         ]  # fmt: skip
         with open(REDIS_DIR / "redis.log", "ab") as logfile:
-            process = subprocess.Popen(  # noqa: S603
+            process = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=logfile,

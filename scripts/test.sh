@@ -74,6 +74,7 @@ browser_check() {
 }
 phase "browser" browser_check
 phase "ruff" .venv/bin/ruff check .
+phase "ruff-format" .venv/bin/ruff format --check .
 phase "mypy" .venv/bin/mypy .
 # docker-compose.yml parses with every variable from .env.example (Debian's docker-compose
 # validates without a container engine; installed with apt-get as root in CI when missing).

@@ -91,8 +91,7 @@ def _publish_duplicates(cfg: BurstConfig, state: BurstState) -> None:
     if not todo:
         return
     rows = _rows(
-        f"SELECT id, version, expires_at, bucket FROM {R} WHERE id = ANY(%s) "
-        f"AND claim_count > 0",
+        f"SELECT id, version, expires_at, bucket FROM {R} WHERE id = ANY(%s) AND claim_count > 0",
         [todo],
     )
     if not rows:
@@ -108,8 +107,9 @@ def _send_sweeps(cfg: BurstConfig) -> None:
         send_sweep(shard, cfg.shards)
 
 
-def sample(cfg: BurstConfig, state: BurstState, t: float, keys: list[str],
-           workers: list[WorkerProcess]) -> Sample:
+def sample(
+    cfg: BurstConfig, state: BurstState, t: float, keys: list[str], workers: list[WorkerProcess]
+) -> Sample:
     lo, hi = state.ids[0], state.ids[-1]
     shards = _rows(
         f"SELECT bucket %% %s, count(*), EXTRACT(EPOCH FROM now() - min(expires_at))::float8 "
@@ -127,8 +127,11 @@ def sample(cfg: BurstConfig, state: BurstState, t: float, keys: list[str],
         [lo, hi],
     )
     outcomes = {o: int(c) for o, c, _r in receipts}
-    dead = _rows("SELECT count(*) FROM cleanup_deadletter WHERE created_at > now() - "
-                 "make_interval(secs => %s)", [t + 60])[0][0]
+    dead = _rows(
+        "SELECT count(*) FROM cleanup_deadletter WHERE created_at > now() - "
+        "make_interval(secs => %s)",
+        [t + 60],
+    )[0][0]
     q = broker.queue_stats(settings.CLEANUP_RELEASE_QUEUE)
     return Sample(
         t=round(t, 2),
@@ -220,8 +223,14 @@ def run(cfg: BurstConfig, stream: TextIO = sys.stderr) -> dict[str, Any]:
             stream.flush()
             past_window = t >= cfg.lead + cfg.window
             dups_done = not (state.dup_candidates - state.duplicated)
-            if (past_window and s.eligible == 0 and s.queue_depth == 0 and dups_done
-                    and s.released >= expected and not state.renew_set):
+            if (
+                past_window
+                and s.eligible == 0
+                and s.queue_depth == 0
+                and dups_done
+                and s.released >= expected
+                and not state.renew_set
+            ):
                 finished = True
                 break
             if t >= timeout:
@@ -243,8 +252,14 @@ def run(cfg: BurstConfig, stream: TextIO = sys.stderr) -> dict[str, Any]:
     return report
 
 
-def build_report(cfg: BurstConfig, state: BurstState, elapsed: float, finished: bool,
-                 violations: list[str], workers: list[WorkerProcess]) -> dict[str, Any]:
+def build_report(
+    cfg: BurstConfig,
+    state: BurstState,
+    elapsed: float,
+    finished: bool,
+    violations: list[str],
+    workers: list[WorkerProcess],
+) -> dict[str, Any]:
     lo, hi = state.ids[0], state.ids[-1]
     stats = _rows(
         "SELECT count(*), avg(duration_ms), percentile_cont(0.5) WITHIN GROUP (ORDER BY "
@@ -268,8 +283,9 @@ def build_report(cfg: BurstConfig, state: BurstState, elapsed: float, finished: 
     processed = int(receipts or 0)
     # Effective service time per consumer: consumer-seconds while receipts were being written,
     # over messages processed (includes Celery/broker overhead and the lost consumers' time).
-    service_eff = consumers * float(busy_s) / processed if consumers and processed and busy_s \
-        else None
+    service_eff = (
+        consumers * float(busy_s) / processed if consumers and processed and busy_s else None
+    )
     arrival = cfg.holds / cfg.window if cfg.window else None
     return {
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()},

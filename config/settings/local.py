@@ -7,4 +7,4 @@ os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/reserv
 os.environ.setdefault("RESERVATIONS_API_TOKEN", "local-dev-token")
 os.environ.setdefault("DEBUG", "true")
 
-from .base import *  # noqa: E402,F403
+from .base import *  # noqa: F403

@@ -112,12 +112,25 @@ def write_report(tmp_path: Path, name: str, watch: PoolWatch, worker: Worker) ->
     report = {
         "pool_size_timeline_s": watch.timeline(),
         "decisions": [
-            {k: d.get(k) for k in ("action", "reason", "pool", "target", "in_backlog",
-                                   "in_oldest_eligible_age_s", "in_queue_depth",
-                                   "in_service_time_s", "in_service_source", "fleet_drain",
-                                   "fleet_sustain")}
+            {
+                k: d.get(k)
+                for k in (
+                    "action",
+                    "reason",
+                    "pool",
+                    "target",
+                    "in_backlog",
+                    "in_oldest_eligible_age_s",
+                    "in_queue_depth",
+                    "in_service_time_s",
+                    "in_service_source",
+                    "fleet_drain",
+                    "fleet_sustain",
+                )
+            }
             for d in decisions(worker)
-            if d.get("action") != "hold" or d.get("reason") != "at_target"
+            if d.get("action") != "hold"
+            or d.get("reason") != "at_target"
             or d.get("in_backlog") not in (None, "0")
         ][:60],
     }
@@ -161,7 +174,7 @@ def test_a_backlog_grows_the_pool_to_max_and_an_idle_queue_shrinks_it_to_min(
     assert {d["reason"] for d in shrinks} <= {"idle", "backlog"}, shrinks
     assert grew_after < 60 and drained_after < shrank_after
     assert invariant_violations(ids) == []
-    print(  # noqa: T201 - the measurement, shown with -s
+    print(  # the measurement, shown with -s
         f"grew to 4 after {grew_after:.1f}s, drained after {drained_after:.1f}s, "
         f"back to 1 after {shrank_after:.1f}s; pool timeline {watch.timeline()}"
     )
@@ -194,9 +207,10 @@ def test_a_burst_the_current_pool_drains_within_the_slo_does_not_grow_it(
 
 def test_a_database_read_error_keeps_the_current_size(tmp_path: Path) -> None:
     # given: a worker grown to 4 by a backlog, which then drains (so it would shrink to 1)
-    with autoscaled_worker(
-        tmp_path, "4,1", **SLOW_SERVICE, CLEANUP_AUTOSCALE_COOLDOWN="8"
-    ) as (worker, watch):
+    with autoscaled_worker(tmp_path, "4,1", **SLOW_SERVICE, CLEANUP_AUTOSCALE_COOLDOWN="8") as (
+        worker,
+        watch,
+    ):
         ids = create_eligible_holds(1500, expired_seconds_ago=1)
         sweep_until(lambda: watch.now() == 4, shards=2, timeout=60)
         sweep_until(lambda: released_count(ids) == len(ids), shards=2, timeout=240)

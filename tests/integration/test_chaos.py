@@ -133,7 +133,7 @@ def test_a_lost_worker_node_is_recovered_within_90_s_at_default_settings(tmp_pat
         node_a.kill()
         node_b.stop(timeout=30)
 
-    print(  # noqa: T201 - the measurement, shown with -s
+    print(  # the measurement, shown with -s
         f"\nnode loss at default settings ({'Redis' if broker_is_redis() else 'RabbitMQ'}): "
         f"last in-flight hold released {recovery:.1f}s after the SIGKILL"
     )
@@ -175,8 +175,16 @@ class PrivateRedis:
         )
         self.directory.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
-             str(self.directory), *persistence],  # fmt: skip
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.directory),
+                *persistence,
+            ],  # fmt: skip
             stdout=(self.directory / "redis.log").open("ab"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -280,7 +288,7 @@ def test_a_redis_restart_mid_burst_loses_no_hold_and_releases_none_twice(
         finally:
             for w in workers:
                 w.stop(timeout=30)
-    print(  # noqa: T201
+    print(
         f"\nredis restart ({'AOF always' if persistent else 'no persistence'}): "
         f"{released_before} released before; {in_queue} queued + {unacked} unacked at the kill; "
         f"the rest released {recovered:.1f}s after the restart; outcomes {outcome_counts()}; "
@@ -320,7 +328,7 @@ def test_every_worker_database_connection_terminated_mid_burst_releases_each_hol
     finally:
         for w in workers:
             w.stop(timeout=30)
-    print(  # noqa: T201
+    print(
         f"\npg_terminate_backend x3 mid-burst: {terminated} backends terminated; "
         f"outcomes {outcome_counts()}; dead letters (reason, task) "
         f"{sql('SELECT reason, task_name, count(*) FROM cleanup_deadletter GROUP BY 1, 2')}"
@@ -472,9 +480,26 @@ class NetnsWorker(Worker):
         env.update(self.env)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.netns.name, celery_bin(), "-A", "config", "worker",
-             "-Q", self.queues, "-c", str(self.concurrency), "-n", f"{self.name}@%h",
-             "--without-gossip", "--without-mingle", "--loglevel", "INFO"],  # fmt: skip
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.netns.name,
+                celery_bin(),
+                "-A",
+                "config",
+                "worker",
+                "-Q",
+                self.queues,
+                "-c",
+                str(self.concurrency),
+                "-n",
+                f"{self.name}@%h",
+                "--without-gossip",
+                "--without-mingle",
+                "--loglevel",
+                "INFO",
+            ],  # fmt: skip
             cwd=ROOT,
             env=env,
             stdout=log,
@@ -500,9 +525,22 @@ def partition_rig(tmp_path: Path) -> Iterator[dict[str, Any]]:
         assert binary
         server.directory.mkdir(parents=True, exist_ok=True)
         server.proc = subprocess.Popen(
-            [binary, "--port", str(redis_port), "--bind", "127.0.0.1", NS_HOST_IP,
-             "--dir", str(server.directory), "--appendonly", "no", "--save", "",
-             "--protected-mode", "no"],  # fmt: skip
+            [
+                binary,
+                "--port",
+                str(redis_port),
+                "--bind",
+                "127.0.0.1",
+                NS_HOST_IP,
+                "--dir",
+                str(server.directory),
+                "--appendonly",
+                "no",
+                "--save",
+                "",
+                "--protected-mode",
+                "no",
+            ],  # fmt: skip
             stdout=(server.directory / "redis.log").open("ab"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -623,7 +661,7 @@ def test_a_node_that_loses_the_broker_but_not_the_database_has_its_messages_rede
             lock.close()
             node_p.kill()
             node_h.stop(timeout=30)
-    print(  # noqa: T201
+    print(
         f"\npartition (broker lost, database kept): {len(redelivered)} of P's messages "
         f"redelivered to H and found already handled; P released "
         f"{_receipts_by(node_p.name, ids)} of the first 400; after healing P released "
@@ -697,7 +735,7 @@ def test_a_node_that_loses_the_database_but_not_the_broker_strands_no_hold(
             node_h.stop(timeout=30)
     letters = sql("SELECT reason, count(*) FROM cleanup_deadletter GROUP BY reason")
     retried = log_lines([node_p.log_path], "Retry in")
-    print(  # noqa: T201
+    print(
         f"\npartition (database lost, broker kept): all 400 released {all_released:.1f}s after "
         f"the cut; P released {by_p_during_cut} of the parked offering's holds; dead letters "
         f"{letters}; P retry lines {len(retried)}; after healing P released {rejoined} fresh "

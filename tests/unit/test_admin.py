@@ -261,9 +261,7 @@ def test_searching_text_finds_holds_by_holder(staff_client, make_offering):
 # --- the release action -------------------------------------------------------------------
 
 
-def test_the_release_action_releases_eligible_holds_and_reports_counts(
-    staff_client, make_offering
-):
+def test_the_release_action_releases_eligible_holds_and_reports_counts(staff_client, make_offering):
     # given
     offering = make_offering(capacity=10)
     stale = [expired_hold(offering, f"stale-{i}") for i in range(3)]

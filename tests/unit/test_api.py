@@ -31,11 +31,21 @@ def api_client(client: Client) -> Client:
     return client
 
 
-def post(client: Client, url: str, body: Any = None, *, raw: bytes | str | None = None,
-         headers: dict[str, str] | None = None) -> Any:
+def post(
+    client: Client,
+    url: str,
+    body: Any = None,
+    *,
+    raw: bytes | str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Any:
     data = raw if raw is not None else json.dumps(body)
-    return client.post(url, data=data, content_type="application/json",
-                       headers=AUTH if headers is None else headers)
+    return client.post(
+        url,
+        data=data,
+        content_type="application/json",
+        headers=AUTH if headers is None else headers,
+    )
 
 
 def get(client: Client, url: str, headers: dict[str, str] | None = None) -> Any:
@@ -63,8 +73,11 @@ def assert_error(response: Any, status: int, code: str, field: str | None = None
 
 def test_holding_a_seat_returns_201_with_the_hold_and_takes_the_seat(api_client, offering):
     # when
-    response = post(api_client, f"/api/offerings/{offering.pk}/holds",
-                    {"holder": "learner-1", "ttl_seconds": 120})
+    response = post(
+        api_client,
+        f"/api/offerings/{offering.pk}/holds",
+        {"holder": "learner-1", "ttl_seconds": 120},
+    )
     # then
     assert response.status_code == 201
     body = response.json()
@@ -106,8 +119,9 @@ def test_renewing_a_hold_bumps_its_version_and_extends_it(api_client, offering):
     # given
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60)
     # when
-    response = post(api_client, f"/api/holds/{hold.pk}/renew",
-                    {"expected_version": 1, "ttl_seconds": 600})
+    response = post(
+        api_client, f"/api/holds/{hold.pk}/renew", {"expected_version": 1, "ttl_seconds": 600}
+    )
     # then
     assert response.status_code == 200
     assert response.json()["version"] == 2
@@ -227,7 +241,8 @@ def test_holding_without_a_holder_is_a_400(api_client, offering):
 
 
 @pytest.mark.parametrize(
-    "holder", ["", "   ", "x" * 201, "nul\x00byte", "lone \ud800 surrogate"],
+    "holder",
+    ["", "   ", "x" * 201, "nul\x00byte", "lone \ud800 surrogate"],
     ids=["empty", "blank", "too-long", "nul", "surrogate"],
 )
 def test_a_holder_the_database_cannot_store_is_a_400(api_client, offering, settings, holder):
@@ -243,8 +258,9 @@ def test_an_unknown_field_is_a_400_naming_it(api_client, offering):
 
 @pytest.mark.parametrize("ttl", [0, -5, 86401, 10**40])
 def test_a_ttl_out_of_range_is_a_400_from_the_service(api_client, offering, ttl):
-    response = post(api_client, f"/api/offerings/{offering.pk}/holds",
-                    {"holder": "x", "ttl_seconds": ttl})
+    response = post(
+        api_client, f"/api/offerings/{offering.pk}/holds", {"holder": "x", "ttl_seconds": ttl}
+    )
     assert response.status_code == 400
     assert response.json()["error"]["field"] == "ttl_seconds"
     assert response.json()["error"]["code"] in {"invalid_ttl", "out_of_range"}
@@ -253,8 +269,9 @@ def test_a_ttl_out_of_range_is_a_400_from_the_service(api_client, offering, ttl)
 
 def test_renewing_with_a_ttl_out_of_range_is_a_400_and_changes_nothing(api_client, offering):
     hold = services.hold_seat(offering.pk, "learner-1")
-    response = post(api_client, f"/api/holds/{hold.pk}/renew",
-                    {"expected_version": 1, "ttl_seconds": 0})
+    response = post(
+        api_client, f"/api/holds/{hold.pk}/renew", {"expected_version": 1, "ttl_seconds": 0}
+    )
     assert_error(response, 400, "invalid_ttl", "ttl_seconds")
     hold.refresh_from_db()
     assert hold.version == 1
@@ -262,8 +279,10 @@ def test_renewing_with_a_ttl_out_of_range_is_a_400_and_changes_nothing(api_clien
 
 def test_a_non_numeric_content_length_is_a_400(offering):
     request = RequestFactory().post(
-        f"/api/offerings/{offering.pk}/holds", data=b'{"holder": "x"}',
-        content_type="application/json", headers=AUTH,
+        f"/api/offerings/{offering.pk}/holds",
+        data=b'{"holder": "x"}',
+        content_type="application/json",
+        headers=AUTH,
     )
     request.META["CONTENT_LENGTH"] = "twelve"
     response = api.create_hold(request, offering_id=offering.pk)
@@ -287,8 +306,9 @@ def test_a_non_numeric_content_length_is_a_400(offering):
     ids=["missing", "wrong", "basic", "empty", "longer", "non-ascii", "no-scheme"],
 )
 def test_a_missing_or_bad_token_is_a_401_and_changes_nothing(api_client, offering, headers):
-    response = post(api_client, f"/api/offerings/{offering.pk}/holds", {"holder": "x"},
-                    headers=headers)
+    response = post(
+        api_client, f"/api/offerings/{offering.pk}/holds", {"holder": "x"}, headers=headers
+    )
     assert_error(response, 401, "unauthorized")
     assert response["WWW-Authenticate"].startswith("Bearer")
     assert not Reservation.objects.exists()
@@ -300,8 +320,12 @@ def test_reading_a_hold_without_a_token_is_a_401(api_client, offering):
 
 
 def test_the_bearer_scheme_is_case_insensitive(api_client, offering):
-    response = post(api_client, f"/api/offerings/{offering.pk}/holds", {"holder": "x"},
-                    headers={"Authorization": f"bearer {TOKEN}"})
+    response = post(
+        api_client,
+        f"/api/offerings/{offering.pk}/holds",
+        {"holder": "x"},
+        headers={"Authorization": f"bearer {TOKEN}"},
+    )
     assert response.status_code == 201
 
 
@@ -433,8 +457,10 @@ def test_a_body_over_the_limit_without_content_length_is_a_413(offering):
     # given: a request whose declared length hides its real size (e.g. chunked upload)
     payload = json.dumps({"holder": "x" * 2000}).encode()
     request = RequestFactory().post(
-        f"/api/offerings/{offering.pk}/holds", data=payload,
-        content_type="application/json", headers=AUTH,
+        f"/api/offerings/{offering.pk}/holds",
+        data=payload,
+        content_type="application/json",
+        headers=AUTH,
     )
     del request.META["CONTENT_LENGTH"]
     request._stream = io.BytesIO(payload)  # type: ignore[attr-defined]

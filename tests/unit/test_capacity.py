@@ -21,8 +21,12 @@ def test_article_example_is_40_per_second_and_2_or_3_consumers():
 
 def test_retry_headroom_and_the_loss_of_one_node():
     result = capacity.plan(
-        holds=12000, window_seconds=300, per_worker_rate=20, utilization=0.7,
-        retry_ratio=0.25, consumers_per_node=2,
+        holds=12000,
+        window_seconds=300,
+        per_worker_rate=20,
+        utilization=0.7,
+        retry_ratio=0.25,
+        consumers_per_node=2,
     )
     # 2 × 1.25 / 0.7 = 3.57 → 4 consumers → 2 nodes, + 1 for a lost node = 3 nodes = 6
     assert result.consumers_with_retries == 4
@@ -41,8 +45,15 @@ def test_desired_consumers_function():
 
 def test_command_prints_the_arithmetic(capsys):
     call_command(
-        "capacity_plan", "--holds", "12000", "--window-seconds", "300",
-        "--per-worker-rate", "20", "--utilization", "0.7",
+        "capacity_plan",
+        "--holds",
+        "12000",
+        "--window-seconds",
+        "300",
+        "--per-worker-rate",
+        "20",
+        "--utilization",
+        "0.7",
     )
     out = capsys.readouterr().out
     assert "12,000 holds / 300 s = 40 msg/s" in out

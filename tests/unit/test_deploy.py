@@ -43,7 +43,7 @@ def exported_metrics() -> set[str]:
     from cleanup import collectors, metrics
 
     names: set[str] = set()
-    for collector_names in REGISTRY._collector_to_names.values():  # noqa: SLF001
+    for collector_names in REGISTRY._collector_to_names.values():
         if any(n.startswith(metrics.PREFIX) for n in collector_names):
             names.update(collector_names)
     names.update(f"{metrics.PREFIX}_{name}" for name in collectors.GAUGE_HELP)

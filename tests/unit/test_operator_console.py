@@ -126,9 +126,7 @@ def test_the_health_page_numbers_equal_sql_and_the_broker(admin_client_, broker,
     )
     from cleanup.publish import publish_release_messages
 
-    publish_release_messages(
-        [build(900_000 + i, 1, timezone.now(), 0, "t") for i in range(7)]
-    )
+    publish_release_messages([build(900_000 + i, 1, timezone.now(), 0, "t") for i in range(7)])
     # when
     html = admin_client_.get(reverse(HEALTH) + "?workers=0").content.decode()
     # then: per shard, what SQL says (an independent statement: bucket % N)
@@ -147,14 +145,12 @@ def test_the_health_page_numbers_equal_sql_and_the_broker(admin_client_, broker,
     total = sum(int(metric(html, k, "eligible")) for k in range(4))
     assert total == 30
     # the broker's own answer for the release queue
-    depth = sum(
-        broker.llen(key) for key in broker.keys("cleanup*") if broker.type(key) == b"list"
-    )
+    depth = sum(broker.llen(key) for key in broker.keys("cleanup*") if broker.type(key) == b"list")
     assert int(metric(html, None, "queue-depth")) == depth == 7
     # open dead letters by reason, linking to the filtered list
     assert metric(html, None, "dead-open-malformed") == "2"
     assert "dead-open-retries_exhausted" not in html
-    assert f'{reverse(DEAD_LETTERS)}?reason=malformed&amp;resolved=no' in html
+    assert f"{reverse(DEAD_LETTERS)}?reason=malformed&amp;resolved=no" in html
     # outcomes and retries from receipts
     assert metric(html, None, "transitions-5") == "1"
     assert metric(html, None, "retries-60") == "2"
@@ -225,9 +221,7 @@ def test_searching_a_hold_id_on_the_health_page_opens_the_hold(admin_client_, of
     hold = services.hold_seat(offering.pk, "someone", ttl_seconds=60)
     response = admin_client_.get(reverse(HEALTH) + f"?hold={hold.pk}&workers=0")
     assert response.status_code == 302
-    assert response["Location"] == reverse(
-        "admin:reservations_reservation_change", args=[hold.pk]
-    )
+    assert response["Location"] == reverse("admin:reservations_reservation_change", args=[hold.pk])
     missing = admin_client_.get(reverse(HEALTH) + "?hold=999999&workers=0", follow=True)
     assert "No hold with id" in missing.content.decode()
 

@@ -78,8 +78,7 @@ def test_production_refuses_development_values_naming_the_variable(
 
 def test_forwarded_proto_is_trusted_only_when_configured() -> None:
     code = (
-        "import config.settings.production as s; "
-        "print(getattr(s, 'SECURE_PROXY_SSL_HEADER', None))"
+        "import config.settings.production as s; print(getattr(s, 'SECURE_PROXY_SSL_HEADER', None))"
     )
     assert run_python(code).stdout.strip() == "None"
     trusted = run_python(code, SECURE_PROXY_SSL_HEADER="true").stdout.strip()

@@ -269,8 +269,14 @@ def test_entries_installed_before_the_schedule_object_existed_are_adopted_not_re
     from cleanup.schedule import _ensure
 
     for k in range(3):
-        _ensure(sweep_entry_name(k, 3), "cleanup.sweep_shard", 20, {"shard": k, "shards": 3},
-                "sweep", enabled=False)
+        _ensure(
+            sweep_entry_name(k, 3),
+            "cleanup.sweep_shard",
+            20,
+            {"shard": k, "shards": 3},
+            "sweep",
+            enabled=False,
+        )
     # when: the new release starts with its usual command line
     out = _command("--shards", "4", "--every", "10")
     # then

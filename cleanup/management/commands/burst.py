@@ -1,7 +1,7 @@
 """The burst drill (see cleanup.drills.burst). Exits non-zero when an invariant fails.
 
-    python manage.py burst                                   # 12,000 holds over 300 s
-    python manage.py burst --holds 2000 --window 30 --workers 3 --drain-at 10 --kill-at 15
+python manage.py burst                                   # 12,000 holds over 300 s
+python manage.py burst --holds 2000 --window 30 --workers 3 --drain-at 10 --kill-at 15
 """
 
 from __future__ import annotations
@@ -25,18 +25,24 @@ class Command(BaseCommand):
         parser.add_argument("--window", type=float, default=300.0, help="seconds; 0 = at once")
         parser.add_argument("--offerings", type=int, default=8)
         parser.add_argument("--shards", type=int, default=4)
-        parser.add_argument("--lead", type=float, default=3.0,
-                            help="seconds before the first hold expires")
+        parser.add_argument(
+            "--lead", type=float, default=3.0, help="seconds before the first hold expires"
+        )
         parser.add_argument("--renew-fraction", type=float, default=0.0)
         parser.add_argument("--duplicate-fraction", type=float, default=0.0)
-        parser.add_argument("--workers", type=int, default=0,
-                            help="start K workers (0: target an already running fleet)")
+        parser.add_argument(
+            "--workers",
+            type=int,
+            default=0,
+            help="start K workers (0: target an already running fleet)",
+        )
         parser.add_argument("--concurrency", type=int, default=1)
         parser.add_argument("--drain-at", type=float, help="SIGTERM one started worker at T s")
         parser.add_argument("--kill-at", type=float, help="SIGKILL one started worker at T s")
         parser.add_argument("--sweep-every", type=float, default=2.0)
-        parser.add_argument("--no-sweeps", action="store_true",
-                            help="do not send sweeps (a beat is running)")
+        parser.add_argument(
+            "--no-sweeps", action="store_true", help="do not send sweeps (a beat is running)"
+        )
         parser.add_argument("--slo", type=float, help="default: CLEANUP_SLO_SECONDS")
         parser.add_argument("--timeout", type=float, help="default: lead + window + 600 s")
         parser.add_argument("--out", type=Path)
@@ -52,13 +58,23 @@ class Command(BaseCommand):
             raise CommandError("--drain-at/--kill-at need --workers (workers it started)")
         out = o["out"] or Path("var/burst") / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         cfg = BurstConfig(
-            holds=o["holds"], window=o["window"], offerings=o["offerings"], shards=o["shards"],
-            lead=o["lead"], renew_fraction=o["renew_fraction"],
-            duplicate_fraction=o["duplicate_fraction"], drain_at=o["drain_at"],
-            kill_at=o["kill_at"], workers=o["workers"], concurrency=o["concurrency"],
-            send_sweeps=not o["no_sweeps"], sweep_every=o["sweep_every"],
-            slo=o["slo"] or float(settings.CLEANUP_SLO_SECONDS), timeout=o["timeout"],
-            out=out, seed=o["seed"],
+            holds=o["holds"],
+            window=o["window"],
+            offerings=o["offerings"],
+            shards=o["shards"],
+            lead=o["lead"],
+            renew_fraction=o["renew_fraction"],
+            duplicate_fraction=o["duplicate_fraction"],
+            drain_at=o["drain_at"],
+            kill_at=o["kill_at"],
+            workers=o["workers"],
+            concurrency=o["concurrency"],
+            send_sweeps=not o["no_sweeps"],
+            sweep_every=o["sweep_every"],
+            slo=o["slo"] or float(settings.CLEANUP_SLO_SECONDS),
+            timeout=o["timeout"],
+            out=out,
+            seed=o["seed"],
         )
         report = run(cfg)
         s = report["summary"]

@@ -74,9 +74,7 @@ def test_the_health_page_shows_a_real_backlog_as_sql_and_the_broker_see_it(
     install_schedule(shards=4, every=3600)
     old = create_eligible_holds(240, offerings=4, expired_seconds_ago=420)
     create_eligible_holds(40, offerings=2, expired_seconds_ago=5)
-    publish_release_messages(
-        [build(hold, 1, timezone.now(), 0, "browser") for hold in old[:25]]
-    )
+    publish_release_messages([build(hold, 1, timezone.now(), 0, "browser") for hold in old[:25]])
     for reason in ("malformed", "malformed", "retries_exhausted"):
         DeadLetter.objects.create(reason=reason)
     for _ in range(3):  # real samples of this state feed the chart
@@ -123,9 +121,13 @@ def test_the_expired_filter_and_the_release_action_with_its_confirmation(
     page.get_by_role("link", name="Yes").first.click()  # "By expired but still held: Yes"
     page.wait_for_url(re.compile(r"expired_held=yes"))
     rows = page.locator("#result_list tbody tr")
-    assert rows.count() == len(stale) == scalar(
-        "SELECT count(*) FROM reservations_reservation WHERE status = 'held' "
-        "AND expires_at <= now()"
+    assert (
+        rows.count()
+        == len(stale)
+        == scalar(
+            "SELECT count(*) FROM reservations_reservation WHERE status = 'held' "
+            "AND expires_at <= now()"
+        )
     )
     # a hold page, with its linked records (screenshot for the docs)
     page.locator("#result_list tbody tr th a").first.click()
@@ -170,9 +172,7 @@ def test_requeue_shows_what_will_be_sent_and_leaves_an_audit_entry(
                 message=message,
             )
         )
-    page.goto(
-        live_server.url + reverse("admin:cleanup_deadletter_changelist") + "?resolved=no"
-    )
+    page.goto(live_server.url + reverse("admin:cleanup_deadletter_changelist") + "?resolved=no")
     page.check("#action-toggle")
     page.select_option("select[name=action]", "requeue")
     page.click("button[name=index]")
@@ -187,9 +187,7 @@ def test_requeue_shows_what_will_be_sent_and_leaves_an_audit_entry(
 
     assert queue_depth("cleanup") == 3
     # the audit entry, on the letter's own history page
-    page.goto(
-        live_server.url + reverse("admin:cleanup_deadletter_history", args=[letters[0].pk])
-    )
+    page.goto(live_server.url + reverse("admin:cleanup_deadletter_history", args=[letters[0].pk]))
     history = page.inner_text("#change-history")
     assert "requeue: republished" in history and USERNAME in history
 
