@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import redis
 from django.conf import settings
 
 from config.celery_app import app
+
+from . import redis_clients
 
 # kombu's Redis priority steps and separator (kombu.transport.redis defaults).
 PRIORITY_STEPS = (0, 3, 6, 9)
@@ -37,13 +38,8 @@ def priority_keys(queue: str) -> list[str]:
     return [queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS]
 
 
-@lru_cache(maxsize=4)
-def _redis(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
-
-
 def redis_client() -> redis.Redis:
-    return _redis(settings.CELERY_BROKER_URL)
+    return redis_clients.client(settings.CELERY_BROKER_URL)
 
 
 def _enqueued_at(raw: bytes | None) -> float | None:

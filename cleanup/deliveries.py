@@ -9,12 +9,11 @@ configured; otherwise an autocommit upsert in PostgreSQL.
 from __future__ import annotations
 
 import time
-from functools import lru_cache
 
-import redis
 from django.conf import settings
 from django.db import connection, models
 
+from . import redis_clients
 from .models import DeliveryCount
 
 KEY_PREFIX = "reservation-cleanup:deliveries:"
@@ -24,16 +23,11 @@ TALLY_PREFIX = "reservation-cleanup:attempts:"
 TALLY_TTL = 7200
 
 
-@lru_cache(maxsize=4)
-def _client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
-
-
 def increment(key: str) -> int:
     """Count one more delivery of ``key`` and return the total so far."""
     url = settings.CLEANUP_COUNTER_REDIS_URL
     if url:
-        pipe = _client(url).pipeline(transaction=False)
+        pipe = redis_clients.client(url).pipeline(transaction=False)
         pipe.incr(KEY_PREFIX + key)
         pipe.expire(KEY_PREFIX + key, settings.CLEANUP_DELIVERY_COUNTER_TTL)
         if not key.startswith("task:"):  # a release message (a malformed one counts by task)
@@ -56,7 +50,7 @@ def increment(key: str) -> int:
 def current(key: str) -> int:
     url = settings.CLEANUP_COUNTER_REDIS_URL
     if url:
-        value = _client(url).get(KEY_PREFIX + key)
+        value = redis_clients.client(url).get(KEY_PREFIX + key)
         return int(value) if value is not None else 0
     row = DeliveryCount.objects.filter(pk=key).values_list("count", flat=True).first()
     return int(row or 0)
@@ -70,7 +64,7 @@ def attempts_since(minutes: int, *, now: float | None = None) -> int | None:
         return None
     current = int(time.time() if now is None else now) // 60
     keys = [f"{TALLY_PREFIX}{m}" for m in range(current - minutes + 1, current + 1)]
-    return sum(int(v) for v in _client(url).mget(keys) if v is not None)
+    return sum(int(v) for v in redis_clients.client(url).mget(keys) if v is not None)
 
 
 def total(keys: list[str]) -> int:
@@ -80,7 +74,7 @@ def total(keys: list[str]) -> int:
         return int(
             DeliveryCount.objects.filter(pk__in=keys).aggregate(n=models.Sum("count"))["n"] or 0
         )
-    client = _client(url)
+    client = redis_clients.client(url)
     counted = 0
     for start in range(0, len(keys), 5000):
         chunk = [KEY_PREFIX + k for k in keys[start : start + 5000]]

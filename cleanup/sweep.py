@@ -138,7 +138,11 @@ def sweep_shard(
         result.timed_out = True
         logger.warning("sweep hit its soft time limit", extra=result.as_dict())
     finally:
-        if shard_locked:
+        if result.timed_out:
+            # The limit can strike between PostgreSQL granting a lock and this code recording
+            # it in a flag: drop every session lock, so none stays on this pooled connection.
+            _drop_leaked_locks()
+        elif shard_locked:
             _release_shard_lock(shard, shards)
     result.duration_s = time.perf_counter() - started
     metrics.record_sweep(

@@ -160,10 +160,10 @@ def queue_settled(queue: str) -> bool:
 
 def delivery_totals(keys: list[str]) -> list[int]:
     """Delivery counters of many keys at once (Redis MGET, or the PostgreSQL table)."""
-    from cleanup import deliveries
+    from cleanup import deliveries, redis_clients
 
     if settings.CLEANUP_COUNTER_REDIS_URL:
-        client = deliveries._client(settings.CLEANUP_COUNTER_REDIS_URL)
+        client = redis_clients.client(settings.CLEANUP_COUNTER_REDIS_URL)
         full = [deliveries.KEY_PREFIX + k for k in keys]
         values = [v for at in range(0, len(full), 2000) for v in client.mget(full[at : at + 2000])]
         return [int(v or 0) for v in values]

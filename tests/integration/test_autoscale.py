@@ -205,11 +205,6 @@ def test_a_burst_the_current_pool_drains_within_the_slo_does_not_grow_it(
     assert any(int(d.get("in_backlog", "0")) > 0 for d in seen)
 
 
-# Known flake, under investigation: in 1 of 4 clean-clone runs one shard's sweeps all hit the
-# soft time limit with nothing claimed while this worker resized its pool, so the drain before
-# the read error never finished (the read-error behaviour itself was never the failure). One
-# rerun keeps CI honest about everything else; the note in docs/TESTING.md tracks the bug.
-@pytest.mark.flaky(reruns=1)
 def test_a_database_read_error_keeps_the_current_size(tmp_path: Path) -> None:
     # given: a worker grown to 4 by a backlog, which then drains (so it would shrink to 1)
     with autoscaled_worker(tmp_path, "4,1", **SLOW_SERVICE, CLEANUP_AUTOSCALE_COOLDOWN="8") as (

@@ -1,0 +1,44 @@
+"""One Redis client per URL per process, safe to use in a process forked from a threaded one.
+
+A Celery worker's main process runs threads that use Redis (the autoscaler's reader samples the
+release queue), and it forks pool processes while those threads run (autoscaling, replacing a
+process after ``max_tasks_per_child`` or a crash). redis-py (8.1) resets an inherited connection
+pool on first use in the child, and that reset takes the pool's lock first: when a parent thread
+held the lock at the instant of the fork, the child waits for it forever. Every sweep that child
+ran then stopped at its first queue-depth read until the soft time limit; that shard's holds were
+never released (docs/LIBRARY-NOTES.md, "redis-py after fork").
+
+So a child never touches a client it inherited: after every fork the child starts with no
+clients and builds its own. The inherited clients are kept referenced, not dropped: dropping
+them would let the garbage collector run their ``__del__``, which goes through the same lock.
+"""
+
+from __future__ import annotations
+
+import os
+
+import redis
+
+_clients: dict[str, redis.Redis] = {}
+# The parent's clients as a child inherited them: referenced, never used (see above).
+_inherited: list[redis.Redis] = []
+
+
+def client(url: str) -> redis.Redis:
+    """This process's client for ``url`` (created on first use; connects lazily)."""
+    found = _clients.get(url)
+    if found is None:
+        # No lock: a lock here could itself be inherited held. Two threads racing create two
+        # clients and keep one; the other never connected.
+        found = _clients.setdefault(
+            url, redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        )
+    return found
+
+
+def _forget_inherited_clients() -> None:
+    _inherited.extend(_clients.values())
+    _clients.clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_clients)
