@@ -12,7 +12,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -21,6 +20,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from bench import profile
 from cleanup.broker import redis_client
 from cleanup.drills.workers import WorkerProcess
 from reservations import services
@@ -285,7 +285,9 @@ def noop_drain(n: int, layout: tuple[int, int], events: bool = False) -> dict[st
                 raise RuntimeError(workers[0].log_tail())
             time.sleep(0.002)
         t0 = time.perf_counter()
+        cpu0 = cpu_times()
         t1 = wait_drained("bench", timeout=600)
+        cpu = cpu_busy_since(cpu0)
     finally:
         stop_all(workers)
     return {
@@ -293,8 +295,21 @@ def noop_drain(n: int, layout: tuple[int, int], events: bool = False) -> dict[st
         "layout": f"{layout[0]}x{layout[1]}",
         "seconds": round(t1 - t0, 3),
         "rate": round(n / (t1 - t0), 1),
+        "machine_cpu_busy": cpu,
         "events": events,
     }
+
+
+def cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def cpu_busy_since(start: tuple[int, int]) -> float:
+    busy, total = cpu_times()
+    return round((busy - start[0]) / max(1, total - start[1]), 3)
 
 
 def product_drain(
@@ -304,6 +319,7 @@ def product_drain(
     events: bool = False,
     mode: str = "single",
     shards: int = 4,
+    profile_to: Path | None = None,
 ) -> dict[str, Any]:
     """Real sweeps through the broker, fan-out, release on real workers: holds / time from the
     first sweep to all released."""
@@ -314,9 +330,13 @@ def product_drain(
     env = {"CELERY_TASK_EVENTS": str(events).lower(), "CLEANUP_RELEASE_MODE": mode}
     name = f"{mode}-{layout[0]}x{layout[1]}-{'ev' if events else 'noev'}"
     workers = start_layout(name, layout, "", env)
+    spies: list[Any] = []
     memory: dict[str, Any] = {}
     try:
+        if profile_to:
+            spies = profile.start([w.pid for w in workers], profile_to)
         t0 = time.perf_counter()
+        cpu0 = cpu_times()
         last_sweep = 0.0
         deadline = t0 + 1800
         while True:
@@ -331,8 +351,10 @@ def product_drain(
                 raise TimeoutError(f"{name}: {released_count()} of {holds} released")
             time.sleep(0.1)
         t1 = time.perf_counter()
+        cpu = cpu_busy_since(cpu0)
         memory = {w.name: w.memory() for w in workers}
     finally:
+        profile.stop(spies)
         stop_all(workers)
     outcomes = dict(sql("SELECT outcome, count(*) FROM cleanup_cleanupreceipt GROUP BY 1"))
     return {
@@ -342,6 +364,7 @@ def product_drain(
         "mode": mode,
         "seconds": round(t1 - t0, 3),
         "rate": round(holds / (t1 - t0), 1),
+        "machine_cpu_busy": cpu,
         "outcomes": outcomes,
         "violations": check(holds),
         "memory_kb": memory,
@@ -461,14 +484,6 @@ def rss(tasks: int, layout: tuple[int, int]) -> dict[str, Any]:
     }
 
 
-def batch_available() -> bool:
-    """The batched mode counts once it is committed (git), not while it is being written."""
-    probe = subprocess.run(
-        ["git", "grep", "-q", "cleanup.release_batch", "HEAD", "--", "cleanup/tasks.py"], cwd=ROOT
-    )
-    return probe.returncode == 0
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--holds", type=int, default=20000)
@@ -490,6 +505,12 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2, help="best of N for the drains")
     parser.add_argument(
         "--skip", default="", help="comma list: rss,sweep,events,layouts,batch,drains"
+    )
+    parser.add_argument(
+        "--profile",
+        choices=("single", "batch"),
+        help="only profile one drain (1x2) of this release mode with py-spy, and print where "
+        "the pool processes' time went",
     )
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -517,6 +538,8 @@ def main() -> int:
         return top
 
     path = RESULTS / f"{STAMP}.json"
+    if args.profile:
+        return profile_drain(args.profile, drain, path)
 
     def step(name: str) -> None:
         path.write_text(json.dumps(res, indent=2, default=str) + "\n")  # partial results
@@ -546,16 +569,12 @@ def main() -> int:
     if "events" not in skip and "drains" not in skip:
         step(f"per-reservation drain {best_layout}, task events on")
         res["per_reservation_events"] = product_drain(drain, lay_t, events=True)  # type: ignore[arg-type]
-    if "batch" not in skip and "drains" not in skip and batch_available():
+    if "batch" not in skip and "drains" not in skip:
         step(f"batched drain {best_layout}")
         res["batched"] = best(product_drain, drain, lay_t, mode="batch")
     else:
         skipped = skip & {"batch", "drains"}
-        res["batched"] = {
-            "skipped": f"--skip {','.join(sorted(skipped))}"
-            if skipped
-            else "batched release mode (CLEANUP_RELEASE_MODE=batch) is not in git HEAD"
-        }
+        res["batched"] = {"skipped": f"--skip {','.join(sorted(skipped))}"}
     if "sweep" not in skip:
         step("sweep cost 20k vs 1M rows")
         res["sweep"] = sweep_cost(args.holds, args.sweep_rows, 2000, 500)
@@ -567,6 +586,21 @@ def main() -> int:
     path.write_text(json.dumps(res, indent=2, default=str) + "\n")
     print_table(res, best_layout)
     print(f"\nwritten {path.relative_to(ROOT)}")
+    return 0
+
+
+def profile_drain(mode: str, holds: int, path: Path) -> int:
+    """One 1x2 drain of ``mode`` under py-spy (raw stacks in bench/results/<stamp>-profile-*)."""
+    folder = RESULTS / f"{STAMP}-profile-{mode}"
+    drain = product_drain(holds, (1, 2), mode=mode, profile_to=folder)
+    summary = profile.summarize(folder, [int(p.stem.split("-")[1]) for p in folder.glob("*.txt")])
+    path.write_text(json.dumps({"drain": drain, "profile": summary}, indent=2) + "\n")
+    print(
+        f"\n{mode} drain 1x2, {holds} holds: {drain['rate']:,.0f} holds/s under py-spy, "
+        f"machine CPU busy {drain['machine_cpu_busy']:.0%}"
+    )
+    profile.print_summary(summary)
+    print(f"\nwritten {path.relative_to(ROOT)} and {folder.relative_to(ROOT)}/")
     return 0
 
 

@@ -218,7 +218,7 @@ class CleanupReceiptAdmin(ByHoldLookupMixin, ReadOnlyAdmin):
     def hold(self, obj: CleanupReceipt) -> str:
         return _hold_link(obj.reservation_id)
 
-    @admin.display(description="deliveries counted")
+    @admin.display(description="redeliveries counted")
     def deliveries_counted(self, obj: CleanupReceipt) -> str:
         return _deliveries(obj.idempotency_key)
 
@@ -233,12 +233,15 @@ class CleanupReceiptAdmin(ByHoldLookupMixin, ReadOnlyAdmin):
 
 
 def _deliveries(key: str) -> str:
-    """The delivery counter of a message key (kept for CLEANUP_DELIVERY_COUNTER_TTL)."""
+    """The redelivery counter of a message key (kept for CLEANUP_DELIVERY_COUNTER_TTL). A first
+    delivery is not counted (cleanup.deliveries), so 0 means none came back."""
     try:
         n = deliveries.current(key)
     except Exception:  # noqa: BLE001 - the counter is informative here
         return "unavailable"
-    return f"{n} (counter for {key})" if n else f"0 / expired (counter for {key})"
+    if not n:
+        return f"0 redeliveries, or the counter expired (counter for {key})"
+    return f"{n} redeliveries, {n + 1} deliveries (counter for {key})"
 
 
 class ReservationStoryAdmin(ReservationAdmin):
@@ -279,7 +282,7 @@ class ReservationStoryAdmin(ReservationAdmin):
             _changelist_link("reservations_outboxevent", {"q": pk}, f"{events} outbox event(s)"),
         )
 
-    @admin.display(description="deliveries (current version)")
+    @admin.display(description="redeliveries (current version)")
     def deliveries_counted(self, obj: Reservation) -> str:
         if obj is None or obj.pk is None:
             return EMPTY

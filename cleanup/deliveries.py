@@ -1,13 +1,24 @@
-"""Deliveries per idempotency key, counted outside the task's transaction.
+"""Redeliveries per idempotency key, counted outside the task's transaction; and a per-minute
+tally of release attempts.
 
-The count is written before any work, so a delivery that kills its worker, times out or loops
-on redelivery still counts; above ``CLEANUP_MAX_DELIVERIES`` the message is dead-lettered
-before any work. Redis ``INCR`` + ``EXPIRE`` (one pipelined round trip) when a Redis URL is
-configured; otherwise an autocommit upsert in PostgreSQL.
+The counter bounds loops: a message whose delivery kills its worker, times out or keeps
+failing comes back marked as a redelivery (the broker's ``redelivered`` flag: RabbitMQ sets it
+on requeue, kombu's Redis transport when it restores an unacknowledged message) or as a retry.
+Such a delivery is counted before any work; above ``CLEANUP_MAX_DELIVERIES`` deliveries in
+all (the uncounted first one included) the message is dead-lettered before any work. A first
+delivery cannot be a loop yet, so it is not counted: the common path makes no round trip here.
+Redis ``INCR`` + ``EXPIRE`` (one pipelined round trip) when a Redis URL is configured;
+otherwise an autocommit upsert in PostgreSQL.
+
+The tally (the health page's "delivery attempts" per minute, and the drills' attempt counts)
+counts every release attempt, per hold, in this process's memory and is added to Redis at most
+once per ``TALLY_FLUSH_SECONDS`` (and when the process stops): at most that much of a crashed
+process's tally is lost.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 from django.conf import settings
@@ -16,26 +27,26 @@ from django.db import connection, models
 from . import redis_clients
 from .models import DeliveryCount
 
+logger = logging.getLogger("cleanup.deliveries")
+
 KEY_PREFIX = "reservation-cleanup:deliveries:"
-# Deliveries of release messages per minute (the health page's "delivery attempts"): one key
-# per UTC minute, kept for two hours, written in the same pipelined round trip as the count.
+# Release attempts per minute: one key per UTC minute, kept for two hours.
 TALLY_PREFIX = "reservation-cleanup:attempts:"
 TALLY_TTL = 7200
+TALLY_FLUSH_SECONDS = 1.0
+
+_pending: dict[int, int] = {}  # minute -> attempts not yet added to Redis
+_last_flush = [0.0]  # monotonic time of the last flush
 
 
 def increment(key: str) -> int:
-    """Count one more delivery of ``key`` and return the total so far."""
+    """Count one more redelivery of ``key`` and return the redeliveries counted so far."""
     url = settings.CLEANUP_COUNTER_REDIS_URL
     if url:
         pipe = redis_clients.client(url).pipeline(transaction=False)
         pipe.incr(KEY_PREFIX + key)
         pipe.expire(KEY_PREFIX + key, settings.CLEANUP_DELIVERY_COUNTER_TTL)
-        if not key.startswith("task:"):  # a release message (a malformed one counts by task)
-            tally = f"{TALLY_PREFIX}{int(time.time()) // 60}"
-            pipe.incr(tally)
-            pipe.expire(tally, TALLY_TTL)
-        count = pipe.execute()[0]
-        return int(count)
+        return int(pipe.execute()[0])
     table = DeliveryCount._meta.db_table
     with connection.cursor() as cur:  # autocommit: outside any transaction by design
         cur.execute(
@@ -45,6 +56,34 @@ def increment(key: str) -> int:
             [key],
         )
         return int(cur.fetchone()[0])
+
+
+def tally(attempts: int = 1) -> None:
+    """Count release attempts (one per hold) for the per-minute tally; never raises."""
+    if not settings.CLEANUP_COUNTER_REDIS_URL:
+        return
+    minute = int(time.time()) // 60
+    _pending[minute] = _pending.get(minute, 0) + attempts
+    if time.monotonic() - _last_flush[0] >= TALLY_FLUSH_SECONDS:
+        flush_tally()
+
+
+def flush_tally() -> None:
+    """Add this process's pending tally to Redis (one pipelined round trip); never raises."""
+    _last_flush[0] = time.monotonic()
+    url = settings.CLEANUP_COUNTER_REDIS_URL
+    if not _pending or not url:
+        return
+    pending = dict(_pending)
+    _pending.clear()
+    try:
+        pipe = redis_clients.client(url).pipeline(transaction=False)
+        for minute, attempts in pending.items():
+            pipe.incrby(f"{TALLY_PREFIX}{minute}", attempts)
+            pipe.expire(f"{TALLY_PREFIX}{minute}", TALLY_TTL)
+        pipe.execute()
+    except Exception as exc:  # noqa: BLE001 - the tally is informative; the work is done
+        logger.warning("attempt tally not written", extra={"error": repr(exc)[:200]})
 
 
 def current(key: str) -> int:
@@ -57,8 +96,8 @@ def current(key: str) -> int:
 
 
 def attempts_since(minutes: int, *, now: float | None = None) -> int | None:
-    """Release-message deliveries in the last ``minutes`` whole minutes plus the current one
-    (None when deliveries are counted in PostgreSQL, which keeps no tally)."""
+    """Release attempts (per hold) in the last ``minutes`` whole minutes plus the current one,
+    as flushed so far (None when deliveries are counted in PostgreSQL: no tally is kept)."""
     url = settings.CLEANUP_COUNTER_REDIS_URL
     if not url:
         return None
@@ -67,8 +106,22 @@ def attempts_since(minutes: int, *, now: float | None = None) -> int | None:
     return sum(int(v) for v in redis_clients.client(url).mget(keys) if v is not None)
 
 
+def current_minute() -> int:
+    return int(time.time()) // 60
+
+
+def attempts_from(minute: int) -> int:
+    """Release attempts tallied (and flushed) from ``minute`` (a ``current_minute()``) to now;
+    0 without a Redis counter."""
+    url = settings.CLEANUP_COUNTER_REDIS_URL
+    if not url:
+        return 0
+    keys = [f"{TALLY_PREFIX}{m}" for m in range(minute, current_minute() + 1)]
+    return sum(int(v) for v in redis_clients.client(url).mget(keys) if v is not None)
+
+
 def total(keys: list[str]) -> int:
-    """Deliveries counted for these keys, summed (the burst drill's attempt count)."""
+    """Redeliveries counted for these keys, summed (the burst drill's report)."""
     url = settings.CLEANUP_COUNTER_REDIS_URL
     if not url:
         return int(

@@ -6,9 +6,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from celery.signals import before_task_publish, task_rejected, task_unknown
+from celery.signals import (
+    before_task_publish,
+    task_rejected,
+    task_unknown,
+    worker_process_shutdown,
+)
 
-from . import deadletters
+from . import deadletters, deliveries
 from .models import DeadLetter
 
 
@@ -68,6 +73,12 @@ def dead_letter_message(message: Any, reason: str, error: str) -> None:
         task_id=_header(message, "id", 64),
         payload=_raw(message),
     )
+
+
+@worker_process_shutdown.connect
+def flush_attempt_tally(**_: Any) -> None:
+    """A pool process that stops adds what it has tallied (cleanup.deliveries)."""
+    deliveries.flush_tally()
 
 
 @task_unknown.connect

@@ -35,7 +35,7 @@ class Story:
             out.append(f"  {when.isoformat(timespec='seconds')}  {text}")
         if self.deliveries:
             counts = ", ".join(f"{k}: {n}" for k, n in self.deliveries.items())
-            out.append(f"  deliveries per key: {counts}")
+            out.append(f"  redeliveries counted per key: {counts}")
         if self.trace_ids:
             out.append(f"  trace ids: {', '.join(self.trace_ids)}")
         out.append(f"verdict: {self.verdict}")

@@ -65,12 +65,35 @@ class CleanupTask(Task):  # type: ignore[misc]
         except MalformedMessage:
             return f"task:{self.request.id}"
 
+    def _signature(self) -> inspect.Signature:
+        # Computed once per task: inspect.signature costs more than the bind itself.
+        found: inspect.Signature | None = self.__dict__.get("_run_signature")
+        if found is None:
+            found = self.__dict__["_run_signature"] = inspect.signature(self.run)
+        return found
+
+    def count_delivery(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+        """This delivery's number among its key's deliveries (1 for a first delivery).
+
+        Only a redelivery (the broker's flag) or a retry can be part of a loop, so only those
+        are counted (cleanup.deliveries); a first delivery costs no round trip. The count
+        then includes the first delivery, which was not counted."""
+        redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+        if not redelivered and not self.request.retries:
+            return 1
+        key = self.delivery_key(args, kwargs)
+        try:
+            return deliveries.increment(key) + 1
+        except Exception:  # the counter is a guard, not a dependency
+            logger.exception("delivery counter unavailable", extra={"key": key})
+            return 0
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.request.called_directly:
             return super().__call__(*args, **kwargs)
         metrics.record_delivery(self.name)
         try:
-            inspect.signature(self.run).bind(*args, **kwargs)
+            self._signature().bind(*args, **kwargs)
         except TypeError as exc:
             deadletters.record(
                 DeadLetter.Reason.MALFORMED,
@@ -81,12 +104,7 @@ class CleanupTask(Task):  # type: ignore[misc]
             )
             metrics.record_outcome("malformed", None, None)
             return {"outcome": "malformed"}
-        key = self.delivery_key(args, kwargs)
-        try:
-            count = deliveries.increment(key)
-        except Exception:  # the counter is a guard, not a dependency
-            logger.exception("delivery counter unavailable", extra={"key": key})
-            count = 0
+        count = self.count_delivery(args, kwargs)
         self.request.delivery_count = count  # type: ignore[attr-defined]
         if count > settings.CLEANUP_MAX_DELIVERIES:
             message = args[0] if args and isinstance(args[0], dict) else None
@@ -193,6 +211,7 @@ def release_reservation_task(self: CleanupTask, message: dict[str, Any]) -> dict
         queue_age_seconds=age,
     )
     # Transient errors propagate to Celery's autoretry (backoff with full jitter).
+    deliveries.tally()  # an attempt, whatever comes of it
     outcome = release(parsed, attempt)
     duration = time.perf_counter() - started
     metrics.record_outcome(outcome, duration, age)
@@ -245,6 +264,7 @@ def release_batch_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, 
             task_id=self.request.id or "",
             queue_age_seconds=age,
         )
+        deliveries.tally(len(batch.items))  # one attempt per hold, whatever comes of it
         outcomes = release_batch(list(batch.items), attempt)
         duration = time.perf_counter() - started
         per_hold = duration / len(batch.items)

@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
+from .db import fetch_prepared
 from .errors import (
     HoldExpired,
     InvalidTtl,
@@ -313,7 +314,7 @@ WITH wanted AS (
 ), {RELEASED_ROWS} AS (
     UPDATE {R} r
     SET status = 'released', released_version = r.version, released_at = now(),
-        release_reason = %(reason)s, updated_at = now()
+        release_reason = %(reason)s::text, updated_at = now()
     FROM wanted
     WHERE r.id = wanted.id AND r.version = wanted.version
       AND r.offering_id = ANY((SELECT array_agg(id) FROM off)::bigint[])
@@ -383,12 +384,11 @@ def release_holds(
         params.update(attach.params)
     sql += f"\nSELECT id FROM {RELEASED_ROWS}"
     outcomes: dict[int, ReleaseOutcome] = {}
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        for (released_id,) in cur.fetchall():
-            outcomes[released_id] = ReleaseOutcome.RELEASED
-        rest = [i for i in ids if i not in outcomes]
-        if rest:
+    for (released_id,) in fetch_prepared(sql, params):
+        outcomes[released_id] = ReleaseOutcome.RELEASED
+    rest = [i for i in ids if i not in outcomes]
+    if rest:
+        with connection.cursor() as cur:
             # A new statement (a new snapshot under READ COMMITTED) says why.
             cur.execute(
                 f"SELECT id, status, version, released_version, expires_at <= {_NOW} "

@@ -142,7 +142,8 @@ def sample(
         oldest_message_s=None if q.oldest_age_seconds is None else round(q.oldest_age_seconds, 2),
         unacked=q.unacked,
         released=int(released),
-        deliveries=deliveries.total(keys),
+        attempts=attempts_so_far(state),
+        redeliveries=deliveries.total(keys),
         receipts=sum(outcomes.values()),
         outcomes=outcomes,
         retries=sum(int(r) for _o, _c, r in receipts),
@@ -151,6 +152,11 @@ def sample(
         duplicates=len(state.duplicated),
         workers_alive=sum(1 for w in workers if w.alive()),
     )
+
+
+def attempts_so_far(state: BurstState) -> int:
+    """Release attempts (one per hold, batched or not) since the drill began, as tallied."""
+    return deliveries.attempts_from(state.tally_minute) - state.tally_before
 
 
 def _bar(done: int, total: int, width: int = 24) -> str:
@@ -187,6 +193,8 @@ def run(cfg: BurstConfig, stream: TextIO = sys.stderr) -> dict[str, Any]:
     timeout = cfg.timeout if cfg.timeout is not None else cfg.lead + cfg.window + 600
     try:
         state.ids = create_holds(cfg)
+        state.tally_minute = deliveries.current_minute()
+        state.tally_before = deliveries.attempts_from(state.tally_minute)
         t0 = time.monotonic()
         state.events.append({"t": 0.0, "event": "holds created", "count": len(state.ids)})
         if cfg.renew_fraction:
@@ -304,7 +312,9 @@ def build_report(
             "peak_queue_depth": max((s.queue_depth for s in state.samples), default=0),
             "released": last.released if last else 0,
             "outcomes": last.outcomes if last else {},
-            "deliveries": last.deliveries if last else 0,
+            # Read after the drill's workers stopped (each adds its tally when it stops).
+            "attempts": attempts_so_far(state),
+            "redeliveries": last.redeliveries if last else 0,
             "retries": last.retries if last else 0,
             "dead_letters": last.dead_letters if last else 0,
             "receipts": processed,

@@ -94,9 +94,10 @@ def markdown(cfg: BurstConfig, report: dict[str, Any]) -> str:
         f"{report['renew_missed']}); duplicates published {report['duplicates_published']}",
         f"- outcomes (receipts): {json.dumps(s['outcomes'])} — a duplicate of a handled key "
         f"ends already_handled without a second receipt (the key is unique), so duplicates "
-        f"show as delivery attempts beyond transitions",
-        f"- delivery attempts {s['deliveries']:,}; retries {s['retries']}; dead letters "
-        f"{s['dead_letters']}",
+        f"show as release attempts beyond transitions",
+        f"- release attempts (one per hold, batched or not) {s['attempts']:,} for "
+        f"{s['outcomes'].get('released', 0):,} transitions; redeliveries {s['redeliveries']:,}; "
+        f"retries {s['retries']}; dead letters {s['dead_letters']}",
         f"- processing rate {s['processing_rate_per_s']} msg/s over {s['processing_window_s']} s; "
         f"release transaction mean {s['release_db_ms_mean']} ms",
         f"- release lateness (released_at − expires_at): p50 {s['release_lateness_p50_s']} s, "

@@ -39,7 +39,8 @@ class Sample:
     oldest_message_s: float | None
     unacked: int | None
     released: int
-    deliveries: int
+    attempts: int  # release attempts, one per hold (the tally), since the drill began
+    redeliveries: int  # redeliveries counted for the drill's keys
     receipts: int
     outcomes: dict[str, int]
     retries: int
@@ -59,3 +60,6 @@ class BurstState:
     duplicated: set[int] = field(default_factory=set)
     events: list[dict[str, Any]] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
+    # The attempt tally when the drill began: its first minute and that minute's count.
+    tally_minute: int = 0
+    tally_before: int = 0

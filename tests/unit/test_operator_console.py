@@ -320,14 +320,14 @@ def test_hold_receipt_and_dead_letter_pages_link_to_each_other(admin_client_, br
     assert f"{reverse(DEAD_LETTERS)}?reservation_id={hold.pk}" in html
     assert "1 dead letter(s), 1 open" in html
     assert 'href="#story"' in html and 'id="story"' in html
-    assert f"2 (counter for {key})" in html
+    assert f"2 redeliveries, 3 deliveries (counter for {key})" in html
     # the filtered lists those links open
     listed = admin_client_.get(f"{reverse(DEAD_LETTERS)}?reservation_id={hold.pk}")
     assert [o.pk for o in listed.context["cl"].result_list] == [letter.pk]
     # the receipt page links its hold and shows the delivery count
     html = admin_client_.get(receipt_url).content.decode()
     assert f'href="{hold_url}"' in html
-    assert f"2 (counter for {key})" in html
+    assert f"2 redeliveries, 3 deliveries (counter for {key})" in html
     # the dead letter page links its hold and its receipt
     html = admin_client_.get(letter_url).content.decode()
     assert f'href="{hold_url}"' in html

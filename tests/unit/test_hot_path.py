@@ -1,0 +1,101 @@
+"""The per-reservation hot path's shortcuts keep their guarantees: a first delivery is not
+counted but a redelivery or a retry is (and the cap still counts the first); attempts are
+tallied per hold; the release statement runs prepared, with a generic plan."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from cleanup import deliveries
+from cleanup.messages import build, validate
+from cleanup.release import Attempt, release
+from cleanup.tasks import release_reservation_task
+from reservations.seed import seed_holds
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _count(delivery_info: dict[str, Any], retries: int) -> tuple[int, int]:
+    """(the delivery's number, the counter after it) for one delivery of a fresh key."""
+    key = f"release:{uuid.uuid4().int % 10**9}:1"
+    message = {"idempotency_key": key}
+    task: Any = release_reservation_task
+    task.push_request(id=uuid.uuid4().hex, delivery_info=delivery_info, retries=retries)
+    try:
+        task.delivery_key = lambda args, kwargs: key
+        number = task.count_delivery((message,), {})
+    finally:
+        del task.delivery_key
+        task.pop_request()
+    return number, deliveries.current(key)
+
+
+def test_a_first_delivery_is_not_counted_and_makes_no_round_trip(settings: Any) -> None:
+    settings.CLEANUP_COUNTER_REDIS_URL = "redis://127.0.0.1:9/0"  # nothing listens: any use fails
+    task: Any = release_reservation_task
+    task.push_request(id="first", delivery_info={"redelivered": False}, retries=0)
+    try:
+        assert task.count_delivery(({},), {}) == 1
+    finally:
+        task.pop_request()
+
+
+@pytest.mark.parametrize(
+    ("delivery_info", "retries"), [({"redelivered": True}, 0), ({}, 1), ({"redelivered": True}, 2)]
+)
+def test_a_redelivery_or_a_retry_is_counted_with_the_first_delivery_included(
+    delivery_info: dict[str, Any], retries: int
+) -> None:
+    assert _count(delivery_info, retries) == (2, 1)
+
+
+def test_release_attempts_are_tallied_per_hold_and_flushed_within_a_second(
+    settings: Any,
+) -> None:
+    assert settings.CLEANUP_COUNTER_REDIS_URL, "the tally lives in the counter's Redis"
+    minute = deliveries.current_minute()
+    before = deliveries.attempts_from(minute)
+    deliveries.flush_tally()
+    deliveries.tally(3)  # within a second of the flush: kept in memory
+    assert deliveries.attempts_from(minute) == before
+    deliveries.flush_tally()
+    assert deliveries.attempts_from(minute) - before == 3
+
+
+def _prepared() -> list[tuple[str, int, int]]:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE '%%released_rows%%'"
+        )
+        return list(cur.fetchall())
+
+
+def _release_three() -> list[str]:
+    ids = seed_holds(3, offerings=1, expires_in=-60.0, name="prepared")
+    attempt = Attempt(1, "w", "t", None)
+    outcomes = []
+    for reservation_id in ids:
+        message = build(reservation_id, 1, datetime(2000, 1, 1, tzinfo=UTC), 0, "prepared")
+        outcomes.append(release(validate(message), attempt))
+    return outcomes
+
+
+def test_the_release_statement_runs_prepared_with_a_generic_plan() -> None:
+    connection.close()  # a new connection, set up as the workers' are
+    assert _release_three() == ["released"] * 3
+    [(statement, generic, custom)] = _prepared()
+    assert "INSERT INTO cleanup_cleanupreceipt" in statement
+    assert (generic, custom) == (3, 0)
+
+
+def test_without_prepared_statements_the_release_is_the_same(settings: Any) -> None:
+    settings.DATABASE_PREPARED_STATEMENTS = False
+    connection.close()
+    assert _release_three() == ["released"] * 3
+    assert _prepared() == []
