@@ -31,3 +31,28 @@ def test_the_metrics_compactor_can_still_read_and_write_mmap_files() -> None:
         out.close()
         values = [(k, v) for k, v, _ts, _pos in MmapedDict.read_all_values_from_file(path)]
     assert values == [("key", 2.5)]
+
+
+def test_kombu_still_pipelines_a_producer_batch_on_redis() -> None:
+    # cleanup.publish.publish_release_messages publishes a fan-out inside Producer.batch().
+    from kombu import Producer
+    from kombu.transport.redis import Channel, Transport
+
+    assert callable(Producer.batch)
+    assert Transport.implements.batch_publish
+    assert callable(Channel.create_publish_batch)
+
+
+def test_kombu_still_marks_a_restored_redis_message_as_redelivered() -> None:
+    # cleanup.tasks.CleanupTask.count_delivery counts only redelivered (or retried) messages.
+    from kombu.transport.redis import Channel
+
+    source = inspect.getsource(Channel._do_restore_message)
+    assert "['delivery_info']['redelivered'] = True" in source
+
+
+def test_django_still_turns_psycopg_preparing_off_by_default() -> None:
+    # reservations.db sets prepare_threshold itself because Django passes None.
+    from django.db.backends.postgresql import base
+
+    assert '"prepare_threshold"' in inspect.getsource(base.DatabaseWrapper.get_connection_params)
