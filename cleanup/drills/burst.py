@@ -113,8 +113,9 @@ def sample(
     lo, hi = state.ids[0], state.ids[-1]
     shards = _rows(
         f"SELECT bucket %% %s, count(*), EXTRACT(EPOCH FROM now() - min(expires_at))::float8 "
-        f"FROM {R} WHERE status = 'held' AND expires_at <= now() GROUP BY 1",
-        [cfg.shards],
+        f"FROM {R} WHERE id BETWEEN %s AND %s AND status = 'held' AND expires_at <= now() "
+        f"GROUP BY 1",
+        [cfg.shards, lo, hi],  # only the drill's own holds: other rows never pollute it
     )
     by_shard = {str(s): round(float(age), 2) for s, _c, age in shards}
     eligible = sum(int(c) for _s, c, _a in shards)
@@ -300,6 +301,9 @@ def build_report(
         "finished": finished,
         "elapsed_s": round(elapsed, 2),
         "holds": len(state.ids),
+        "first_id": state.ids[0] if state.ids else 0,
+        "last_id": state.ids[-1] if state.ids else 0,
+        "release_mode": settings.CLEANUP_RELEASE_MODE,
         "renewed": len(state.renewed),
         "renew_missed": state.renew_missed,
         "duplicates_published": len(state.duplicated),

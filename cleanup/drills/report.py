@@ -70,7 +70,10 @@ def plot(cfg: BurstConfig, report: dict[str, Any], state: BurstState, path: Path
     ok = "invariants OK" if report["invariants"]["ok"] else "INVARIANTS FAILED"
     fig.suptitle(
         f"Burst: {report['holds']:,} holds over {cfg.window:g} s, "
-        f"{cfg.workers or '?'} workers × {cfg.concurrency} — {ok}"
+        f"{cfg.workers or '?'} workers × {cfg.concurrency}, "
+        f"mode {report.get('release_mode', '?')} — {ok}\n"
+        f"measured on this drill's own holds only (#{report['first_id']:,}–#{report['last_id']:,})",
+        fontsize=10,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -82,6 +85,8 @@ def markdown(cfg: BurstConfig, report: dict[str, Any]) -> str:
     lines = [
         f"# Burst drill — {report['holds']:,} holds over {cfg.window:g} s",
         "",
+        f"- release mode: {report.get('release_mode', '?')}; measured on this drill's own holds "
+        f"only (#{report['first_id']:,}–#{report['last_id']:,})",
         f"- workers: {cfg.workers or 'an already running fleet'} × concurrency {cfg.concurrency}; "
         f"shards {cfg.shards}; sweeps every {cfg.sweep_every:g} s "
         f"({'sent by the drill' if cfg.send_sweeps else 'beat'})",
