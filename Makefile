@@ -1,4 +1,4 @@
-.PHONY: run test lint bench chaos embedded-status embedded-stop
+.PHONY: run test lint bench flash-sale chaos embedded-status embedded-stop
 
 # Run the system: web + worker + beat + Flower, on local or embedded PostgreSQL/Redis.
 run:
@@ -26,3 +26,7 @@ embedded-stop:
 # Benchmarks (private DB reservations_bench, Redis DB 5): prints a table, writes bench/results/.
 bench:
 	.venv/bin/python bench/run.py $(ARGS)
+
+# The flash-sale drill (own DB reservations_drill, Redis DB 6): make flash-sale MODE=single|batch
+flash-sale:
+	.venv/bin/python bench/flash_sale.py $(MODE) $(ARGS)

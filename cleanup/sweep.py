@@ -7,7 +7,11 @@ message per hold after the claim commits.
   ``CLEANUP_MAX_QUEUE_DEPTH`` the sweep stops, so a backlog never becomes repeated copies of
   still-queued holds. A global session advisory lock serializes "check depth → claim →
   publish" across sweeps, so concurrent sweeps of different shards cannot each add a batch on
-  top of the same reading: the queue exceeds the cap by at most one batch.
+  top of the same reading; a batch is never larger than the room left, so the queue stays
+  within the cap.
+- Fair share: a run claims at most ``CLEANUP_MAX_QUEUE_DEPTH / shards`` holds, and never more
+  than the room left under the cap, so every shard's sweep gets a turn at the room and a run
+  never holds its pool process for long.
 """
 
 from __future__ import annotations
@@ -161,7 +165,10 @@ def _sweep_batches(
     max_batches: int,
     max_queue_depth: int,
 ) -> None:
+    share = -(-max_queue_depth // shards)  # messages one run may add: the cap / shards
     for _ in range(max_batches):
+        if result.claimed >= share:
+            break  # this run took its share; the next run of this shard carries on
         if time.monotonic() >= deadline:
             result.budget_exhausted = True
             break
@@ -179,11 +186,15 @@ def _sweep_batches(
                     extra={"shard": shard, "queue_depth": depth, "trace_id": result.trace_id},
                 )
                 break
+            # Never past the cap, and at most this shard's share of it per run: under
+            # backpressure the shards' sweeps publish in turn instead of the first one to get
+            # the lock refilling the queue on its own (which drained shards one after another).
+            take = min(batch_size, max_queue_depth - depth, share - result.claimed)
             with transaction.atomic():
                 claimed = claim_expired(
                     shard,
                     shards,
-                    batch_size=batch_size,
+                    batch_size=take,
                     lease_seconds=settings.CLEANUP_LEASE_SECONDS,
                     max_claims=settings.CLEANUP_MAX_CLAIMS,
                     trace_id=result.trace_id,
@@ -203,8 +214,8 @@ def _sweep_batches(
         result.published += len(to_publish)
         result.set_aside += len(claimed) - len(to_publish)
         result.published_ids.extend(c.reservation_id for c in to_publish)
-        if len(claimed) < batch_size:
-            break
+        if len(claimed) < take:
+            break  # nothing more is due (or the room or the share is used up)
 
 
 def _dead_letter_set_aside(hold: ClaimedHold, shard: int, trace_id: str) -> None:

@@ -273,11 +273,30 @@ def test_backpressure_stops_the_sweep_and_the_counters_move(settings):
     # when: the queue drains and a sweep runs
     redis_client().flushdb()
     done = sweep_shard(0, 1)
-    # then: it claimed and published the waiting holds, and the counters say so
-    assert (done.backpressure, done.claimed, done.published) == (False, 4, 4)
-    assert counter("claimed", shard="0") == before["claimed"] + 4
-    assert counter("published", shard="0") == before["published"] + 4
+    # then: it claimed and published waiting holds up to the cap (3 of 4: the room left), and
+    # the counters say so
+    assert (done.backpressure, done.claimed, done.published) == (False, 3, 3)
+    assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == 3
+    assert counter("claimed", shard="0") == before["claimed"] + 3
+    assert counter("published", shard="0") == before["published"] + 3
     assert counter("backpressure_pauses", shard="0") == before["backpressure_pauses"] + 1
+    # and once that drains too, the next sweep takes the last one
+    redis_client().flushdb()
+    assert sweep_shard(0, 1).published == 1
+    assert claim_counts(waiting) == {1}
+
+
+def test_near_the_cap_each_shard_takes_its_share_of_the_room(settings):
+    # given: a cap of 8, two shards, and more due holds than the room in each shard
+    settings.CLEANUP_MAX_QUEUE_DEPTH = 8
+    expired_holds(60, name="share")
+    # when: each shard is swept once
+    first = sweep_shard(0, 2)
+    second = sweep_shard(1, 2)
+    # then: each took its share (8 / 2) and stopped, so the first left room for the other;
+    # the queue never went over the cap
+    assert (first.published, second.published) == (4, 4)
+    assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == 8
 
 
 def test_a_set_aside_hold_moves_the_dead_letter_counter(settings):
