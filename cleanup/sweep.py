@@ -189,7 +189,8 @@ def _sweep_batches(
             # Never past the cap, and at most this shard's share of it per run: under
             # backpressure the shards' sweeps publish in turn instead of the first one to get
             # the lock refilling the queue on its own (which drained shards one after another).
-            take = min(batch_size, max_queue_depth - depth, share - result.claimed)
+            room = max_queue_depth - depth
+            take = min(batch_size, room, share - result.claimed)
             with transaction.atomic():
                 claimed = claim_expired(
                     shard,
@@ -215,7 +216,15 @@ def _sweep_batches(
         result.set_aside += len(claimed) - len(to_publish)
         result.published_ids.extend(c.reservation_id for c in to_publish)
         if len(claimed) < take:
-            break  # nothing more is due (or the room or the share is used up)
+            break  # nothing more is due
+        if take == room:
+            # This batch filled the queue to the cap: the same pause as finding it full.
+            result.backpressure = True
+            logger.info(
+                "sweep paused by backpressure",
+                extra={"shard": shard, "queue_depth": depth + take, "trace_id": result.trace_id},
+            )
+            break
 
 
 def _dead_letter_set_aside(hold: ClaimedHold, shard: int, trace_id: str) -> None:

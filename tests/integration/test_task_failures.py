@@ -17,7 +17,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from cleanup import deadletters, deliveries
+from cleanup import deadletters
 from cleanup.messages import build
 from cleanup.models import DeadLetter
 from cleanup.publish import RELEASE_TASK
@@ -120,7 +120,7 @@ def test_a_release_stuck_past_its_soft_time_limit_is_dead_lettered_as_time_limit
 ) -> None:
     # given: the release waits on the offering's row lock, held by the test, past the limit
     hold_id, offering_id = one_eligible_hold()
-    with dedicated(tmp_path, {"env": FAILING_ENV}):
+    with dedicated(tmp_path, {"env": FAILING_ENV}) as (worker,):
         with offering_locked(offering_id):
             message = publish_for(hold_id)
             wait_until(blocked_backends, timeout=30, what="release waiting on the row lock")
@@ -134,8 +134,13 @@ def test_a_release_stuck_past_its_soft_time_limit_is_dead_lettered_as_time_limit
         wait_until(lambda: not blocked_backends(), timeout=30, what="the lock wait ended")
         orphan_committed = status_of(hold_id) == "released"
         assert deadletters.requeue([letter]) == {"republished": 1}
-        key = message["idempotency_key"]
-        wait_until(lambda: deliveries.current(key) >= 2, timeout=60, what="requeued delivery")
+        # the requeued message is a new first delivery: its attempt is logged (the interrupted
+        # one logged none)
+        wait_until(
+            lambda: log_lines([worker.log_path], f"release attempt reservation_id={hold_id} "),
+            timeout=60,
+            what="requeued delivery",
+        )
         wait_until(lambda: status_of(hold_id) == "released", timeout=60, what="released")
         # and the worker goes on working
         other = create_eligible_holds(1, offerings=1)[0]
