@@ -9,9 +9,10 @@ message per hold after the claim commits.
   publish" across sweeps, so concurrent sweeps of different shards cannot each add a batch on
   top of the same reading; a batch is never larger than the room left, so the queue stays
   within the cap.
-- Fair share: a run claims at most ``CLEANUP_MAX_QUEUE_DEPTH / shards`` holds, and never more
-  than the room left under the cap, so every shard's sweep gets a turn at the room and a run
-  never holds its pool process for long.
+- Share: a run claims at most ``CLEANUP_MAX_QUEUE_DEPTH / shards`` holds, so one run cannot
+  fill the whole queue alone and a run never holds its pool process for long. (Near the cap
+  the first sweep to get the lock still takes the little room there is: under sustained
+  backpressure shards drain roughly in turn, not evenly — docs/PERFORMANCE.md.)
 """
 
 from __future__ import annotations
@@ -186,9 +187,8 @@ def _sweep_batches(
                     extra={"shard": shard, "queue_depth": depth, "trace_id": result.trace_id},
                 )
                 break
-            # Never past the cap, and at most this shard's share of it per run: under
-            # backpressure the shards' sweeps publish in turn instead of the first one to get
-            # the lock refilling the queue on its own (which drained shards one after another).
+            # Never past the cap, and at most this shard's share of it per run (so one run
+            # cannot refill the whole queue on its own and keep a pool process for long).
             room = max_queue_depth - depth
             take = min(batch_size, room, share - result.claimed)
             with transaction.atomic():

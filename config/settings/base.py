@@ -206,7 +206,11 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # A hard time limit must ack, not requeue (requeue loops forever — docs/LIBRARY-NOTES.md §2); the
 # delivery counter and the dead letter written in on_failure account for it.
 CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True
-CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Messages each pool process may hold beyond the one it runs is this minus one. 1 (the default)
+# keeps every waiting message in the broker, where any idle worker can take it, and leaves
+# the fewest messages behind a lost worker (each waits for the visibility timeout); higher
+# values hide the broker round trip between two tasks (docs/PERFORMANCE.md measures both).
+CELERY_WORKER_PREFETCH_MULTIPLIER = env_int("CELERY_WORKER_PREFETCH_MULTIPLIER", 1, minimum=1)
 CELERY_TASK_TIME_LIMIT = CLEANUP_TASK_TIME_LIMIT
 CELERY_TASK_SOFT_TIME_LIMIT = CLEANUP_TASK_SOFT_TIME_LIMIT
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
