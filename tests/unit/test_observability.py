@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,19 +14,14 @@ from django.db import connection
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from cleanup.broker import redis_client
 from cleanup.collectors import BacklogCollector
 from cleanup.views import metrics_registry
 from tests.integration.fleet import create_eligible_holds
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-@pytest.fixture(autouse=True)
-def empty_broker() -> Iterator[None]:
-    redis_client().flushdb()  # the tests' own Redis database number only
-    yield
-    redis_client().flushdb()
+# Every test starts and ends with the tests' own Redis database empty.
+pytestmark = pytest.mark.usefixtures("broker")
 
 
 def scrape(client: Client, token: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -20,7 +20,6 @@ from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
 from cleanup import health
-from cleanup.broker import redis_client
 from cleanup.messages import build, idempotency_key
 from cleanup.models import CleanupReceipt, CleanupSchedule, DeadLetter, SweepRecord
 from cleanup.schedule import RELAY_NAME, install_schedule, sweep_entry_name
@@ -31,14 +30,6 @@ from reservations.models import Reservation
 HEALTH = "cleanup-health"
 DEAD_LETTERS = "admin:cleanup_deadletter_changelist"
 HOLDS = "admin:reservations_reservation_changelist"
-
-
-@pytest.fixture
-def broker():
-    client = redis_client()
-    client.flushdb()
-    yield client
-    client.flushdb()
 
 
 @pytest.fixture

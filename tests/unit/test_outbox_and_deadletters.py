@@ -13,20 +13,12 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from cleanup import deadletters, outbox
-from cleanup.broker import priority_keys, queue_depth, redis_client
+from cleanup.broker import priority_keys, queue_depth
 from cleanup.messages import build, build_batch
 from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.sweep import sweep_shard
 from reservations import services
 from reservations.models import OutboxEvent, Reservation
-
-
-@pytest.fixture
-def broker():
-    client = redis_client()
-    client.flushdb()
-    yield client
-    client.flushdb()
 
 
 def _events_in_queue(client, queue: str) -> list[dict]:

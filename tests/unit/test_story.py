@@ -3,7 +3,6 @@ hold (real PostgreSQL; sweeps publish to the tests' own Redis database, emptied 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from io import StringIO
 
@@ -12,7 +11,6 @@ from django.core.management import call_command
 from django.db.models.functions import Now
 from django.test import Client
 
-from cleanup.broker import redis_client
 from cleanup.messages import build, validate
 from cleanup.models import DeadLetter
 from cleanup.release import Attempt, release
@@ -21,14 +19,7 @@ from cleanup.sweep import sweep_shard
 from reservations import services
 from reservations.models import Offering, Reservation
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def empty_broker() -> Iterator[None]:
-    redis_client().flushdb()  # the tests' own Redis database number only
-    yield
-    redis_client().flushdb()
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("broker")]
 
 
 def expire(hold_id: int, ago: timedelta = timedelta(minutes=5)) -> None:

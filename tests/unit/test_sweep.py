@@ -30,7 +30,7 @@ from cleanup.sweep import SweepResult, sweep_shard
 from reservations import services
 from reservations.models import Reservation
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
 
 LOCK_NAMESPACE = locks.NAMESPACE
 PUBLISH_LOCK = locks.SWEEP_PUBLISH[1]
@@ -38,13 +38,6 @@ PUBLISH_LOCK = locks.SWEEP_PUBLISH[1]
 
 def shard_lock_key(shard: int, shards: int) -> int:
     return locks.sweep_shard(shard, shards)[1]
-
-
-@pytest.fixture(autouse=True)
-def empty_broker() -> Iterator[None]:
-    redis_client().flushdb()  # the tests' own Redis database number only
-    yield
-    redis_client().flushdb()
 
 
 @pytest.fixture
