@@ -8,6 +8,22 @@ from django.core.management import call_command
 from cleanup import capacity
 
 
+def receipts_of_releases(count: int, duration_ms: float) -> None:
+    """Receipts of ``count`` releases made just now, each taking ``duration_ms``."""
+    from cleanup.models import CleanupReceipt
+
+    CleanupReceipt.objects.bulk_create(
+        CleanupReceipt(
+            idempotency_key=f"release:{i}:1",
+            reservation_id=i,
+            version=1,
+            outcome="released",
+            duration_ms=duration_ms,
+        )
+        for i in range(1, count + 1)
+    )
+
+
 def test_article_example_is_40_per_second_and_2_or_3_consumers():
     # given: 12,000 holds eligible within 5 minutes, 20 releases/s per worker
     result = capacity.plan(holds=12000, window_seconds=300, per_worker_rate=20, utilization=0.7)
@@ -73,21 +89,11 @@ def test_command_from_a_burst_report(tmp_path, capsys):
 def test_the_desired_consumers_gauge_follows_the_measured_rate_and_service_time(db, settings):
     # given: 600 releases in the last minute (10/s), each taking 100 ms, no planned peak
     from cleanup.collectors import BacklogCollector
-    from cleanup.models import CleanupReceipt
 
     settings.CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S = 0
     settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 0
     settings.CLEANUP_CAPACITY_HEADROOM = 0
-    CleanupReceipt.objects.bulk_create(
-        CleanupReceipt(
-            idempotency_key=f"release:{i}:1",
-            reservation_id=i,
-            version=1,
-            outcome="released",
-            duration_ms=100.0,
-        )
-        for i in range(1, 601)
-    )
+    receipts_of_releases(600, duration_ms=100.0)
     # when
     reading = BacklogCollector().read_desired_consumers()
     # then: 10/s × 0.1 s = 1 busy consumer → ceil(1 / 0.7) = 2
@@ -169,20 +175,10 @@ def test_the_collector_measures_backlog_growth_between_scrapes(db, capacity_sett
     from django.db.models.functions import Now
 
     from cleanup.collectors import BacklogCollector
-    from cleanup.models import CleanupReceipt
     from reservations import services
     from reservations.models import Reservation
 
-    CleanupReceipt.objects.bulk_create(
-        CleanupReceipt(
-            idempotency_key=f"release:{i}:1",
-            reservation_id=i,
-            version=1,
-            outcome="released",
-            duration_ms=100.0,
-        )
-        for i in range(1, 601)
-    )
+    receipts_of_releases(600, duration_ms=100.0)
     collector = BacklogCollector()
     collector.refresh()
     assert collector.read_desired_consumers() == {"desired_consumers": [((), 2.0)]}

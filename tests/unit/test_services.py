@@ -94,6 +94,19 @@ def seats(offering: Offering) -> int:
     return offering.seats_available
 
 
+def ended_hold(offering: Offering, t0: datetime, final_status: str) -> tuple[int, int]:
+    """A hold taken at ``t0``, then confirmed, cancelled or released (at its expiry) as
+    ``final_status`` says: its id and its version now."""
+    hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
+    if final_status == "confirmed":
+        services.confirm(hold.pk, 1, now=t0)
+    elif final_status == "cancelled":
+        services.cancel(hold.pk, 1, now=t0)
+    else:
+        services.release_if_expired(hold.pk, 1, now=t0 + timedelta(seconds=60))
+    return hold.pk, Reservation.objects.values_list("version", flat=True).get(pk=hold.pk)
+
+
 # --- hold_seat -------------------------------------------------------------------------------
 
 
@@ -327,17 +340,10 @@ def test_renewing_a_hold_expired_by_the_database_clock_is_refused_with_hold_expi
 def test_renewing_a_hold_that_is_no_longer_held_raises_not_held_naming_its_status(
     offering, t0, final_status
 ):
-    hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
-    if final_status == "confirmed":
-        services.confirm(hold.pk, 1, now=t0)
-    elif final_status == "cancelled":
-        services.cancel(hold.pk, 1, now=t0)
-    else:
-        services.release_if_expired(hold.pk, 1, now=t0 + timedelta(seconds=60))
-    version = Reservation.objects.values_list("version", flat=True).get(pk=hold.pk)
+    hold_id, version = ended_hold(offering, t0, final_status)
 
-    with pytest.raises(NotHeld, match=f"hold {hold.pk} is {final_status}, not held") as err:
-        services.renew(hold.pk, version, ttl_seconds=60, now=t0)
+    with pytest.raises(NotHeld, match=f"hold {hold_id} is {final_status}, not held") as err:
+        services.renew(hold_id, version, ttl_seconds=60, now=t0)
 
     assert err.value.status == final_status
     assert err.value.code == "not_held"
@@ -449,18 +455,11 @@ def test_cancelling_with_a_stale_version_raises_stale_version_and_keeps_the_seat
 
 @pytest.mark.parametrize("final_status", ["confirmed", "cancelled", "released"])
 def test_cancelling_a_hold_that_is_no_longer_held_raises_not_held(offering, t0, final_status):
-    hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
-    if final_status == "confirmed":
-        services.confirm(hold.pk, 1, now=t0)
-    elif final_status == "cancelled":
-        services.cancel(hold.pk, 1, now=t0)
-    else:
-        services.release_if_expired(hold.pk, 1, now=t0 + timedelta(seconds=60))
-    version = Reservation.objects.values_list("version", flat=True).get(pk=hold.pk)
+    hold_id, version = ended_hold(offering, t0, final_status)
     free_before = seats(offering)
 
     with pytest.raises(NotHeld) as err:
-        services.cancel(hold.pk, version, now=t0)
+        services.cancel(hold_id, version, now=t0)
 
     assert err.value.status == final_status
     assert seats(offering) == free_before
@@ -566,18 +565,14 @@ def test_releasing_a_hold_released_at_another_version_reads_renewed(offering, t0
 def test_releasing_a_confirmed_or_cancelled_hold_reads_no_longer_held_whatever_the_version(
     offering, t0, final_status, message_version
 ):
-    hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
-    if final_status == "confirmed":
-        services.confirm(hold.pk, 1, now=t0)
-    else:
-        services.cancel(hold.pk, 1, now=t0)
+    hold_id, _ = ended_hold(offering, t0, final_status)
     free_before = seats(offering)
 
-    outcome = services.release_if_expired(hold.pk, message_version, now=t0 + timedelta(hours=1))
+    outcome = services.release_if_expired(hold_id, message_version, now=t0 + timedelta(hours=1))
 
     assert outcome == ReleaseOutcome.NO_LONGER_HELD
-    assert row(hold.pk)["status"] == final_status
-    assert released_events(hold.pk) == []
+    assert row(hold_id)["status"] == final_status
+    assert released_events(hold_id) == []
     assert seats(offering) == free_before
 
 
