@@ -77,8 +77,21 @@ class ByHoldLookupMixin:
         return bool(super().lookup_allowed(lookup, value, request))  # type: ignore[misc]
 
 
+class HoldRecordAdmin(ByHoldLookupMixin, ReadOnlyAdmin):
+    """Dead letters and receipts: records of one hold's message, found by hold, trace, task or
+    message key, newest first, each linking to its hold."""
+
+    search_fields = ("=reservation_id", "=trace_id", "=task_id", "idempotency_key")
+    ordering = ("-id",)
+    show_full_result_count = False
+
+    @admin.display(description="hold", ordering="reservation_id")
+    def hold(self, obj: DeadLetter | CleanupReceipt) -> str:
+        return _hold_link(obj.reservation_id)
+
+
 @admin.register(DeadLetter)
-class DeadLetterAdmin(ByHoldLookupMixin, ReadOnlyAdmin):
+class DeadLetterAdmin(HoldRecordAdmin):
     list_display = (
         "id",
         "reason",
@@ -92,9 +105,6 @@ class DeadLetterAdmin(ByHoldLookupMixin, ReadOnlyAdmin):
         "resolution",
     )
     list_filter = ("reason", OpenFilter)
-    search_fields = ("=reservation_id", "=trace_id", "=task_id", "idempotency_key")
-    ordering = ("-id",)
-    show_full_result_count = False
     actions = ("requeue",)
     fields = (
         "reason",
@@ -114,10 +124,6 @@ class DeadLetterAdmin(ByHoldLookupMixin, ReadOnlyAdmin):
         "resolution",
     )
     readonly_fields = fields
-
-    @admin.display(description="hold", ordering="reservation_id")
-    def hold(self, obj: DeadLetter) -> str:
-        return _hold_link(obj.reservation_id)
 
     @admin.display(description="receipt")
     def receipt(self, obj: DeadLetter) -> str:
@@ -179,7 +185,7 @@ class DeadLetterAdmin(ByHoldLookupMixin, ReadOnlyAdmin):
 
 
 @admin.register(CleanupReceipt)
-class CleanupReceiptAdmin(ByHoldLookupMixin, ReadOnlyAdmin):
+class CleanupReceiptAdmin(HoldRecordAdmin):
     list_display = (
         "id",
         "idempotency_key",
@@ -194,9 +200,6 @@ class CleanupReceiptAdmin(ByHoldLookupMixin, ReadOnlyAdmin):
         "created_at",
     )
     list_filter = ("outcome",)
-    search_fields = ("=reservation_id", "=trace_id", "=task_id", "idempotency_key")
-    ordering = ("-id",)
-    show_full_result_count = False
     fields = (
         "idempotency_key",
         "hold",
@@ -213,10 +216,6 @@ class CleanupReceiptAdmin(ByHoldLookupMixin, ReadOnlyAdmin):
         "created_at",
     )
     readonly_fields = fields
-
-    @admin.display(description="hold", ordering="reservation_id")
-    def hold(self, obj: CleanupReceipt) -> str:
-        return _hold_link(obj.reservation_id)
 
     @admin.display(description="redeliveries counted")
     def deliveries_counted(self, obj: CleanupReceipt) -> str:
