@@ -1,4 +1,5 @@
-"""Start and stop real ``celery worker`` processes (the burst drill and the benchmarks).
+"""Start and stop real ``celery worker`` processes (the burst drill, the benchmarks and the
+tests; the tests' ``celery beat`` processes are the same kind of child).
 
 Each worker is its own process group, so a SIGKILL takes its pool children too, exactly as a
 lost node would. Only processes started here are ever signalled.
@@ -22,43 +23,31 @@ def celery_bin() -> str:
     return str(Path(sys.executable).with_name("celery"))
 
 
-@dataclass
-class WorkerProcess:
+class CeleryProcess:
+    """A ``celery -A config …`` child of this process, in a session (process group) of its own,
+    its output appended to ``log_path``. Subclasses say what follows ``celery -A config`` and
+    with which environment."""
+
     name: str
-    concurrency: int
     log_path: Path
-    # Empty: every queue of the worker's settings (``CELERY_TASK_QUEUES``: sweep, release,
-    # maintenance, named by the CLEANUP_*_QUEUE variables in its environment).
-    queues: str = ""
-    env: dict[str, str] = field(default_factory=dict)
-    extra_args: list[str] = field(default_factory=list)
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | None
+
+    def celery_args(self) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def command(self) -> list[str]:
+        return [celery_bin(), "-A", "config", *self.celery_args()]
 
     def start(self) -> Self:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
-        env = dict(os.environ)
-        env.update(self.env)
-        env.setdefault("PYTHONUNBUFFERED", "1")
         self.proc = subprocess.Popen(
-            [
-                celery_bin(),
-                "-A",
-                "config",
-                "worker",
-                *(["-Q", self.queues] if self.queues else []),
-                "-c",
-                str(self.concurrency),
-                "-n",
-                f"{self.name}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "--loglevel",
-                "INFO",
-                *self.extra_args,
-            ],
+            self.command(),
             cwd=ROOT,
-            env=env,
+            env=self.environment(),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -73,6 +62,72 @@ class WorkerProcess:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def terminate(self) -> None:
+        """Warm shutdown (SIGTERM): a worker finishes the running task and restores prefetched
+        ones."""
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = 30) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: the main process and its children (a worker's pool)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class WorkerProcess(CeleryProcess):
+    name: str
+    concurrency: int
+    log_path: Path
+    # Empty: every queue of the worker's settings (``CELERY_TASK_QUEUES``: sweep, release,
+    # maintenance, named by the CLEANUP_*_QUEUE variables in its environment).
+    queues: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def celery_args(self) -> list[str]:
+        return [
+            "worker",
+            *(["-Q", self.queues] if self.queues else []),
+            "-c",
+            str(self.concurrency),
+            "-n",
+            f"{self.name}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "INFO",
+            *self.extra_args,
+        ]
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
 
     def wait_ready(self, timeout: float = 90) -> None:
         deadline = time.monotonic() + timeout
@@ -105,34 +160,3 @@ class WorkerProcess:
                 continue
             out[label] = values
         return out
-
-    def terminate(self) -> None:
-        """Warm shutdown (SIGTERM): the running task finishes, prefetched ones are restored."""
-        if self.alive():
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGTERM)
-
-    def stop(self, timeout: float = 30) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.terminate()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group: the main process and its pool children."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(10)
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""

@@ -8,7 +8,6 @@ database or Redis database.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +21,7 @@ from django.db import connection
 
 # The invariants moved to the product (the burst drill checks them too); re-exported here.
 from cleanup.drills.invariants import invariant_violations as invariant_violations
-from cleanup.drills.workers import WorkerProcess, celery_bin
+from cleanup.drills.workers import CeleryProcess, WorkerProcess
 from reservations.seed import seed_holds
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -346,7 +345,7 @@ def send_installed_sweeps() -> int:
 
 
 @dataclass
-class Beat:
+class Beat(CeleryProcess):
     """A real ``celery beat`` process with the product's scheduler (LeaderDatabaseScheduler)."""
 
     name: str
@@ -354,36 +353,19 @@ class Beat:
     env_overrides: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> Beat:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [
-                celery_bin(),
-                "-A",
-                "config",
-                "beat",
-                "--loglevel",
-                "INFO",
-                "--pidfile",
-                str(self.log_path.with_suffix(".pid")),
-                "--schedule",
-                str(self.log_path.with_suffix(".schedule")),
-            ],
-            cwd=ROOT,
-            env=service_env(**self.env_overrides),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        return self
+    def celery_args(self) -> list[str]:
+        return [
+            "beat",
+            "--loglevel",
+            "INFO",
+            "--pidfile",
+            str(self.log_path.with_suffix(".pid")),
+            "--schedule",
+            str(self.log_path.with_suffix(".schedule")),
+        ]
 
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+    def environment(self) -> dict[str, str]:
+        return service_env(**self.env_overrides)
 
     def lines(self, needle: str) -> list[str]:
         return log_lines([self.log_path], needle)
@@ -396,28 +378,7 @@ class Beat:
         return len(self.lines(f"Sending due task {entry_prefix}"))
 
     def stop(self, timeout: float = 15) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-    def kill(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(10)
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        super().stop(timeout)
 
 
 @contextmanager

@@ -473,41 +473,8 @@ class NetnsWorker(Worker):
         super().__init__(*args, **kwargs)
         self.netns = netns
 
-    def start(self) -> NetnsWorker:
-        from cleanup.drills.workers import ROOT, celery_bin
-
-        env = dict(os.environ)
-        env.update(self.env)
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                self.netns.name,
-                celery_bin(),
-                "-A",
-                "config",
-                "worker",
-                "-Q",
-                self.queues,
-                "-c",
-                str(self.concurrency),
-                "-n",
-                f"{self.name}@%h",
-                "--without-gossip",
-                "--without-mingle",
-                "--loglevel",
-                "INFO",
-            ],  # fmt: skip
-            cwd=ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-        return self
+    def command(self) -> list[str]:
+        return ["ip", "netns", "exec", self.netns.name, *super().command()]
 
 
 @contextmanager
