@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connection
 
@@ -202,6 +204,36 @@ def scalar(query: str, params: Any = None) -> Any:
     return rows[0][0] if rows else None
 
 
+def conninfo() -> str:
+    """The tests' database for a psycopg connection of the test's own."""
+    return service_env()["DATABASE_URL"].replace("postgres://", "postgresql://", 1)
+
+
+@contextmanager
+def offering_locked(offering_id: int) -> Iterator[psycopg.Connection[Any]]:
+    """Hold the offering's row lock from a separate connection until the block ends."""
+    conn = psycopg.connect(conninfo())
+    try:
+        conn.execute("SELECT id FROM reservations_offering WHERE id = %s FOR UPDATE", [offering_id])
+        yield conn
+    finally:
+        conn.rollback()
+        conn.close()
+
+
+def blocked_backends() -> list[int]:
+    """Backends of the test database waiting on a row lock (a release parked mid-transaction)."""
+    rows = sql(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+    )
+    return [r[0] for r in rows]
+
+
+def status_of(hold_id: int) -> str:
+    return str(scalar("SELECT status FROM reservations_reservation WHERE id = %s", [hold_id]))
+
+
 def create_eligible_holds(
     count: int, *, offerings: int = 4, expired_seconds_ago: int = 60, extra_capacity: int = 0
 ) -> list[int]:
@@ -217,6 +249,26 @@ def create_eligible_holds(
         extra_capacity=extra_capacity,
         name="burst",
     )
+
+
+def one_eligible_hold() -> tuple[int, int]:
+    """One eligible hold on an offering of its own: (hold id, offering id)."""
+    hold_id = create_eligible_holds(1, offerings=1)[0]
+    offering_id = scalar(
+        "SELECT offering_id FROM reservations_reservation WHERE id = %s", [hold_id]
+    )
+    return hold_id, offering_id
+
+
+def publish_for(hold_id: int) -> dict[str, Any]:
+    """Publish the release message of a hold at version 1, as a sweep would."""
+    from cleanup.messages import build
+    from cleanup.publish import publish_release_messages
+
+    expires_at = scalar("SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id])
+    message = build(hold_id, 1, expires_at, 0, f"trace-{uuid.uuid4().hex[:8]}")
+    publish_release_messages([message])
+    return message
 
 
 def outcome_counts() -> dict[str, int]:
@@ -244,20 +296,50 @@ def run_sweeps(shards: int, expires: float | None = None) -> None:
 
 
 @contextmanager
-def fleet(
-    tmp_dir: Path, count: int = 2, concurrency: int = 2, **kwargs: Any
-) -> Iterator[list[Worker]]:
-    workers = [
-        Worker(f"itw{i}-{os.getpid()}", concurrency, tmp_dir / f"worker{i}.log", **kwargs).start()
-        for i in range(count)
-    ]
+def running(workers: list[Worker], *, kill: bool = False) -> Iterator[list[Worker]]:
+    """Start the workers and wait until each is ready; at the end stop them (SIGTERM, SIGKILL
+    after 20 s), or with ``kill`` SIGKILL them at once."""
+    for w in workers:
+        w.start()
     try:
         for w in workers:
             w.wait_ready()
         yield workers
     finally:
         for w in workers:
-            w.stop(timeout=20)
+            if kill:
+                w.kill()
+            else:
+                w.stop(timeout=20)
+
+
+def fleet(
+    tmp_dir: Path, count: int = 2, concurrency: int = 2, **kwargs: Any
+) -> AbstractContextManager[list[Worker]]:
+    return running(
+        [
+            Worker(f"itw{i}-{os.getpid()}", concurrency, tmp_dir / f"worker{i}.log", **kwargs)
+            for i in range(count)
+        ]
+    )
+
+
+def dedicated(tmp_path: Path, *specs: dict[str, Any]) -> AbstractContextManager[list[Worker]]:
+    """One worker per spec (``concurrency``, default 1; ``extra_args``; ``env``), for one test:
+    killed at the end."""
+    return running(
+        [
+            Worker(
+                f"dw{i}-{uuid.uuid4().hex[:6]}",
+                spec.get("concurrency", 1),
+                tmp_path / f"dedicated{i}.log",
+                extra_args=spec.get("extra_args", []),
+                env_overrides=spec.get("env", {}),
+            )
+            for i, spec in enumerate(specs)
+        ],
+        kill=True,
+    )
 
 
 def sweep_until(

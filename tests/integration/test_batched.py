@@ -19,22 +19,26 @@ from cleanup.messages import build_batch, validate_batch
 from cleanup.models import DeadLetter
 from cleanup.publish import publish_release_messages
 from reservations import services
+from tests.wire import publish_raw
 
 from .conftest import SessionFleet
 from .fleet import (
     Worker,
+    blocked_backends,
     create_eligible_holds,
     delivery_counts,
     invariant_violations,
     log_lines,
+    offering_locked,
     outcome_counts,
     released_count,
+    running,
     scalar,
     sql,
+    status_of,
     sweep_until,
     wait_until,
 )
-from .test_delivery import blocked_backends, offering_locked, publish_raw, status_of
 
 pytestmark = [pytest.mark.workers]
 
@@ -47,19 +51,13 @@ def batch_workers(
 ) -> Iterator[list[Worker]]:
     session_fleet.pause()  # batch-mode workers only on these queues
     logs = tmp_path_factory.mktemp("batch-workers")
-    workers = [
-        Worker(f"bw{i}-{uuid.uuid4().hex[:6]}", 2, logs / f"bw{i}.log", env_overrides=BATCH_ENV)
-        for i in range(2)
-    ]
-    for w in workers:
-        w.start()
-    try:
-        for w in workers:
-            w.wait_ready()
+    with running(
+        [
+            Worker(f"bw{i}-{uuid.uuid4().hex[:6]}", 2, logs / f"bw{i}.log", env_overrides=BATCH_ENV)
+            for i in range(2)
+        ]
+    ) as workers:
         yield workers
-    finally:
-        for w in workers:
-            w.stop(timeout=20)
 
 
 def _holds(ids: list[int]) -> list[tuple[int, int, Any]]:

@@ -13,103 +13,35 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from django.conf import settings
 
 from cleanup import deliveries
-from cleanup.messages import build
 from cleanup.models import DeadLetter
-from cleanup.publish import publish_release_messages
-from config.celery_app import app
+from tests.wire import GOOD, publish_raw
+from tests.wire import task_body as _body
 
 from .fleet import (
-    Worker,
+    blocked_backends,
     broker_is_redis,
     create_eligible_holds,
+    dedicated,
     invariant_violations,
+    offering_locked,
+    one_eligible_hold,
     outcome_counts,
+    publish_for,
     queue_settled,
     scalar,
-    service_env,
-    sql,
+    status_of,
     wait_until,
 )
 
 pytestmark = [pytest.mark.workers]
 
 POISON = ["-I", "tests.integration.poison_tasks"]
-
-
-@contextmanager
-def dedicated(tmp_path: Path, *specs: dict[str, Any]) -> Iterator[list[Worker]]:
-    workers = [
-        Worker(
-            f"dw{i}-{uuid.uuid4().hex[:6]}",
-            spec.get("concurrency", 1),
-            tmp_path / f"dedicated{i}.log",
-            extra_args=spec.get("extra_args", []),
-            env_overrides=spec.get("env", {}),
-        ).start()
-        for i, spec in enumerate(specs)
-    ]
-    try:
-        for w in workers:
-            w.wait_ready()
-        yield workers
-    finally:
-        for w in workers:
-            w.kill()
-
-
-def _conninfo() -> str:
-    env = service_env()
-    return env["DATABASE_URL"].replace("postgres://", "postgresql://", 1)
-
-
-@contextmanager
-def offering_locked(offering_id: int) -> Iterator[psycopg.Connection[Any]]:
-    """Hold the offering's row lock from a separate connection until the block ends."""
-    conn = psycopg.connect(_conninfo())
-    try:
-        conn.execute("SELECT id FROM reservations_offering WHERE id = %s FOR UPDATE", [offering_id])
-        yield conn
-    finally:
-        conn.rollback()
-        conn.close()
-
-
-def blocked_backends() -> list[int]:
-    """Backends of the test database waiting on a row lock (a release parked mid-transaction)."""
-    rows = sql(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-        "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-    )
-    return [r[0] for r in rows]
-
-
-def one_eligible_hold() -> tuple[int, int]:
-    hold_id = create_eligible_holds(1, offerings=1)[0]
-    offering_id = scalar(
-        "SELECT offering_id FROM reservations_reservation WHERE id = %s", [hold_id]
-    )
-    return hold_id, offering_id
-
-
-def publish_for(hold_id: int) -> dict[str, Any]:
-    expires_at = scalar("SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id])
-    message = build(hold_id, 1, expires_at, 0, f"trace-{uuid.uuid4().hex[:8]}")
-    publish_release_messages([message])
-    return message
-
-
-def status_of(hold_id: int) -> str:
-    return str(scalar("SELECT status FROM reservations_reservation WHERE id = %s", [hold_id]))
 
 
 def test_a_pool_child_killed_mid_release_is_redelivered_and_released_once(
@@ -221,53 +153,6 @@ def test_a_terminated_database_connection_is_retried_then_released_once(
 
 
 # --- malformed input ----------------------------------------------------------------------
-
-GOOD = {
-    "schema_version": 1,
-    "reservation_id": 1,
-    "version": 1,
-    "expires_at": "2026-01-01T00:00:00+00:00",
-    "idempotency_key": "release:1:1",
-    "shard": 0,
-    "trace_id": "t",
-}
-
-
-def _body(*args: Any) -> str:
-    return json.dumps([list(args), {}, {"callbacks": None, "errbacks": None}])
-
-
-def publish_raw(
-    body: Any,
-    *,
-    task: str | None = "cleanup.release_reservation",
-    content_type: str = "application/json",
-    encoding: str = "utf-8",
-) -> str:
-    task_id = str(uuid.uuid4())
-    headers: dict[str, Any] = {}
-    if task is not None:
-        headers = {
-            "lang": "py",
-            "task": task,
-            "id": task_id,
-            "retries": 0,
-            "root_id": task_id,
-            "parent_id": None,
-            "origin": "test",
-            "enqueued_at": time.time(),
-        }
-    with app.connection_for_write() as conn:
-        conn.Producer().publish(
-            body,
-            exchange="",
-            routing_key=settings.CLEANUP_RELEASE_QUEUE,
-            headers=headers,
-            content_type=content_type,
-            content_encoding=encoding,
-        )
-    return task_id
-
 
 MALFORMED: dict[str, tuple[dict[str, Any], str, str]] = {
     # name: (publish kwargs, expected dead-letter reason, words in the error)

@@ -23,7 +23,9 @@ from django.conf import settings
 from cleanup.messages import build
 from cleanup.models import DeadLetter
 from cleanup.publish import publish_release_messages
-from config.celery_app import app
+from tests.wire import RELEASE_TASK, publish_raw
+from tests.wire import release_message as _good
+from tests.wire import task_body as _body
 
 from .fleet import (
     Worker,
@@ -37,58 +39,9 @@ from .fleet import (
 
 pytestmark = [pytest.mark.workers]
 
-RELEASE_TASK = "cleanup.release_reservation"
-
-
-def _good(rid: int = 1, version: int = 1, **changes: Any) -> dict[str, Any]:
-    message = {
-        "schema_version": 1,
-        "reservation_id": rid,
-        "version": version,
-        "expires_at": "2026-01-01T00:00:00+00:00",
-        "idempotency_key": f"release:{rid}:{version}",
-        "shard": 0,
-        "trace_id": "hostile",
-    }
-    message.update(changes)
-    return message
-
-
-def _body(*args: Any) -> str:
-    return json.dumps([list(args), {}, {"callbacks": None, "errbacks": None}])
-
 
 def _nested(depth: int) -> str:
     return "[" * depth + "]" * depth
-
-
-def publish_raw(
-    body: Any,
-    *,
-    task: str | None = RELEASE_TASK,
-    headers: dict[str, Any] | None = None,
-    with_id: bool = True,
-    content_type: str = "application/json",
-    encoding: str = "utf-8",
-) -> str:
-    """Publish bytes/str as they are, with hand-made task headers, to the release queue."""
-    task_id = str(uuid.uuid4())
-    all_headers: dict[str, Any] = {}
-    if task is not None:
-        all_headers = {"lang": "py", "task": task, "retries": 0, "origin": "hostile"}
-        if with_id:
-            all_headers.update(id=task_id, root_id=task_id, parent_id=None)
-    all_headers.update(headers or {})
-    with app.connection_for_write() as conn:
-        conn.Producer().publish(
-            body,
-            exchange="",
-            routing_key=settings.CLEANUP_RELEASE_QUEUE,
-            headers=all_headers,
-            content_type=content_type,
-            content_encoding=encoding,
-        )
-    return task_id
 
 
 def push_redis_entry(entry: bytes | str) -> str:

@@ -24,20 +24,18 @@ from cleanup.publish import RELEASE_TASK
 from config.celery_app import app
 
 from .fleet import (
+    blocked_backends,
     create_eligible_holds,
+    dedicated,
     invariant_violations,
     log_lines,
-    outcome_counts,
-    scalar,
-    wait_until,
-)
-from .test_delivery import (
-    blocked_backends,
-    dedicated,
     offering_locked,
     one_eligible_hold,
+    outcome_counts,
     publish_for,
+    scalar,
     status_of,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.workers]

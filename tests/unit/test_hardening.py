@@ -19,17 +19,7 @@ from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.release import Attempt, release, release_batch
 from reservations import services
 from reservations.models import Reservation
-
-GOOD = {
-    "schema_version": 1,
-    "reservation_id": 1,
-    "version": 1,
-    "expires_at": "2026-01-01T00:00:00+00:00",
-    "idempotency_key": "release:1:1",
-    "shard": 0,
-    "trace_id": "t",
-}
-
+from tests.wire import GOOD
 
 # --- message validation -------------------------------------------------------------------
 

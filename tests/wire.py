@@ -1,0 +1,76 @@
+"""Release messages as they travel, written out by hand (the tests' own copy of the wire format,
+never built by cleanup.messages), and publishing anything at all to the release queue, as a
+client with write access to the broker could."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+RELEASE_TASK = "cleanup.release_reservation"
+
+
+def release_message(rid: int = 1, version: int = 1, **changes: Any) -> dict[str, Any]:
+    """A valid release message for hold ``rid`` at ``version``, with ``changes`` applied."""
+    return {
+        "schema_version": 1,
+        "reservation_id": rid,
+        "version": version,
+        "expires_at": "2026-01-01T00:00:00+00:00",
+        "idempotency_key": f"release:{rid}:{version}",
+        "shard": 0,
+        "trace_id": "t",
+        **changes,
+    }
+
+
+GOOD = release_message()
+
+
+def task_body(*args: Any) -> str:
+    """A task message body (Celery's protocol 2) with these positional arguments."""
+    return json.dumps([list(args), {}, {"callbacks": None, "errbacks": None}])
+
+
+def publish_raw(
+    body: Any,
+    *,
+    task: str | None = RELEASE_TASK,
+    headers: dict[str, Any] | None = None,
+    with_id: bool = True,
+    content_type: str = "application/json",
+    encoding: str = "utf-8",
+) -> str:
+    """Publish bytes or text as they are to the release queue, with task headers made by hand:
+    none when ``task`` is None, no id headers without ``with_id``, ``headers`` laid over them.
+    Returns the task id (in the headers when ``with_id``)."""
+    from django.conf import settings
+
+    from config.celery_app import app
+
+    task_id = str(uuid.uuid4())
+    all_headers: dict[str, Any] = {}
+    if task is not None:
+        # enqueued_at: stamped on every publish by the product's signal handler, so here too
+        all_headers = {
+            "lang": "py",
+            "task": task,
+            "retries": 0,
+            "origin": "test",
+            "enqueued_at": time.time(),
+        }
+        if with_id:
+            all_headers.update(id=task_id, root_id=task_id, parent_id=None)
+    all_headers.update(headers or {})
+    with app.connection_for_write() as conn:
+        conn.Producer().publish(
+            body,
+            exchange="",
+            routing_key=settings.CLEANUP_RELEASE_QUEUE,
+            headers=all_headers,
+            content_type=content_type,
+            content_encoding=encoding,
+        )
+    return task_id
