@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,13 @@ from cleanup.schedule import install_schedule
 from .fleet import (
     Worker,
     beats,
+    blocked_backends,
     broker_is_redis,
     create_eligible_holds,
     invariant_violations,
     log_fields,
     log_lines,
+    offering_locked,
     outcome_counts,
     released_count,
     run_sweeps,
@@ -71,18 +74,6 @@ DEFAULT_RECOVERY = {
 }
 
 
-def _conninfo() -> str:
-    return service_env()["DATABASE_URL"].replace("postgres://", "postgresql://", 1)
-
-
-def _blocked_backends() -> list[int]:
-    rows = sql(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-        "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-    )
-    return [r[0] for r in rows]
-
-
 def _worker(tmp_path: Path, name: str, concurrency: int, **env: str) -> Worker:
     return Worker(
         f"{name}-{uuid.uuid4().hex[:6]}",
@@ -103,14 +94,10 @@ def test_a_lost_worker_node_is_recovered_within_90_s_at_default_settings(tmp_pat
     node_b = _worker(tmp_path, "node-b", 2, **DEFAULT_RECOVERY)
     try:
         node_a.wait_ready()
-        lock = psycopg.connect(_conninfo())
-        try:
-            lock.execute(
-                "SELECT id FROM reservations_offering WHERE id = %s FOR UPDATE", [first_offering]
-            )
+        with offering_locked(first_offering):
             run_sweeps(1)
             backends = wait_until(
-                lambda: len(_blocked_backends()) >= 2 and _blocked_backends(),
+                lambda: len(blocked_backends()) >= 2 and blocked_backends(),
                 timeout=60,
                 what="both of node A's processes parked",
             )
@@ -120,9 +107,6 @@ def test_a_lost_worker_node_is_recovered_within_90_s_at_default_settings(tmp_pat
             node_a.kill()
             for pid in backends:
                 sql("SELECT pg_terminate_backend(%s)", [pid])
-        finally:
-            lock.rollback()
-            lock.close()
         node_b.start().wait_ready()
         # then: node B releases everything, the two in-flight holds after the redelivery
         wait_until(
@@ -561,81 +545,108 @@ def _more_work_taken_by(worker_name: str, ids: list[int]) -> int:
     return _receipts_by(worker_name, ids)
 
 
+@dataclass
+class Parked:
+    ids: list[int]  # the 400 eligible holds
+    first: list[int]  # those of the first offering, whose row lock the test holds
+    backends: list[int]  # P's two releases parked on that lock
+    node_p: NetnsWorker
+    node_h: Worker  # not started yet
+    lock: psycopg.Connection[Any]  # roll back to let go of the row lock
+
+
+@contextmanager
+def p_parked(tmp_path: Path, rig: dict[str, Any], **env: str) -> Iterator[Parked]:
+    """Given: 400 eligible holds on 4 offerings, sweeps of 2 shards every second sent by a beat
+    on the host, the partitioned-to-be node P alone with two of its releases parked
+    mid-statement on the first offering's row lock, and the host's node H ready to start.
+    ``env`` goes to both nodes. At the end the beat stops, the lock goes, P is killed and H
+    stopped."""
+    ids = create_eligible_holds(400, offerings=4)
+    first_offering = scalar("SELECT min(offering_id) FROM reservations_reservation")
+    first = [
+        r[0]
+        for r in sql(
+            "SELECT id FROM reservations_reservation WHERE offering_id = %s", [first_offering]
+        )
+    ]
+    install_schedule(shards=2, every=1)
+    node_p = NetnsWorker(rig["netns"], f"np-{uuid.uuid4().hex[:6]}", 2, tmp_path / "node-p.log",
+                         env_overrides={**rig["ns_env"], **env})  # fmt: skip
+    node_h = _worker(tmp_path, "node-h", 2, **rig["host_env"], **env)
+    try:
+        node_p.start().wait_ready()
+        with (
+            offering_locked(first_offering) as lock,
+            beats(tmp_path, 1, env_overrides=rig["host_env"]),
+        ):
+            backends = wait_until(
+                lambda: len(blocked_backends()) >= 2 and blocked_backends(),
+                timeout=60,
+                what="P's releases parked",
+            )
+            yield Parked(ids, first, backends, node_p, node_h, lock)
+    finally:
+        node_p.kill()
+        node_h.stop(timeout=30)
+
+
+def p_rejoins(node_p: NetnsWorker, fresh: list[int]) -> int:
+    """After P's link healed: wait until P releases some of ``fresh`` (100 more eligible holds
+    are added to it at each look), then until all of them are released. Returns how many of
+    them P released."""
+    rejoined = wait_until(
+        lambda: _more_work_taken_by(node_p.name, fresh),
+        timeout=150, interval=5, what="P releases new work after healing",
+    )  # fmt: skip
+    wait_until(lambda: released_count(fresh) == len(fresh), timeout=120)
+    return int(rejoined)
+
+
+def every_hold_released_once() -> bool:
+    every = scalar("SELECT array_agg(id) FROM reservations_reservation")
+    return invariant_violations(expected_released=list(every)) == []
+
+
 @pytest.mark.usefixtures("exclusive_workers", "clean")
 @pytest.mark.timeout(400)
 def test_a_node_that_loses_the_broker_but_not_the_database_has_its_messages_redelivered(
     tmp_path: Path,
 ) -> None:
-    with partition_rig(tmp_path) as rig:
-        netns: Netns = rig["netns"]
-        # given: the partitioned-to-be node P alone, two of its releases parked mid-statement
-        ids = create_eligible_holds(400, offerings=4)
-        first_offering = scalar("SELECT min(offering_id) FROM reservations_reservation")
-        install_schedule(shards=2, every=1)
-        # a long lease: H sees those holds again only through redelivery, never a re-claim
-        lease = {"CLEANUP_LEASE_SECONDS": "120"}
-        node_p = NetnsWorker(netns, f"np-{uuid.uuid4().hex[:6]}", 2, tmp_path / "node-p.log",
-                             env_overrides={**rig["ns_env"], **lease})  # fmt: skip
-        node_h = _worker(tmp_path, "node-h", 2, **rig["host_env"], **lease)
-        lock = psycopg.connect(_conninfo())
-        try:
-            node_p.start().wait_ready()
-            lock.execute(
-                "SELECT id FROM reservations_offering WHERE id = %s FOR UPDATE", [first_offering]
-            )
-            with beats(tmp_path, 1, env_overrides=rig["host_env"]):
-                wait_until(
-                    lambda: len(_blocked_backends()) >= 2, timeout=60, what="P's releases parked"
-                )
-                parked = [
-                    r[0]
-                    for r in sql(
-                        "SELECT id FROM reservations_reservation WHERE offering_id = %s",
-                        [first_offering],
-                    )
-                ]
-                # when: P loses the broker (still reaches PostgreSQL); H starts; the lock goes
-                netns.cut(rig["redis_port"])
-                node_h.start().wait_ready()
-                lock.rollback()
-                # then: everything is released — P's parked statements commit through its
-                # database link, H gets P's unacked messages back after the visibility timeout
-                wait_until(
-                    lambda: released_count(ids) == len(ids),
-                    timeout=180, interval=1, what="all released",
-                )  # fmt: skip
-                first = set(parked)
+    # a long lease: H sees the parked holds again only through redelivery, never a re-claim
+    lease = {"CLEANUP_LEASE_SECONDS": "120"}
+    with partition_rig(tmp_path) as rig, p_parked(tmp_path, rig, **lease) as given:
+        # when: P loses the broker (still reaches PostgreSQL); H starts; the lock goes
+        rig["netns"].cut(rig["redis_port"])
+        given.node_h.start().wait_ready()
+        given.lock.rollback()
+        # then: everything is released — P's parked statements commit through its database
+        # link, H gets P's unacked messages back after the visibility timeout
+        wait_until(
+            lambda: released_count(given.ids) == len(given.ids),
+            timeout=180, interval=1, what="all released",
+        )  # fmt: skip
+        first = set(given.first)
 
-                def redelivered_to_h() -> list[str]:
-                    return [
-                        line
-                        for line in log_lines([node_h.log_path], "outcome=already_handled")
-                        if int(log_fields(line).get("reservation_id", "0")) in first
-                    ]
+        def redelivered_to_h() -> list[str]:
+            return [
+                line
+                for line in log_lines([given.node_h.log_path], "outcome=already_handled")
+                if int(log_fields(line).get("reservation_id", "0")) in first
+            ]
 
-                redelivered = wait_until(
-                    redelivered_to_h, timeout=90, what="P's messages redelivered to H"
-                )
-                # and when the link heals, P rejoins and takes new work
-                netns.heal(rig["redis_port"])
-                fresh = create_eligible_holds(300, offerings=2, expired_seconds_ago=1)
-                rejoined = wait_until(
-                    lambda: _more_work_taken_by(node_p.name, fresh),
-                    timeout=150, interval=5, what="P takes new work after healing",
-                )  # fmt: skip
-                wait_until(lambda: released_count(fresh) == len(fresh), timeout=120)
-        finally:
-            lock.close()
-            node_p.kill()
-            node_h.stop(timeout=30)
+        redelivered = wait_until(redelivered_to_h, timeout=90, what="P's messages redelivered to H")
+        # and when the link heals, P rejoins and takes new work
+        rig["netns"].heal(rig["redis_port"])
+        fresh = create_eligible_holds(300, offerings=2, expired_seconds_ago=1)
+        rejoined = p_rejoins(given.node_p, fresh)
     print(
         f"\npartition (broker lost, database kept): {len(redelivered)} of P's messages "
         f"redelivered to H and found already handled; P released "
-        f"{_receipts_by(node_p.name, ids)} of the first 400; after healing P released "
-        f"{rejoined} of the fresh holds; outcomes {outcome_counts()}"
+        f"{_receipts_by(given.node_p.name, given.ids)} of the first 400; after healing P "
+        f"released {rejoined} of the fresh holds; outcomes {outcome_counts()}"
     )
-    every = scalar("SELECT array_agg(id) FROM reservations_reservation")
-    assert invariant_violations(expected_released=list(every)) == []
+    assert every_hold_released_once()
     assert redelivered and rejoined
 
 
@@ -644,70 +655,33 @@ def test_a_node_that_loses_the_broker_but_not_the_database_has_its_messages_rede
 def test_a_node_that_loses_the_database_but_not_the_broker_strands_no_hold(
     tmp_path: Path,
 ) -> None:
-    with partition_rig(tmp_path) as rig:
-        netns: Netns = rig["netns"]
-        # given: P alone, two of its releases parked mid-statement (the test holds the lock)
-        ids = create_eligible_holds(400, offerings=4)
-        first_offering = scalar("SELECT min(offering_id) FROM reservations_reservation")
-        install_schedule(shards=2, every=1)
-        node_p = NetnsWorker(netns, f"np-{uuid.uuid4().hex[:6]}", 2, tmp_path / "node-p.log",
-                             env_overrides=rig["ns_env"])  # fmt: skip
-        node_h = _worker(tmp_path, "node-h", 2, **rig["host_env"])
-        lock = psycopg.connect(_conninfo())
-        try:
-            node_p.start().wait_ready()
-            lock.execute(
-                "SELECT id FROM reservations_offering WHERE id = %s FOR UPDATE", [first_offering]
-            )
-            with beats(tmp_path, 1, env_overrides=rig["host_env"]):
-                backends = wait_until(
-                    lambda: len(_blocked_backends()) >= 2 and _blocked_backends(),
-                    timeout=60,
-                    what="P's releases parked",
-                )
-                # when: P loses PostgreSQL (still reaches the broker); its parked statements are
-                # aborted server-side; H starts; the lock goes
-                netns.cut(rig["pg_port"])
-                cut_at = time.monotonic()
-                for pid in backends:
-                    sql("SELECT pg_terminate_backend(%s)", [pid])
-                node_h.start().wait_ready()
-                lock.rollback()
-                # then: every hold is released, the parked ones by H (P's tasks hit their time
-                # limit; the holds come back through a retry or the claim lease)
-                wait_until(
-                    lambda: released_count(ids) == len(ids),
-                    timeout=240, interval=1, what="all released",
-                )  # fmt: skip
-                all_released = time.monotonic() - cut_at
-                first = [
-                    r[0]
-                    for r in sql(
-                        "SELECT id FROM reservations_reservation WHERE offering_id = %s",
-                        [first_offering],
-                    )
-                ]
-                by_p_during_cut = _receipts_by(node_p.name, first)
-                # and when the link heals, P rejoins
-                netns.heal(rig["pg_port"])
-                fresh: list[int] = []
-                rejoined = wait_until(
-                    lambda: _more_work_taken_by(node_p.name, fresh),
-                    timeout=150, interval=5, what="P releases after healing",
-                )  # fmt: skip
-                wait_until(lambda: released_count(fresh) == len(fresh), timeout=120)
-        finally:
-            lock.close()
-            node_p.kill()
-            node_h.stop(timeout=30)
+    with partition_rig(tmp_path) as rig, p_parked(tmp_path, rig) as given:
+        # when: P loses PostgreSQL (still reaches the broker); its parked statements are
+        # aborted server-side; H starts; the lock goes
+        rig["netns"].cut(rig["pg_port"])
+        cut_at = time.monotonic()
+        for pid in given.backends:
+            sql("SELECT pg_terminate_backend(%s)", [pid])
+        given.node_h.start().wait_ready()
+        given.lock.rollback()
+        # then: every hold is released, the parked ones by H (P's tasks hit their time limit;
+        # the holds come back through a retry or the claim lease)
+        wait_until(
+            lambda: released_count(given.ids) == len(given.ids),
+            timeout=240, interval=1, what="all released",
+        )  # fmt: skip
+        all_released = time.monotonic() - cut_at
+        by_p_during_cut = _receipts_by(given.node_p.name, given.first)
+        # and when the link heals, P rejoins
+        rig["netns"].heal(rig["pg_port"])
+        rejoined = p_rejoins(given.node_p, [])
     letters = sql("SELECT reason, count(*) FROM cleanup_deadletter GROUP BY reason")
-    retried = log_lines([node_p.log_path], "Retry in")
+    retried = log_lines([given.node_p.log_path], "Retry in")
     print(
         f"\npartition (database lost, broker kept): all 400 released {all_released:.1f}s after "
         f"the cut; P released {by_p_during_cut} of the parked offering's holds; dead letters "
         f"{letters}; P retry lines {len(retried)}; after healing P released {rejoined} fresh "
         f"holds; outcomes {outcome_counts()}"
     )
-    every = scalar("SELECT array_agg(id) FROM reservations_reservation")
-    assert invariant_violations(expected_released=list(every)) == []
+    assert every_hold_released_once()
     assert by_p_during_cut == 0 and rejoined
