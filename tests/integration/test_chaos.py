@@ -554,6 +554,15 @@ class Parked:
     node_h: Worker  # not started yet
     lock: psycopg.Connection[Any]  # roll back to let go of the row lock
 
+    def h_starts_and_the_lock_goes(self, *, all_released_within: float) -> None:
+        """H starts, the test lets go of the row lock, and then all 400 holds are released."""
+        self.node_h.start().wait_ready()
+        self.lock.rollback()
+        wait_until(
+            lambda: released_count(self.ids) == len(self.ids),
+            timeout=all_released_within, interval=1, what="all released",
+        )  # fmt: skip
+
 
 @contextmanager
 def p_parked(tmp_path: Path, rig: dict[str, Any], **env: str) -> Iterator[Parked]:
@@ -618,14 +627,9 @@ def test_a_node_that_loses_the_broker_but_not_the_database_has_its_messages_rede
     with partition_rig(tmp_path) as rig, p_parked(tmp_path, rig, **lease) as given:
         # when: P loses the broker (still reaches PostgreSQL); H starts; the lock goes
         rig["netns"].cut(rig["redis_port"])
-        given.node_h.start().wait_ready()
-        given.lock.rollback()
         # then: everything is released — P's parked statements commit through its database
         # link, H gets P's unacked messages back after the visibility timeout
-        wait_until(
-            lambda: released_count(given.ids) == len(given.ids),
-            timeout=180, interval=1, what="all released",
-        )  # fmt: skip
+        given.h_starts_and_the_lock_goes(all_released_within=180)
         first = set(given.first)
 
         def redelivered_to_h() -> list[str]:
@@ -662,14 +666,9 @@ def test_a_node_that_loses_the_database_but_not_the_broker_strands_no_hold(
         cut_at = time.monotonic()
         for pid in given.backends:
             sql("SELECT pg_terminate_backend(%s)", [pid])
-        given.node_h.start().wait_ready()
-        given.lock.rollback()
         # then: every hold is released, the parked ones by H (P's tasks hit their time limit;
         # the holds come back through a retry or the claim lease)
-        wait_until(
-            lambda: released_count(given.ids) == len(given.ids),
-            timeout=240, interval=1, what="all released",
-        )  # fmt: skip
+        given.h_starts_and_the_lock_goes(all_released_within=240)
         all_released = time.monotonic() - cut_at
         by_p_during_cut = _receipts_by(given.node_p.name, given.first)
         # and when the link heals, P rejoins
