@@ -418,6 +418,26 @@ class Services:
     sources: dict[str, str] = field(default_factory=dict)  # service -> where it came from
 
 
+def from_environment(result: Services, name: str, service: str) -> bool:
+    """Step 1 for one service: its URL variable, when set."""
+    if not os.environ.get(name):
+        return False
+    result.env[name] = os.environ[name]
+    result.sources[service] = name
+    return True
+
+
+def local_server(
+    port: int, ci: bool, start_debian: Callable[[], bool], usable: Callable[[], bool]
+) -> bool:
+    """Step 2 for one service: something listens on 127.0.0.1:``port`` (with CI=true and
+    nothing listening, Debian's installed server is started first) and it is ``usable``."""
+    up = reachable(LOCAL_HOST, port)
+    if not up and ci:
+        up = start_debian()
+    return up and usable()
+
+
 def resolve(purpose: str) -> Services:
     """Find or start both services; on failure stop whatever this call started, then raise."""
     result = Services()
@@ -431,17 +451,11 @@ def resolve(purpose: str) -> Services:
                 log(f"  ignoring {name} from the environment")
     try:
         # PostgreSQL
-        if not force and os.environ.get("DATABASE_URL"):
-            result.env["DATABASE_URL"] = os.environ["DATABASE_URL"]
-            result.sources["postgres"] = "DATABASE_URL"
-        else:
+        if force or not from_environment(result, "DATABASE_URL", "postgres"):
             local_admin = f"postgresql://postgres@{LOCAL_HOST}:{LOCAL_PG_PORT}/postgres"
-            local = False
-            if not force:
-                up = reachable(LOCAL_HOST, LOCAL_PG_PORT)
-                if not up and ci:
-                    up = start_debian_postgres()
-                local = up and pg_connect_ok(local_admin)
+            local = not force and local_server(
+                LOCAL_PG_PORT, ci, start_debian_postgres, lambda: pg_connect_ok(local_admin)
+            )
             if local:
                 if purpose == "run":
                     ensure_database(local_admin, DB_NAME)
@@ -457,19 +471,18 @@ def resolve(purpose: str) -> Services:
                 result.env["DATABASE_URL"] = embedded_pg_url(DB_NAME)
                 result.sources["postgres"] = f"embedded (socket in {PG_DATA})"
         # Redis
-        if not force and os.environ.get("CELERY_BROKER_URL"):
-            result.env["CELERY_BROKER_URL"] = os.environ["CELERY_BROKER_URL"]
-            result.sources["broker"] = "CELERY_BROKER_URL"
-        else:
+        if force or not from_environment(result, "CELERY_BROKER_URL", "broker"):
             local_url = f"redis://{LOCAL_HOST}:{LOCAL_REDIS_PORT}/{redis_db}"
-            local = False
-            if not force:
-                up = reachable(LOCAL_HOST, LOCAL_REDIS_PORT)
-                if not up and ci:
-                    up = start_debian_redis()
-                local = up and redis_ping(local_url)
-                if up and not local:
-                    log(f"something listens on {LOCAL_HOST}:{LOCAL_REDIS_PORT} but no Redis PING")
+
+            def redis_usable() -> bool:
+                if redis_ping(local_url):
+                    return True
+                log(f"something listens on {LOCAL_HOST}:{LOCAL_REDIS_PORT} but no Redis PING")
+                return False
+
+            local = not force and local_server(
+                LOCAL_REDIS_PORT, ci, start_debian_redis, redis_usable
+            )
             if local:
                 result.env["CELERY_BROKER_URL"] = local_url
                 result.sources["broker"] = f"local Redis {LOCAL_HOST}:{LOCAL_REDIS_PORT}/{redis_db}"
