@@ -11,14 +11,16 @@ Redis ``INCR`` + ``EXPIRE`` (one pipelined round trip) when a Redis URL is confi
 otherwise an autocommit upsert in PostgreSQL.
 
 The tally (the health page's "delivery attempts" per minute, and the drills' attempt counts)
-counts every release attempt, per hold, in this process's memory and is added to Redis at most
-once per ``TALLY_FLUSH_SECONDS`` (and when the process stops): at most that much of a crashed
-process's tally is lost.
+counts every release attempt, per hold, in this process's memory; a daemon thread adds it to
+Redis every ``TALLY_FLUSH_SECONDS`` (and the process adds the rest when it stops): a process
+that is killed loses at most that much of its tally.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 
 from django.conf import settings
@@ -36,7 +38,8 @@ TALLY_TTL = 7200
 TALLY_FLUSH_SECONDS = 1.0
 
 _pending: dict[int, int] = {}  # minute -> attempts not yet added to Redis
-_last_flush = [0.0]  # monotonic time of the last flush
+_pending_lock = threading.Lock()
+_flusher: list[threading.Thread] = []  # this process's flush thread, once started
 
 
 def increment(key: str) -> int:
@@ -63,19 +66,28 @@ def tally(attempts: int = 1) -> None:
     if not settings.CLEANUP_COUNTER_REDIS_URL:
         return
     minute = int(time.time()) // 60
-    _pending[minute] = _pending.get(minute, 0) + attempts
-    if time.monotonic() - _last_flush[0] >= TALLY_FLUSH_SECONDS:
+    with _pending_lock:
+        _pending[minute] = _pending.get(minute, 0) + attempts
+    if not _flusher:  # first use in this process (a pool process is forked without it)
+        thread = threading.Thread(target=_flush_forever, name="attempt-tally", daemon=True)
+        _flusher.append(thread)
+        thread.start()
+
+
+def _flush_forever() -> None:
+    while True:
+        time.sleep(TALLY_FLUSH_SECONDS)
         flush_tally()
 
 
 def flush_tally() -> None:
     """Add this process's pending tally to Redis (one pipelined round trip); never raises."""
-    _last_flush[0] = time.monotonic()
     url = settings.CLEANUP_COUNTER_REDIS_URL
-    if not _pending or not url:
+    with _pending_lock:
+        pending = dict(_pending)
+        _pending.clear()
+    if not pending or not url:
         return
-    pending = dict(_pending)
-    _pending.clear()
     try:
         pipe = redis_clients.client(url).pipeline(transaction=False)
         for minute, attempts in pending.items():
@@ -84,6 +96,17 @@ def flush_tally() -> None:
         pipe.execute()
     except Exception as exc:  # noqa: BLE001 - the tally is informative; the work is done
         logger.warning("attempt tally not written", extra={"error": repr(exc)[:200]})
+
+
+def _forget_after_fork() -> None:
+    # A forked child has no flush thread (threads do not survive fork) and a fresh lock.
+    global _pending_lock
+    _pending_lock = threading.Lock()
+    _pending.clear()
+    _flusher.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def current(key: str) -> int:

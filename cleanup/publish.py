@@ -20,7 +20,9 @@ RELEASE_TASK = "cleanup.release_reservation"
 RELEASE_BATCH_TASK = "cleanup.release_batch"
 SWEEP_TASK = "cleanup.sweep_shard"
 # Redis commands per pipelined round trip when publishing a fan-out (one LPUSH per message).
-PUBLISH_PIPELINE = 500
+# Small enough that a worker killed mid-publish leaves few claimed holds without a message
+# (they wait for their claim lease); large enough that the round trips stop mattering.
+PUBLISH_PIPELINE = 100
 
 
 def publish_release_messages(messages: list[dict[str, Any]]) -> None:

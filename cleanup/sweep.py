@@ -9,10 +9,6 @@ message per hold after the claim commits.
   publish" across sweeps, so concurrent sweeps of different shards cannot each add a batch on
   top of the same reading; a batch is never larger than the room left, so the queue stays
   within the cap.
-- Share: a run claims at most ``CLEANUP_MAX_QUEUE_DEPTH / shards`` holds, so one run cannot
-  fill the whole queue alone and a run never holds its pool process for long. (Near the cap
-  the first sweep to get the lock still takes the little room there is: under sustained
-  backpressure shards drain roughly in turn, not evenly — docs/PERFORMANCE.md.)
 """
 
 from __future__ import annotations
@@ -166,10 +162,7 @@ def _sweep_batches(
     max_batches: int,
     max_queue_depth: int,
 ) -> None:
-    share = -(-max_queue_depth // shards)  # messages one run may add: the cap / shards
     for _ in range(max_batches):
-        if result.claimed >= share:
-            break  # this run took its share; the next run of this shard carries on
         if time.monotonic() >= deadline:
             result.budget_exhausted = True
             break
@@ -187,10 +180,9 @@ def _sweep_batches(
                     extra={"shard": shard, "queue_depth": depth, "trace_id": result.trace_id},
                 )
                 break
-            # Never past the cap, and at most this shard's share of it per run (so one run
-            # cannot refill the whole queue on its own and keep a pool process for long).
+            # Never past the cap: a batch is at most the room left under it.
             room = max_queue_depth - depth
-            take = min(batch_size, room, share - result.claimed)
+            take = min(batch_size, room)
             with transaction.atomic():
                 claimed = claim_expired(
                     shard,

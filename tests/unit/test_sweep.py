@@ -279,19 +279,6 @@ def test_backpressure_stops_the_sweep_and_the_counters_move(settings):
     assert claim_counts(waiting) == {1}
 
 
-def test_near_the_cap_each_shard_takes_its_share_of_the_room(settings):
-    # given: a cap of 8, two shards, and more due holds than the room in each shard
-    settings.CLEANUP_MAX_QUEUE_DEPTH = 8
-    expired_holds(60, name="share")
-    # when: each shard is swept once
-    first = sweep_shard(0, 2)
-    second = sweep_shard(1, 2)
-    # then: each took its share (8 / 2) and stopped, so the first left room for the other;
-    # the queue never went over the cap
-    assert (first.published, second.published) == (4, 4)
-    assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == 8
-
-
 def test_a_set_aside_hold_moves_the_dead_letter_counter(settings):
     settings.CLEANUP_MAX_CLAIMS = 1
     ids = expired_holds(2)
