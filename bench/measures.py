@@ -634,82 +634,45 @@ def ratios(res: dict[str, Any], layout: str) -> dict[str, Any]:
     return out
 
 
+def _per_second(measured: dict[str, Any], unit: str) -> str:
+    return f"{measured['rate']:,.0f} {unit}/s" if "rate" in measured else "-"
+
+
 def print_table(res: dict[str, Any], layout: str) -> None:
-    rows: list[tuple[str, str, str]] = []
-    cl = res["commit_latency"]
-    rows.append(
-        ("commit latency (300 autocommit inserts)", f"{cl['mean_ms']} ms", f"{cl['tps']} tps")
+    """One row per measurement: (what, result, note)."""
+    cl, sb, pl = res["commit_latency"], res["set_based"], res["psycopg_loop"]
+    rows: list[tuple[str, str, str]] = [
+        ("commit latency (300 autocommit inserts)", f"{cl['mean_ms']} ms", f"{cl['tps']} tps"),
+        (f"set-based CTE, {sb['holds']} holds", _per_second(sb, "rows"), f"{sb['seconds']} s"),
+        (f"psycopg per-row loop, {pl['rows']} rows", _per_second(pl, "rows"), f"{pl['seconds']} s"),
+    ]
+    drains = (
+        ("noop", "Celery no-op drain", "tasks"),
+        ("per_reservation", "per-reservation", "holds"),
     )
-    sb = res["set_based"]
-    rows.append(
-        (f"set-based CTE, {sb['holds']} holds", f"{sb['rate']:,.0f} rows/s", f"{sb['seconds']} s")
-    )
-    pl = res["psycopg_loop"]
-    rows.append(
-        (
-            f"psycopg per-row loop, 1 process, {pl['rows']} rows",
-            f"{pl['rate']:,.0f} rows/s",
-            f"{pl['seconds']} s",
-        )
-    )
-    for key, nd in res["noop"].items():
-        rows.append(
-            (
-                f"Celery no-op drain {key}, {nd['tasks']} tasks",
-                f"{nd['rate']:,.0f} tasks/s",
-                f"runs {nd['runs']}",
+    for kind, label, unit in drains:
+        for key, d in res[kind].items():
+            rows.append(
+                (f"{label} {key}, {d[unit]} {unit}", _per_second(d, unit), f"runs {d['runs']}")
             )
-        )
-    for key, pr in res["per_reservation"].items():
-        rows.append(
-            (
-                f"per-reservation {key}, {pr['holds']} holds",
-                f"{pr['rate']:,.0f} holds/s",
-                f"runs {pr['runs']}",
-            )
-        )
     if "per_reservation_events" in res:
         ev = res["per_reservation_events"]
-        rows.append(
-            (
-                f"per-reservation {layout}, task events ON",
-                f"{ev['rate']:,.0f} holds/s",
-                f"{ev['seconds']} s",
-            )
-        )
+        events = f"per-reservation {layout}, task events ON"
+        rows.append((events, _per_second(ev, "holds"), f"{ev['seconds']} s"))
     b = res["batched"]
+    skipped = "" if "rate" in b else "SKIPPED: " + b["skipped"]
     rows.append(
-        (
-            f"batched mode {layout}, {b.get('holds', '-')} holds",
-            f"{b['rate']:,.0f} holds/s" if "rate" in b else "-",
-            "" if "rate" in b else "SKIPPED: " + b["skipped"],
-        )
+        (f"batched mode {layout}, {b.get('holds', '-')} holds", _per_second(b, "holds"), skipped)
     )
-    if "sweep" in res:
-        s = res["sweep"]
+    for table in ("small", "large") if "sweep" in res else ():
+        claim = res["sweep"][table]
         rows.append(
-            (
-                f"sweep claim 500 @ {s['small']['rows']:,} rows",
-                f"{s['small']['median_ms']} ms",
-                "median of 7",
-            )
-        )
-        rows.append(
-            (
-                f"sweep claim 500 @ {s['large']['rows']:,} rows",
-                f"{s['large']['median_ms']} ms",
-                "median of 7",
-            )
+            (f"sweep claim 500 @ {claim['rows']:,} rows", f"{claim['median_ms']} ms", "median of 7")
         )
     if "rss" in res:
-        r = res["rss"]
-        rows.append(
-            (
-                f"worker RSS growth {r['tasks'] // 10}→{r['tasks']} no-op tasks",
-                f"main {r['growth']['main']:+.1%}",
-                f"child {r['growth']['child']:+.1%}",
-            )
-        )
+        r, growth = res["rss"], res["rss"]["growth"]
+        name = f"worker RSS growth {r['tasks'] // 10}→{r['tasks']} no-op tasks"
+        rows.append((name, f"main {growth['main']:+.1%}", f"child {growth['child']:+.1%}"))
     width = max(len(r[0]) for r in rows) + 2
     print("\n" + "measurement".ljust(width) + "result".ljust(20) + "note")
     for name, value, note in rows:

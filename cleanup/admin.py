@@ -123,7 +123,6 @@ class DeadLetterAdmin(HoldRecordAdmin):
         "resolved_at",
         "resolution",
     )
-    readonly_fields = fields
 
     @admin.display(description="receipt")
     def receipt(self, obj: DeadLetter) -> str:
@@ -215,7 +214,6 @@ class CleanupReceiptAdmin(HoldRecordAdmin):
         "duration_ms",
         "created_at",
     )
-    readonly_fields = fields
 
     @admin.display(description="redeliveries counted")
     def deliveries_counted(self, obj: CleanupReceipt) -> str:
@@ -249,13 +247,13 @@ class ReservationStoryAdmin(ReservationAdmin):
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
         return ["related", *super().get_fields(request, obj), "deliveries_counted", "story"]
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        return (
             *super().get_readonly_fields(request, obj),
             "related",
             "deliveries_counted",
             "story",
-        ]
+        )
 
     @admin.display(description="linked records")
     def related(self, obj: Reservation) -> str:

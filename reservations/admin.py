@@ -169,7 +169,6 @@ class PublishedFilter(admin.SimpleListFilter):
 class OutboxEventInline(admin_guard.ReadOnly, admin.TabularInline):
     model = OutboxEvent
     fields = ("id", "kind", "version", "created_at", "published_at", "payload")
-    readonly_fields = fields
     ordering = ("id",)
     extra = 0
     can_delete = False
@@ -218,7 +217,6 @@ class ReservationAdmin(admin_guard.ReadOnly, admin.ModelAdmin):
         "created_at",
         "updated_at",
     )
-    readonly_fields = fields
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Reservation]:
         # The database clock (PostgreSQL's now(), never the web server's) decides expiry, so

@@ -92,7 +92,14 @@ def log_each(request: HttpRequest, objects_by_result: dict[str, list[Any]], what
 
 class ReadOnly:
     """Inspect only: no add, change or delete through the admin (every state change goes
-    through the services and the guarded actions). Mix into a ``ModelAdmin`` or an inline."""
+    through the services and the guarded actions). Mix into a ``ModelAdmin`` or an inline.
+
+    Every name in ``fields`` is read-only, display methods included: a name in ``fields`` that
+    is not a model field must be read-only, or Django cannot build the page's form."""
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        declared = getattr(self, "fields", None) or getattr(self, "readonly_fields", None)
+        return tuple(declared or ())
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

@@ -10,7 +10,7 @@ import hmac
 import json
 import logging
 from collections.abc import Callable, Mapping
-from functools import wraps
+from functools import partial, wraps
 from typing import Any, TypeVar
 
 from django.conf import settings
@@ -276,20 +276,47 @@ _HOLD_FIELDS = frozenset({"holder", "ttl_seconds"})
 _RENEW_FIELDS = frozenset({"expected_version", "ttl_seconds"})
 _VERSION_FIELDS = frozenset({"expected_version"})
 
+# What a path id names: the error code and word of its 404.
+_OFFERING = (OfferingNotFound.code, "offering")
+_HOLD = (ReservationNotFound.code, "hold")
+
+
+def _hold_change(
+    request: HttpRequest,
+    target_id: int,
+    target: tuple[str, str],
+    fields: frozenset[str],
+    parse: Callable[[dict[str, Any]], Callable[[], Reservation]],
+    status: int = 200,
+) -> HttpResponse:
+    """Every POST that changes a hold, in order:
+
+    1. the path id is in range (else 404 with the target's code);
+    2. the body is a JSON object with only ``fields`` (else 400);
+    3. ``parse`` reads and validates the fields and returns the service call, so a bad field
+       is a 400 before any database work;
+    4. the call runs, retried on transient database errors; the answer is the hold.
+    """
+    _check_id(target_id, *target)
+    call = parse(_json_object(request, fields))
+    return JsonResponse(hold_json(call_with_retries(call)), status=status)
+
 
 @api_view("POST")
 def create_hold(request: HttpRequest, offering_id: int) -> HttpResponse:
-    _check_id(offering_id, OfferingNotFound.code, "offering")
-    data = _json_object(request, _HOLD_FIELDS)
-    holder = _holder(data)
-    ttl = _ttl(data)
-    hold = call_with_retries(lambda: services.hold_seat(offering_id, holder, ttl))
-    return JsonResponse(hold_json(hold), status=201)
+    return _hold_change(
+        request,
+        offering_id,
+        _OFFERING,
+        _HOLD_FIELDS,
+        lambda data: partial(services.hold_seat, offering_id, _holder(data), _ttl(data)),
+        status=201,
+    )
 
 
 @api_view("GET")
 def hold_detail(request: HttpRequest, hold_id: int) -> HttpResponse:
-    _check_id(hold_id, ReservationNotFound.code, "hold")
+    _check_id(hold_id, *_HOLD)
     hold = Reservation.objects.filter(pk=hold_id).first()
     if hold is None:
         raise ReservationNotFound(f"hold {hold_id} does not exist")
@@ -298,35 +325,38 @@ def hold_detail(request: HttpRequest, hold_id: int) -> HttpResponse:
 
 @api_view("POST")
 def renew_hold(request: HttpRequest, hold_id: int) -> HttpResponse:
-    _check_id(hold_id, ReservationNotFound.code, "hold")
-    data = _json_object(request, _RENEW_FIELDS)
-    version = _expected_version(data)
-    ttl = _ttl(data)
-    hold = call_with_retries(lambda: services.renew(hold_id, version, ttl))
-    return JsonResponse(hold_json(hold))
-
-
-def _versioned_change(
-    request: HttpRequest, hold_id: int, change: Callable[[int, int], Reservation]
-) -> HttpResponse:
-    """confirm/cancel: the body carries only the version the client saw."""
-    _check_id(hold_id, ReservationNotFound.code, "hold")
-    version = _expected_version(_json_object(request, _VERSION_FIELDS))
-    hold = call_with_retries(lambda: change(hold_id, version))
-    return JsonResponse(hold_json(hold))
+    return _hold_change(
+        request,
+        hold_id,
+        _HOLD,
+        _RENEW_FIELDS,
+        lambda data: partial(services.renew, hold_id, _expected_version(data), _ttl(data)),
+    )
 
 
 @api_view("POST")
 def confirm_hold(request: HttpRequest, hold_id: int) -> HttpResponse:
-    return _versioned_change(request, hold_id, services.confirm)
+    return _hold_change(
+        request,
+        hold_id,
+        _HOLD,
+        _VERSION_FIELDS,
+        lambda data: partial(services.confirm, hold_id, _expected_version(data)),
+    )
 
 
 @api_view("POST")
 def cancel_hold(request: HttpRequest, hold_id: int) -> HttpResponse:
-    return _versioned_change(request, hold_id, services.cancel)
+    return _hold_change(
+        request,
+        hold_id,
+        _HOLD,
+        _VERSION_FIELDS,
+        lambda data: partial(services.cancel, hold_id, _expected_version(data)),
+    )
 
 
 @api_view("GET")
 def offering_availability(request: HttpRequest, offering_id: int) -> HttpResponse:
-    _check_id(offering_id, OfferingNotFound.code, "offering")
+    _check_id(offering_id, *_OFFERING)
     return JsonResponse(services.availability(offering_id))

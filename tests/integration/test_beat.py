@@ -7,6 +7,9 @@ real workers.
 9. Two beats → only the lease holder sends; SIGKILL the leader → the other takes over, and
    holds keep being released; a frozen leader loses its lease to the server's idle-session
    timeout and, once it wakes, sends nothing.
+The "Cleanup schedule" admin object drives a real beat: a change saved through its admin change
+form is followed without restarting beat (within its max loop interval), a disabled schedule
+stops sweeps, and a restart's ``install_cleanup_schedule`` keeps the operator's edit.
 Timings (takeover, send gaps) are printed, not asserted as speeds: only lower bounds that
 say "never early, never twice" are checked.
 """
@@ -22,9 +25,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+from django.urls import reverse
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from cleanup import broker
+from cleanup.models import CleanupSchedule
 from cleanup.schedule import SWEEP_PREFIX, install_schedule, sweep_entry_name
 
 from .fleet import (
@@ -254,3 +262,69 @@ def beat_idle_timeout() -> int:
     from django.conf import settings
 
     return int(settings.CLEANUP_BEAT_IDLE_SESSION_TIMEOUT)
+
+
+# --- the Cleanup schedule admin object drives beat ---------------------------------------
+
+
+def _save_in_admin(client: Client, shards: int, every: int, enabled: bool) -> None:
+    """What an operator does: the Cleanup schedule change form, saved."""
+    schedule = CleanupSchedule.objects.get()
+    response = client.post(
+        reverse("admin:cleanup_cleanupschedule_change", args=[schedule.pk]),
+        {"shards": str(shards), "every_seconds": str(every), "enabled": "on" if enabled else ""},
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+
+
+def _sends_of(beat: Beat, shards: int) -> int:
+    """Sends of the sweep entries of a schedule with ``shards`` shards."""
+    suffix = f" of {shards}"
+    return sum(len(times) for name, times in _sends(beat).items() if name.endswith(suffix))
+
+
+def test_a_real_beat_follows_schedule_edits_saved_in_the_admin(workers, clean, beat_logs):
+    # given: the schedule as `make run` installs it, then an operator at the admin
+    call_command("install_cleanup_schedule", "--shards", "4", "--every", "1")
+    operator = Client()
+    operator.force_login(User.objects.create_superuser("op", "op@example.com", "pw"))
+    with beats(beat_logs, 1) as (beat,):
+        wait_until(beat.is_leader, timeout=60, what="beat lease acquired")
+        wait_until(lambda: _sends_of(beat, 4) >= 4, timeout=30, what="first sends of 4 shards")
+        # when: 2 shards every 1 s
+        _save_in_admin(operator, shards=2, every=1, enabled=True)
+        time.sleep(3)  # beat's max loop interval is 1 s in tests
+        before_4, before_2 = _sends_of(beat, 4), _sends_of(beat, 2)
+        time.sleep(6)
+        # then: only the two new entries are sent, about once a second each
+        assert _sends_of(beat, 4) == before_4
+        fast = _sends_of(beat, 2) - before_2
+        assert 2 * 4 <= fast <= 2 * 8, fast
+        # when: every 3 s
+        _save_in_admin(operator, shards=2, every=3, enabled=True)
+        time.sleep(4)
+        before = _sends_of(beat, 2)
+        time.sleep(6)
+        slow = _sends_of(beat, 2) - before
+        assert slow <= 2 * 3, slow
+        assert slow < fast
+        # when: disabled
+        _save_in_admin(operator, shards=2, every=3, enabled=False)
+        time.sleep(4)
+        stopped_at = beat.sends()
+        held = create_eligible_holds(60, offerings=2)
+        # and the platform restarts its one-off step (what `make run` and compose run)
+        call_command("install_cleanup_schedule", "--shards", "4", "--every", "1")
+        time.sleep(6)
+        # then: nothing is sent, no hold is claimed, the edit stood
+        assert beat.sends() == stopped_at
+        assert set(claim_counts(held).values()) == {0}
+        assert released_count(held) == 0
+        schedule = CleanupSchedule.objects.get()
+        assert (schedule.shards, schedule.every_seconds, schedule.enabled) == (2, 3, False)
+        # when: enabled again
+        _save_in_admin(operator, shards=2, every=1, enabled=True)
+        wait_until(lambda: released_count(held) == len(held), timeout=60, what="re-enabled")
+    assert invariant_violations(expected_released=held) == []
+    assert outcome_counts() == {"released": len(held)}
+    print(f"\nadmin edits: 2 shards every 1 s → {fast} sends in 6 s, every 3 s → {slow}, off → 0")
