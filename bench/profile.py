@@ -2,9 +2,9 @@
 drain, summarized into the shares the performance work is steered by.
 
 Used by ``bench/run.py --profile`` (one per-reservation drain, profiled). Each sample is one
-thread's stack at one instant; a pool process's samples are split by the first product or
-library frame that says what it was doing (``CATEGORIES``, checked in order from the root of
-the stack), so the shares are of the children's wall time, waiting included.
+thread's stack at one instant; a pool process's samples are split by the product or library
+frame that says what it was doing (``CATEGORIES``, checked in their order), so the shares are
+of the children's wall time, waiting included.
 """
 
 from __future__ import annotations
@@ -18,18 +18,22 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-# (category, pattern on one frame "function (file:line)"), first match from the root wins.
-CATEGORIES: tuple[tuple[str, str], ...] = (
-    ("sweep: publish fan-out", r"publish_release_messages "),
-    ("sweep: waiting for the publish lock", r"_acquire_publish_lock "),
-    ("sweep: claim and the rest", r"sweep_shard "),
-    ("delivery counter (Redis)", r"\(cleanup/deliveries\.py"),
-    ("argument check (signature bind)", r"^bind \(inspect\.py"),
-    ("release statement + receipts", r"^release_batch \(cleanup/release\.py"),
-    ("attempt log line", r"^_log_attempt "),
-    ("metrics", r"\(cleanup/metrics\.py"),
-    ("dead letters", r"\(cleanup/deadletters\.py"),
-    ("waiting for a task", r"recv_bytes \(billiard/connection\.py"),
+# (category, pattern on one frame "function (file:line)"): the first category, in this order,
+# with a pattern found on any frame of a stack names that stack.
+CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, re.compile(pattern))
+    for name, pattern in (
+        ("sweep: publish fan-out", r"publish_release_messages "),
+        ("sweep: waiting for the publish lock", r"_acquire_publish_lock "),
+        ("sweep: claim and the rest", r"sweep_shard "),
+        ("delivery counter (Redis)", r"\(cleanup/deliveries\.py"),
+        ("argument check (signature bind)", r"^bind \(inspect\.py"),
+        ("release statement + receipts", r"^release_batch \(cleanup/release\.py"),
+        ("attempt log line", r"^_log_attempt "),
+        ("metrics", r"\(cleanup/metrics\.py"),
+        ("dead letters", r"\(cleanup/deadletters\.py"),
+        ("waiting for a task", r"recv_bytes \(billiard/connection\.py"),
+    )
 )
 TASK_FRAME = re.compile(r"\((celery/app/trace|celery/app/task)\.py")
 PROCESS = re.compile(r"^process (\d+):")
@@ -75,8 +79,7 @@ def stop(spies: list[subprocess.Popen[bytes]]) -> None:
 
 
 def classify(frames: list[str]) -> str:
-    for name, pattern in CATEGORIES:
-        rx = re.compile(pattern)
+    for name, rx in CATEGORIES:
         if any(rx.search(frame) for frame in frames):
             return name
     if any(TASK_FRAME.search(frame) for frame in frames):

@@ -65,7 +65,7 @@ def tally(attempts: int = 1) -> None:
     """Count release attempts (one per hold) for the per-minute tally; never raises."""
     if not settings.CLEANUP_COUNTER_REDIS_URL:
         return
-    minute = int(time.time()) // 60
+    minute = current_minute()
     with _pending_lock:
         _pending[minute] = _pending.get(minute, 0) + attempts
     if not _flusher:  # first use in this process (a pool process is forked without it)
@@ -118,29 +118,31 @@ def current(key: str) -> int:
     return int(row or 0)
 
 
-def attempts_since(minutes: int, *, now: float | None = None) -> int | None:
-    """Release attempts (per hold) in the last ``minutes`` whole minutes plus the current one,
-    as flushed so far (None when deliveries are counted in PostgreSQL: no tally is kept)."""
+def current_minute(now: float | None = None) -> int:
+    """The tally's minute number (epoch minutes) of ``now`` (default: the current time)."""
+    return int(time.time() if now is None else now) // 60
+
+
+def _tallied(first: int, last: int) -> int | None:
+    """Attempts flushed for minutes ``first``..``last``; None without a Redis counter."""
     url = settings.CLEANUP_COUNTER_REDIS_URL
     if not url:
         return None
-    current = int(time.time() if now is None else now) // 60
-    keys = [f"{TALLY_PREFIX}{m}" for m in range(current - minutes + 1, current + 1)]
+    keys = [f"{TALLY_PREFIX}{m}" for m in range(first, last + 1)]
     return sum(int(v) for v in redis_clients.client(url).mget(keys) if v is not None)
 
 
-def current_minute() -> int:
-    return int(time.time()) // 60
+def attempts_since(minutes: int, *, now: float | None = None) -> int | None:
+    """Release attempts (per hold) in the last ``minutes`` whole minutes plus the current one,
+    as flushed so far (None when deliveries are counted in PostgreSQL: no tally is kept)."""
+    current = current_minute(now)
+    return _tallied(current - minutes + 1, current)
 
 
 def attempts_from(minute: int) -> int:
     """Release attempts tallied (and flushed) from ``minute`` (a ``current_minute()``) to now;
     0 without a Redis counter."""
-    url = settings.CLEANUP_COUNTER_REDIS_URL
-    if not url:
-        return 0
-    keys = [f"{TALLY_PREFIX}{m}" for m in range(minute, current_minute() + 1)]
-    return sum(int(v) for v in redis_clients.client(url).mget(keys) if v is not None)
+    return _tallied(minute, current_minute()) or 0
 
 
 def total(keys: list[str]) -> int:

@@ -148,7 +148,7 @@ def read_shards(shards: int, cap: int) -> list[tuple[float, int, bool]]:
 def window_start(minutes: int, now: float | None = None) -> datetime:
     """The start of the current UTC minute, minus ``minutes - 1`` minutes: the windows are
     whole minutes, like the per-minute delivery tally."""
-    current = int(time.time() if now is None else now) // 60
+    current = deliveries.current_minute(now)
     return datetime.fromtimestamp((current - minutes + 1) * 60, tz=UTC)
 
 

@@ -32,8 +32,6 @@ from .publish import publish_release_messages
 
 logger = logging.getLogger("cleanup.sweep")
 
-# Advisory lock keys: (namespace, object). The namespace is fixed for this application.
-
 
 @dataclass
 class SweepResult:

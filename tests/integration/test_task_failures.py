@@ -23,20 +23,7 @@ from cleanup.models import DeadLetter
 from cleanup.publish import RELEASE_TASK
 from config.celery_app import app
 
-from .fleet import (
-    blocked_backends,
-    create_eligible_holds,
-    dedicated,
-    invariant_violations,
-    log_lines,
-    offering_locked,
-    one_eligible_hold,
-    outcome_counts,
-    publish_for,
-    scalar,
-    status_of,
-    wait_until,
-)
+from . import fleet
 
 pytestmark = [pytest.mark.workers]
 
@@ -69,7 +56,7 @@ def every_release_fails(errcode: str) -> Iterator[None]:
 
 
 def _the_dead_letter(hold_id: int) -> DeadLetter:
-    wait_until(
+    fleet.wait_until(
         lambda: DeadLetter.objects.filter(reservation_id=hold_id).exists(),
         timeout=90,
         what="a dead letter",
@@ -89,14 +76,15 @@ def _the_dead_letter(hold_id: int) -> DeadLetter:
 def test_a_release_that_keeps_failing_is_dead_lettered_with_its_reason(
     clean, exclusive_workers, tmp_path: Path, errcode: str, reason: str, attempts: int
 ) -> None:
-    hold_id, _ = one_eligible_hold()
-    with every_release_fails(errcode), dedicated(tmp_path, {"env": FAILING_ENV}) as (worker,):
-        message = publish_for(hold_id)
+    hold_id, _ = fleet.one_eligible_hold()
+    with every_release_fails(errcode), fleet.dedicated(tmp_path, {"env": FAILING_ENV}) as (worker,):
+        message = fleet.publish_for(hold_id)
         letter = _the_dead_letter(hold_id)
         # the attempts the worker logged for this task before giving up
-        wait_until(
+        fleet.wait_until(
             lambda: (
-                len(log_lines([worker.log_path], "transient failure, retrying")) == attempts - 1
+                len(fleet.log_lines([worker.log_path], "transient failure, retrying"))
+                == attempts - 1
             ),
             timeout=30,
             what="retry log lines",
@@ -108,20 +96,22 @@ def test_a_release_that_keeps_failing_is_dead_lettered_with_its_reason(
     assert letter.message == message
     assert letter.idempotency_key == message["idempotency_key"]
     assert letter.task_name == "cleanup.release_reservation"
-    assert status_of(hold_id) == "held"
-    assert outcome_counts() == {}
-    assert invariant_violations() == []
+    assert fleet.status_of(hold_id) == "held"
+    assert fleet.outcome_counts() == {}
+    assert fleet.invariant_violations() == []
 
 
 def test_a_release_stuck_past_its_soft_time_limit_is_dead_lettered_as_time_limit(
     clean, exclusive_workers, tmp_path: Path
 ) -> None:
     # given: the release waits on the offering's row lock, held by the test, past the limit
-    hold_id, offering_id = one_eligible_hold()
-    with dedicated(tmp_path, {"env": FAILING_ENV}) as (worker,):
-        with offering_locked(offering_id):
-            message = publish_for(hold_id)
-            wait_until(blocked_backends, timeout=30, what="release waiting on the row lock")
+    hold_id, offering_id = fleet.one_eligible_hold()
+    with fleet.dedicated(tmp_path, {"env": FAILING_ENV}) as (worker,):
+        with fleet.offering_locked(offering_id):
+            message = fleet.publish_for(hold_id)
+            fleet.wait_until(
+                fleet.blocked_backends, timeout=30, what="release waiting on the row lock"
+            )
             letter = _the_dead_letter(hold_id)
             # then: time_limit, with the message kept for a requeue
             assert letter.reason == DeadLetter.Reason.TIME_LIMIT
@@ -129,25 +119,33 @@ def test_a_release_stuck_past_its_soft_time_limit_is_dead_lettered_as_time_limit
         # The interrupted task's statement may still be waiting in PostgreSQL and commit once
         # the lock goes (the same as a killed worker's orphan statement): either way, a requeue
         # of the letter ends with the hold released exactly once.
-        wait_until(lambda: not blocked_backends(), timeout=30, what="the lock wait ended")
-        orphan_committed = status_of(hold_id) == "released"
+        fleet.wait_until(
+            lambda: not fleet.blocked_backends(), timeout=30, what="the lock wait ended"
+        )
+        orphan_committed = fleet.status_of(hold_id) == "released"
         assert deadletters.requeue([letter]) == {"republished": 1}
         # the requeued message is a new first delivery: its attempt is logged (the interrupted
         # one logged none)
-        wait_until(
-            lambda: log_lines([worker.log_path], f"release attempt reservation_id={hold_id} "),
+        fleet.wait_until(
+            lambda: fleet.log_lines(
+                [worker.log_path], f"release attempt reservation_id={hold_id} "
+            ),
             timeout=60,
             what="requeued delivery",
         )
-        wait_until(lambda: status_of(hold_id) == "released", timeout=60, what="released")
+        fleet.wait_until(
+            lambda: fleet.status_of(hold_id) == "released", timeout=60, what="released"
+        )
         # and the worker goes on working
-        other = create_eligible_holds(1, offerings=1)[0]
-        publish_for(other)
-        wait_until(lambda: status_of(other) == "released", timeout=60, what="next release")
+        other = fleet.create_eligible_holds(1, offerings=1)[0]
+        fleet.publish_for(other)
+        fleet.wait_until(
+            lambda: fleet.status_of(other) == "released", timeout=60, what="next release"
+        )
     print(f"\ntime limit: the interrupted statement committed on its own: {orphan_committed}")
     assert DeadLetter.objects.count() == 1
-    assert outcome_counts() == {"released": 2}
-    assert invariant_violations(expected_released=[hold_id, other]) == []
+    assert fleet.outcome_counts() == {"released": 2}
+    assert fleet.invariant_violations(expected_released=[hold_id, other]) == []
 
 
 def test_a_worker_whose_delivery_counter_is_unreachable_still_releases(
@@ -155,20 +153,22 @@ def test_a_worker_whose_delivery_counter_is_unreachable_still_releases(
 ) -> None:
     # given: the counter's Redis URL points at a port where nothing listens, and five release
     # messages that arrive as retries (a first delivery is never counted; a retry always is)
-    ids = create_eligible_holds(5, offerings=1)
+    ids = fleet.create_eligible_holds(5, offerings=1)
     env = {"CLEANUP_COUNTER_REDIS_URL": "redis://127.0.0.1:9/0"}
-    with dedicated(tmp_path, {"env": env}) as (worker,):
+    with fleet.dedicated(tmp_path, {"env": env}) as (worker,):
         for hold_id in ids:
-            expires_at = scalar(
+            expires_at = fleet.scalar(
                 "SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id]
             )
             message = build(hold_id, 1, expires_at, 0, "counter-down")
             app.send_task(
                 RELEASE_TASK, args=(message,), queue=settings.CLEANUP_RELEASE_QUEUE, retries=1
             )
-        wait_until(lambda: outcome_counts() == {"released": 5}, timeout=60, what="released")
+        fleet.wait_until(
+            lambda: fleet.outcome_counts() == {"released": 5}, timeout=60, what="released"
+        )
         # then: each delivery logged the unavailable counter; nothing was dead-lettered
-        assert len(log_lines([worker.log_path], "delivery counter unavailable")) == 5
+        assert len(fleet.log_lines([worker.log_path], "delivery counter unavailable")) == 5
     assert DeadLetter.objects.count() == 0
-    assert invariant_violations(expected_released=ids) == []
-    assert scalar("SELECT count(*) FROM cleanup_cleanupreceipt WHERE attempt = 2") == 5
+    assert fleet.invariant_violations(expected_released=ids) == []
+    assert fleet.scalar("SELECT count(*) FROM cleanup_cleanupreceipt WHERE attempt = 2") == 5

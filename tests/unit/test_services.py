@@ -15,16 +15,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from reservations import services
-from reservations.errors import (
-    HoldExpired,
-    InvalidTtl,
-    NoSeatsAvailable,
-    NotHeld,
-    OfferingNotFound,
-    ReservationNotFound,
-    StaleVersion,
-)
+from reservations import errors, services
 from reservations.models import Offering, OutboxEvent, Reservation
 from reservations.services import ReleaseOutcome
 
@@ -134,7 +125,9 @@ def test_a_hold_without_a_ttl_lasts_the_default_ttl_from_settings(offering, t0):
 
 
 def test_a_hold_on_a_missing_offering_raises_offering_not_found_naming_it(db):
-    with pytest.raises(OfferingNotFound, match=f"offering {MISSING_ID} does not exist") as err:
+    with pytest.raises(
+        errors.OfferingNotFound, match=f"offering {MISSING_ID} does not exist"
+    ) as err:
         services.hold_seat(MISSING_ID, "learner-1", ttl_seconds=60)
     assert err.value.code == "offering_not_found"
     assert Reservation.objects.count() == 0
@@ -147,7 +140,7 @@ def test_a_hold_on_a_full_offering_without_eligible_holds_raises_no_seats_availa
     full = make_offering(capacity=1)
     services.hold_seat(full.pk, "learner-1", ttl_seconds=60)
 
-    with pytest.raises(NoSeatsAvailable, match=f"offering {full.pk} has no seats") as err:
+    with pytest.raises(errors.NoSeatsAvailable, match=f"offering {full.pk} has no seats") as err:
         services.hold_seat(full.pk, "learner-2", ttl_seconds=60)
     assert err.value.code == "no_seats_available"
     assert seats(full) == 0
@@ -157,7 +150,7 @@ def test_a_hold_on_a_full_offering_without_eligible_holds_raises_no_seats_availa
 def test_a_zero_capacity_offering_refuses_every_hold(make_offering):
     empty = make_offering(capacity=0)
 
-    with pytest.raises(NoSeatsAvailable):
+    with pytest.raises(errors.NoSeatsAvailable):
         services.hold_seat(empty.pk, "learner-1", ttl_seconds=60)
 
 
@@ -165,7 +158,7 @@ def test_a_zero_capacity_offering_refuses_every_hold(make_offering):
 def test_a_ttl_outside_one_second_to_the_maximum_or_not_an_integer_raises_invalid_ttl(
     offering, ttl
 ):
-    with pytest.raises(InvalidTtl, match="ttl_seconds must be") as err:
+    with pytest.raises(errors.InvalidTtl, match="ttl_seconds must be") as err:
         services.hold_seat(offering.pk, "learner-1", ttl_seconds=ttl)
     assert err.value.code == "invalid_ttl"
     assert seats(offering) == offering.capacity
@@ -234,7 +227,7 @@ def test_a_full_offering_whose_holds_expired_by_the_database_clock_grants_a_new_
     assert row(stale.pk)["status"] == Reservation.Status.RELEASED
     assert row(live.pk)["status"] == Reservation.Status.HELD
     assert [e.payload["reason"] for e in released_events(stale.pk)] == ["reclaimed"]
-    with pytest.raises(NoSeatsAvailable):
+    with pytest.raises(errors.NoSeatsAvailable):
         services.hold_seat(full.pk, "d", ttl_seconds=600)
 
 
@@ -270,7 +263,7 @@ def test_availability_counts_eligible_holds_as_available_seats(make_offering):
 
 
 def test_availability_of_a_missing_offering_raises_offering_not_found(db):
-    with pytest.raises(OfferingNotFound, match=str(MISSING_ID)):
+    with pytest.raises(errors.OfferingNotFound, match=str(MISSING_ID)):
         services.availability(MISSING_ID)
 
 
@@ -295,7 +288,9 @@ def test_renewing_twice_needs_the_latest_version_each_time(offering, t0):
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
     services.renew(hold.pk, 1, ttl_seconds=60, now=t0)
 
-    with pytest.raises(StaleVersion, match=f"hold {hold.pk} is at version 2, not the expected 1"):
+    with pytest.raises(
+        errors.StaleVersion, match=f"hold {hold.pk} is at version 2, not the expected 1"
+    ):
         services.renew(hold.pk, 1, ttl_seconds=60, now=t0)
 
     assert services.renew(hold.pk, 2, ttl_seconds=60, now=t0).version == 3
@@ -304,7 +299,7 @@ def test_renewing_twice_needs_the_latest_version_each_time(offering, t0):
 def test_renewing_with_a_stale_version_raises_stale_version_with_both_versions(offering, t0):
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
 
-    with pytest.raises(StaleVersion) as err:
+    with pytest.raises(errors.StaleVersion) as err:
         services.renew(hold.pk, 7, ttl_seconds=60, now=t0)
 
     assert (err.value.expected, err.value.actual) == (7, 1)
@@ -318,7 +313,7 @@ def test_renewing_an_expired_but_unreleased_hold_is_refused_with_hold_expired(of
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
     later = t0 + timedelta(seconds=60)  # expires_at <= now: eligible, its seat counts as free
 
-    with pytest.raises(HoldExpired, match=f"hold {hold.pk} has expired") as err:
+    with pytest.raises(errors.HoldExpired, match=f"hold {hold.pk} has expired") as err:
         services.renew(hold.pk, 1, ttl_seconds=60, now=later)
 
     assert err.value.code == "hold_expired"
@@ -332,7 +327,7 @@ def test_renewing_a_hold_expired_by_the_database_clock_is_refused_with_hold_expi
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=600)
     expire_in_db(hold.pk)
 
-    with pytest.raises(HoldExpired):
+    with pytest.raises(errors.HoldExpired):
         services.renew(hold.pk, 1, ttl_seconds=600)
 
 
@@ -342,7 +337,7 @@ def test_renewing_a_hold_that_is_no_longer_held_raises_not_held_naming_its_statu
 ):
     hold_id, version = ended_hold(offering, t0, final_status)
 
-    with pytest.raises(NotHeld, match=f"hold {hold_id} is {final_status}, not held") as err:
+    with pytest.raises(errors.NotHeld, match=f"hold {hold_id} is {final_status}, not held") as err:
         services.renew(hold_id, version, ttl_seconds=60, now=t0)
 
     assert err.value.status == final_status
@@ -350,7 +345,9 @@ def test_renewing_a_hold_that_is_no_longer_held_raises_not_held_naming_its_statu
 
 
 def test_renewing_a_missing_hold_raises_reservation_not_found_naming_it(db):
-    with pytest.raises(ReservationNotFound, match=f"hold {MISSING_ID} does not exist") as err:
+    with pytest.raises(
+        errors.ReservationNotFound, match=f"hold {MISSING_ID} does not exist"
+    ) as err:
         services.renew(MISSING_ID, 1, ttl_seconds=60)
     assert err.value.code == "reservation_not_found"
 
@@ -359,7 +356,7 @@ def test_renewing_a_missing_hold_raises_reservation_not_found_naming_it(db):
 def test_renewing_with_an_invalid_ttl_raises_invalid_ttl_and_changes_nothing(offering, ttl):
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60)
 
-    with pytest.raises(InvalidTtl):
+    with pytest.raises(errors.InvalidTtl):
         services.renew(hold.pk, 1, ttl_seconds=ttl)
 
     assert row(hold.pk)["version"] == 1
@@ -382,7 +379,7 @@ def test_confirming_bumps_the_version_keeps_the_seat_and_writes_a_confirmed_even
 def test_confirming_an_expired_hold_is_refused_with_hold_expired(offering, t0):
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
 
-    with pytest.raises(HoldExpired, match=str(hold.pk)):
+    with pytest.raises(errors.HoldExpired, match=str(hold.pk)):
         services.confirm(hold.pk, 1, now=t0 + timedelta(seconds=61))
 
     assert row(hold.pk)["status"] == Reservation.Status.HELD
@@ -393,7 +390,7 @@ def test_confirming_with_a_stale_version_raises_stale_version(offering, t0):
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
     services.renew(hold.pk, 1, ttl_seconds=60, now=t0)
 
-    with pytest.raises(StaleVersion) as err:
+    with pytest.raises(errors.StaleVersion) as err:
         services.confirm(hold.pk, 1, now=t0)
 
     assert (err.value.expected, err.value.actual) == (1, 2)
@@ -404,7 +401,7 @@ def test_confirming_twice_raises_not_held_the_second_time(offering, t0):
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
     services.confirm(hold.pk, 1, now=t0)
 
-    with pytest.raises(NotHeld) as err:
+    with pytest.raises(errors.NotHeld) as err:
         services.confirm(hold.pk, 2, now=t0)
 
     assert err.value.status == "confirmed"
@@ -412,7 +409,7 @@ def test_confirming_twice_raises_not_held_the_second_time(offering, t0):
 
 
 def test_confirming_a_missing_hold_raises_reservation_not_found(db):
-    with pytest.raises(ReservationNotFound, match=str(MISSING_ID)):
+    with pytest.raises(errors.ReservationNotFound, match=str(MISSING_ID)):
         services.confirm(MISSING_ID, 1)
 
 
@@ -445,7 +442,7 @@ def test_cancelling_an_expired_hold_is_allowed(offering, t0):
 def test_cancelling_with_a_stale_version_raises_stale_version_and_keeps_the_seat(offering, t0):
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
 
-    with pytest.raises(StaleVersion) as err:
+    with pytest.raises(errors.StaleVersion) as err:
         services.cancel(hold.pk, 2, now=t0)
 
     assert (err.value.expected, err.value.actual) == (2, 1)
@@ -458,7 +455,7 @@ def test_cancelling_a_hold_that_is_no_longer_held_raises_not_held(offering, t0, 
     hold_id, version = ended_hold(offering, t0, final_status)
     free_before = seats(offering)
 
-    with pytest.raises(NotHeld) as err:
+    with pytest.raises(errors.NotHeld) as err:
         services.cancel(hold_id, version, now=t0)
 
     assert err.value.status == final_status
@@ -466,7 +463,7 @@ def test_cancelling_a_hold_that_is_no_longer_held_raises_not_held(offering, t0, 
 
 
 def test_cancelling_a_missing_hold_raises_reservation_not_found(db):
-    with pytest.raises(ReservationNotFound, match=f"hold {MISSING_ID} does not exist"):
+    with pytest.raises(errors.ReservationNotFound, match=f"hold {MISSING_ID} does not exist"):
         services.cancel(MISSING_ID, 1)
 
 
