@@ -307,13 +307,21 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
                 pass
         self._lease_conn = None
 
+    def _still_leader(self) -> bool:
+        """Ping the lease session: False (and the lease dropped) when the server has ended it,
+        e.g. after this process was frozen past the idle-session timeout."""
+        if not self._is_leader or self._lease_conn is None:
+            return False
+        try:
+            self._lease_conn.execute("SELECT 1")
+            return True
+        except psycopg.Error as exc:
+            self._drop_lease(repr(exc))
+            return False
+
     def _hold_lease(self) -> bool:
-        if self._is_leader and self._lease_conn is not None:
-            try:
-                self._lease_conn.execute("SELECT 1")
-                return True
-            except psycopg.Error as exc:
-                self._drop_lease(repr(exc))
+        if self._still_leader():
+            return True
         try:
             if self._lease_conn is None or self._lease_conn.closed:
                 self._lease_conn = psycopg.connect(**_lock_conninfo())
@@ -340,6 +348,32 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
         tests/unit/test_library_contracts.py fails if either library stops reading them."""
         self._initial_read = True
         self._heap = None
+
+    def reserve(self, entry: ModelEntry) -> ModelEntry:
+        """Record a send in the scheduler's own entries too, as Celery's ``Scheduler.reserve``
+        does and django-celery-beat's does not (it keeps the advanced entry only in the heap).
+
+        django-celery-beat reloads its entries when it notices a schedule change and flags the
+        heap for a rebuild on the next tick. A change noticed while the heap is being built
+        (right after the lease is taken, or between the two reads of one tick) leaves the flag
+        set, and the next tick rebuilds the heap from these entries: without this, the entry
+        just sent still carried its previous run and was sent again at once. Only an entry
+        that is still the scheduler's own is replaced (after a reload it is not)."""
+        new_entry = super().reserve(entry)
+        entries = self._schedule  # django-celery-beat's dict of entries, read without a reload
+        if entries is not None and entries.get(entry.name) is entry:
+            entries[entry.name] = new_entry
+        return new_entry
+
+    def apply_entry(self, entry: ModelEntry, producer: Any = None) -> None:
+        """Send, after checking the lease once more: a tick checks it first, then reads the
+        schedule from the database, and a leader frozen in between (seen with SIGSTOP in a
+        test) must not send when it wakes on a lease the server has since ended. What is left
+        is the instant between this ping and the publish."""
+        if not self._still_leader():
+            logger.warning("beat lease lost before a send; not sent", extra={"entry": entry.name})
+            return
+        super().apply_entry(entry, producer=producer)
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         if not self._hold_lease():

@@ -31,6 +31,8 @@ class CeleryProcess:
     name: str
     log_path: Path
     proc: subprocess.Popen[bytes] | None
+    # Where this start's output begins in ``log_path`` (a restart appends to the same file).
+    log_offset: int = 0
 
     def celery_args(self) -> list[str]:
         raise NotImplementedError
@@ -44,6 +46,7 @@ class CeleryProcess:
     def start(self) -> Self:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
+        self.log_offset = log.tell()
         self.proc = subprocess.Popen(
             self.command(),
             cwd=ROOT,
@@ -88,6 +91,12 @@ class CeleryProcess:
         except ProcessLookupError:
             pass
         self.proc.wait(10)
+
+    def log_output(self) -> bytes:
+        """What this start of the process has written (not an earlier start's lines)."""
+        with self.log_path.open("rb") as log:
+            log.seek(self.log_offset)
+            return log.read()
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -134,7 +143,7 @@ class WorkerProcess(CeleryProcess):
         while time.monotonic() < deadline:
             if not self.alive():
                 raise RuntimeError(f"worker {self.name} exited:\n{self.log_tail()}")
-            if b" ready." in self.log_path.read_bytes():
+            if b" ready." in self.log_output():
                 return
             time.sleep(0.2)
         raise TimeoutError(f"worker {self.name} not ready in {timeout}s:\n{self.log_tail()}")

@@ -20,6 +20,15 @@ def test_beat_reload_still_works_through_initial_read_and_heap() -> None:
     assert "self._heap is None" in inspect.getsource(Scheduler.tick)
 
 
+def test_beat_still_keeps_its_entries_in_the_schedule_dict() -> None:
+    # cleanup.schedule.LeaderDatabaseScheduler.reserve writes the sent entry into _schedule,
+    # the dict the schedule property returns and the heap is rebuilt from.
+    from django_celery_beat.schedulers import DatabaseScheduler
+
+    scheduler: Any = DatabaseScheduler
+    assert "return self._schedule" in inspect.getsource(scheduler.schedule.fget)
+
+
 def test_the_metrics_compactor_can_still_read_and_write_mmap_files() -> None:
     # cleanup.observability.compact reads and writes prometheus_client's multiprocess files.
     from prometheus_client.mmap_dict import MmapedDict

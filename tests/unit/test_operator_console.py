@@ -1,6 +1,6 @@
 """The operator console in the admin: the health page (numbers equal SQL and the broker), the
 Cleanup schedule object, linked records, and requeue/release behind a confirmation with an
-audit entry. (The same flows in a real browser: tests/browser/.)"""
+audit entry. (The same flows in a real browser: tests/integration/browser/.)"""
 
 from __future__ import annotations
 

@@ -4,11 +4,15 @@ it), saving it rewrites the sweep entries; every bucket in exactly one shard und
 from __future__ import annotations
 
 import json
+import os
+from collections import Counter
+from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import transaction
+from django.utils import timezone
 from django_celery_beat.models import IntervalSchedule, PeriodicTask, PeriodicTasks
 
 from cleanup.models import CleanupSchedule
@@ -17,13 +21,16 @@ from cleanup.schedule import (
     RELAY_NAME,
     SAMPLE_NAME,
     SWEEP_PREFIX,
+    LeaderDatabaseScheduler,
     install_schedule,
     installed_shards,
     save_schedule,
     sweep_entry_name,
 )
+from config.celery_app import app as celery_app
 from reservations import services
 from reservations.models import BUCKETS, Reservation
+from reservations.seed import seed_holds
 from reservations.services import shard_buckets
 
 pytestmark = [pytest.mark.django_db]
@@ -203,16 +210,8 @@ def test_an_impossible_shard_is_refused(shard, shards):
 @pytest.mark.django_db(transaction=True)
 def test_every_hold_is_claimed_by_exactly_one_shard_under_any_shard_count():
     # given: holds covering all 1024 buckets, already expired
-    offering = services.create_offering("buckets", capacity=BUCKETS + 10)
-    with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(
-            "INSERT INTO reservations_reservation (offering_id, holder, status, expires_at, "
-            "next_attempt_at, version, claim_count, last_trace_id, created_at, updated_at, "
-            "release_reason) SELECT %s, 'l' || g, 'held', now() - interval '1 minute', "
-            "now() - interval '1 minute', 1, 0, '', now(), now(), '' "
-            "FROM generate_series(1, %s) g",
-            [offering.pk, BUCKETS + 10],
-        )
+    with transaction.atomic():
+        seed_holds(BUCKETS + 10, offerings=1, expires_in=-60.0, name="buckets")
     ids = set(Reservation.objects.values_list("id", flat=True))
     buckets = set(Reservation.objects.values_list("bucket", flat=True))
     assert buckets == set(range(BUCKETS))
@@ -297,3 +296,35 @@ def test_beat_still_builds_entries_from_scheduler_entry_and_records_runs_through
     assert "self.Entry(" in inspect.getsource(DatabaseScheduler.all_as_schedule)
     assert ".save()" in inspect.getsource(DatabaseScheduler.sync)
     assert LeaderDatabaseScheduler.Entry is RunRecordingEntry
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_change_noticed_while_beat_builds_its_heap_never_sends_an_entry_twice(
+    monkeypatch, settings
+):
+    """django-celery-beat reloads its entries when the schedule changed and flags its heap for
+    a rebuild at the next tick. A change noticed while the heap is being built (right after
+    taking the lease, when the heap is rebuilt anyway) leaves that flag set: the next tick
+    rebuilt the heap from the scheduler's own entries, where the entry just sent still carried
+    its previous run, so it was due again and sent twice, milliseconds apart (seen once with
+    two real beats). ``LeaderDatabaseScheduler.reserve`` keeps those entries current."""
+    settings.CLEANUP_BEAT_LOCK_ID = 900_000 + os.getpid() % 100_000  # no other beat's lease
+    install_schedule(shards=4, every=60)
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    PeriodicTask.objects.filter(name__startswith=SWEEP_PREFIX).update(last_run_at=an_hour_ago)
+    scheduler = LeaderDatabaseScheduler(app=celery_app)
+    sent: list[str] = []
+
+    def record(entry, producer=None, advance=False, **kwargs):  # instead of publishing
+        sent.append(entry.name)
+
+    monkeypatch.setattr(scheduler, "apply_async", record)
+    try:
+        # another beat starting, or an admin save, after this beat last looked
+        PeriodicTasks.update_changed()
+        for _ in range(12):
+            scheduler.tick()
+    finally:
+        scheduler.close()
+    sweeps = Counter(name for name in sent if name.startswith(SWEEP_PREFIX))
+    assert sweeps == {sweep_entry_name(k, 4): 1 for k in range(4)}, sent
