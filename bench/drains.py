@@ -1,0 +1,215 @@
+"""Drains by real ``celery worker`` processes on the bench's Redis DB: no-op tasks (Celery's
+floor), the per-reservation and batched release paths, and worker memory over many tasks."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import profile
+from bench.database import check, create_holds, released_count, reset, sql
+from bench.paths import LOGS
+from cleanup.broker import redis_client
+from cleanup.drills.workers import WorkerProcess
+
+
+def start_layout(
+    name: str,
+    layout: tuple[int, int],
+    queues: str,
+    env: dict[str, str],
+    extra: list[str] | None = None,
+) -> list[WorkerProcess]:
+    instances, concurrency = layout
+    workers = [
+        WorkerProcess(
+            f"bench-{name}-{i}-{os.getpid()}",
+            concurrency,
+            LOGS / f"{name}-{i}.log",
+            queues=queues,
+            env=env,
+            extra_args=extra or [],
+        ).start()
+        for i in range(instances)
+    ]
+    for w in workers:
+        w.wait_ready()
+    return workers
+
+
+def stop_all(workers: list[WorkerProcess]) -> None:
+    for w in workers:
+        w.stop(timeout=30)
+
+
+def publish_noops(n: int) -> None:
+    from bench.tasks import noop
+    from config.celery_app import app
+
+    with app.producer_or_acquire() as producer:
+        for i in range(n):
+            noop.apply_async(args=(i,), queue="bench", producer=producer)
+
+
+def wait_drained(queue: str, timeout: float) -> float:
+    r = redis_client()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if r.llen(queue) == 0 and r.hlen("unacked") == 0:
+            return time.perf_counter()
+        time.sleep(0.01)
+    raise TimeoutError(f"{queue} not drained in {timeout}s")
+
+
+def noop_drain(n: int, layout: tuple[int, int], events: bool = False) -> dict[str, Any]:
+    """Pre-fill the queue, start the workers, time from the first fetch to the last ack."""
+    reset()
+    publish_noops(n)
+    r = redis_client()
+    env = {"CELERY_TASK_EVENTS": str(events).lower()}
+    workers = [
+        WorkerProcess(
+            f"bench-noop{i}-{os.getpid()}",
+            layout[1],
+            LOGS / f"noop-{i}.log",
+            queues="bench",
+            env=env,
+            extra_args=["-I", "bench.tasks"],
+        ).start()
+        for i in range(layout[0])
+    ]
+    try:
+        while r.llen("bench") >= n:
+            if not all(w.alive() for w in workers):
+                raise RuntimeError(workers[0].log_tail())
+            time.sleep(0.002)
+        t0 = time.perf_counter()
+        cpu0 = cpu_times()
+        t1 = wait_drained("bench", timeout=600)
+        cpu = cpu_busy_since(cpu0)
+    finally:
+        stop_all(workers)
+    return {
+        "tasks": n,
+        "layout": f"{layout[0]}x{layout[1]}",
+        "seconds": round(t1 - t0, 3),
+        "rate": round(n / (t1 - t0), 1),
+        "machine_cpu_busy": cpu,
+        "events": events,
+    }
+
+
+def cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def cpu_busy_since(start: tuple[int, int]) -> float:
+    busy, total = cpu_times()
+    return round((busy - start[0]) / max(1, total - start[1]), 3)
+
+
+def product_drain(
+    holds: int,
+    layout: tuple[int, int],
+    *,
+    events: bool = False,
+    mode: str = "single",
+    shards: int = 4,
+    profile_to: Path | None = None,
+) -> dict[str, Any]:
+    """Real sweeps through the broker, fan-out, release on real workers: holds / time from the
+    first sweep to all released."""
+    from cleanup.tasks import sweep_shard_task
+
+    reset()
+    create_holds(holds)
+    env = {"CELERY_TASK_EVENTS": str(events).lower(), "CLEANUP_RELEASE_MODE": mode}
+    name = f"{mode}-{layout[0]}x{layout[1]}-{'ev' if events else 'noev'}"
+    workers = start_layout(name, layout, "", env)
+    spies: list[Any] = []
+    memory: dict[str, Any] = {}
+    try:
+        if profile_to:
+            spies = profile.start([w.pid for w in workers], profile_to)
+        t0 = time.perf_counter()
+        cpu0 = cpu_times()
+        last_sweep = 0.0
+        deadline = t0 + 1800
+        while True:
+            now = time.perf_counter()
+            if now - last_sweep >= 5:  # as beat would: one sweep per shard every 5 s
+                for shard in range(shards):
+                    sweep_shard_task.apply_async(kwargs={"shard": shard, "shards": shards})
+                last_sweep = now
+            if released_count() >= holds:
+                break
+            if now > deadline:
+                raise TimeoutError(f"{name}: {released_count()} of {holds} released")
+            time.sleep(0.1)
+        t1 = time.perf_counter()
+        cpu = cpu_busy_since(cpu0)
+        memory = {w.name: w.memory() for w in workers}
+    finally:
+        profile.stop(spies)
+        stop_all(workers)
+    outcomes = dict(sql("SELECT outcome, count(*) FROM cleanup_cleanupreceipt GROUP BY 1"))
+    return {
+        "holds": holds,
+        "layout": f"{layout[0]}x{layout[1]}",
+        "events": events,
+        "mode": mode,
+        "seconds": round(t1 - t0, 3),
+        "rate": round(holds / (t1 - t0), 1),
+        "machine_cpu_busy": cpu,
+        "outcomes": outcomes,
+        "violations": check(holds),
+        "memory_kb": memory,
+    }
+
+
+def rss(tasks: int, layout: tuple[int, int]) -> dict[str, Any]:
+    """Peak RSS of each worker process after tasks/10 and after ``tasks`` no-op tasks."""
+    reset()
+    r = redis_client()
+    workers = start_layout("rss", layout, "bench", {}, ["-I", "bench.tasks"])
+    snapshots = {}
+    try:
+        done = 0
+        for checkpoint in (tasks // 10, tasks):
+            remaining = checkpoint - done
+            while remaining > 0:
+                chunk = min(remaining, 5000)
+                publish_noops(chunk)
+                remaining -= chunk
+                while r.llen("bench") > 5000:
+                    time.sleep(0.05)
+            wait_drained("bench", timeout=1200)
+            done = checkpoint
+            snapshots[str(checkpoint)] = {w.name: w.memory() for w in workers}
+    finally:
+        stop_all(workers)
+
+    def peak(snapshot: dict[str, Any], kind: str) -> int:
+        return max(
+            v.get("VmHWM", 0)
+            for procs in snapshot.values()
+            for k, v in procs.items()
+            if (k == "main") == (kind == "main")
+        )
+
+    first, last = snapshots[str(tasks // 10)], snapshots[str(tasks)]
+    growth = {
+        kind: round(peak(last, kind) / peak(first, kind) - 1, 4) for kind in ("main", "child")
+    }
+    return {
+        "tasks": tasks,
+        "layout": f"{layout[0]}x{layout[1]}",
+        "snapshots_kb": snapshots,
+        "growth": growth,
+        "max_growth": max(growth.values()),
+    }
