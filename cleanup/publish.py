@@ -19,9 +19,8 @@ from .messages import BATCH_KIND
 RELEASE_TASK = "cleanup.release_reservation"
 RELEASE_BATCH_TASK = "cleanup.release_batch"
 SWEEP_TASK = "cleanup.sweep_shard"
-# Redis commands per pipelined round trip when publishing a fan-out (one LPUSH per message).
-# Small enough that a worker killed mid-publish leaves few claimed holds without a message
-# (they wait for their claim lease); large enough that the round trips stop mattering.
+# Redis commands per pipelined round trip when publishing a fan-out (one LPUSH per message):
+# enough that the round trips stop mattering (measured: docs/PERFORMANCE.md).
 PUBLISH_PIPELINE = 100
 
 
@@ -33,7 +32,8 @@ def publish_release_messages(messages: list[dict[str, Any]]) -> None:
     in one round trip per ``PUBLISH_PIPELINE`` commands, instead of one LPUSH round trip (and
     one client) per message. Transports without batch support (py-amqp) publish at once, as
     before; AMQP publishing does not wait for a reply anyway. If this raises, messages not yet
-    flushed are dropped: their holds come back when their claim lease passes.
+    flushed are dropped; the sweep publishes inside its claim's transaction, so the claim rolls
+    back and those holds are due again at once.
     """
     if not messages:
         return

@@ -1,5 +1,5 @@
 """Sweep one shard: claim bounded batches of its eligible holds and publish one release
-message per hold after the claim commits.
+message per hold, each batch's messages before its claim commits.
 
 - Claims go through ``reservations.services.claim_expired`` (FOR UPDATE SKIP LOCKED, a lease).
 - A per-shard advisory lock, held for the whole run, makes a second sweep of the shard a no-op.
@@ -132,8 +132,8 @@ def sweep_shard(
         else:
             result.skipped_locked = True
     except SoftTimeLimitExceeded:
-        # A sweep is periodic, not poison: stop here. Claimed but unpublished holds come back
-        # when their lease passes; the next sweep carries on.
+        # A sweep is periodic, not poison: stop here. The batch being claimed rolled back, so
+        # its holds are due again at once; the next sweep carries on.
         result.timed_out = True
         logger.warning("sweep hit its soft time limit", extra=result.as_dict())
     finally:
@@ -190,13 +190,18 @@ def _sweep_batches(
                     max_claims=settings.CLEANUP_MAX_CLAIMS,
                     trace_id=result.trace_id,
                 )
-            # Committed: the leases are durable before any message exists.
-            to_publish = [c for c in claimed if not c.set_aside]
-            for hold in claimed:
-                if hold.set_aside:
-                    _dead_letter_set_aside(hold, shard, result.trace_id)
-            messages = _messages_for(to_publish, shard, result.trace_id)
-            publish_release_messages(messages)
+                to_publish = [c for c in claimed if not c.set_aside]
+                # A set-aside hold is never claimed again: its dead letter commits with it.
+                for hold in claimed:
+                    if hold.set_aside:
+                        _dead_letter_set_aside(hold, shard, result.trace_id)
+                # Published before the claim commits: a sweep that fails or dies before the
+                # commit leaves its holds due at once (the claim rolls back) rather than leased
+                # for CLEANUP_LEASE_SECONDS with no message. A message whose claim rolled back
+                # is harmless: the release decides on the hold itself, and a later copy ends
+                # already_handled. (A release that starts first waits on the claim's row lock
+                # for the few milliseconds until the commit.)
+                publish_release_messages(_messages_for(to_publish, shard, result.trace_id))
         finally:
             if publish_locked:
                 _release_publish_lock()

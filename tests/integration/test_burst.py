@@ -35,10 +35,8 @@ def test_small_burst_with_a_drain_and_a_kill_passes_its_invariant_checks(
             "1",
             "--drain-at",
             "3",
-            # Between two sweeps (sent every 2 s from t=0): a kill that lands between a
-            # sweep's claim and its publish leaves those holds to their claim lease (120 s
-            # here), which this drill would then wait for; that path has its own tests
-            # (test_pipeline_scenarios: a lost message is claimed again after the lease).
+            # Between two sweeps (sent every 2 s from t=0), so the kill lands on releases; a
+            # kill mid-sweep has its own test (test_delivery: the batch is due again at once).
             "--kill-at",
             "7",
             "--renew-fraction",

@@ -95,6 +95,12 @@ def time_ago() -> Any:
     return timedelta(minutes=1)
 
 
+def due_now(ids: list[int]) -> set[int]:
+    """The holds a sweep would claim now: eligible and not leased."""
+    due = Reservation.objects.eligible().filter(pk__in=ids, next_attempt_at__lte=Now())
+    return set(due.values_list("pk", flat=True))
+
+
 def claim_counts(ids: list[int]) -> set[int]:
     return set(Reservation.objects.filter(pk__in=ids).values_list("claim_count", flat=True))
 
@@ -209,7 +215,7 @@ def test_a_sweep_stops_between_batches_when_its_time_budget_is_spent(settings, m
 def test_a_sweep_interrupted_by_its_soft_time_limit_lets_go_of_its_locks(
     other_session, settings, monkeypatch
 ):
-    # given: the soft time limit fires after the claim committed, before the publish
+    # given: the soft time limit fires during the publish, before the claim commits
     ids = expired_holds(5)
 
     def soft_limit(messages: list[dict[str, Any]]) -> None:
@@ -221,12 +227,32 @@ def test_a_sweep_interrupted_by_its_soft_time_limit_lets_go_of_its_locks(
     # then: the sweep reports it and returns (a periodic task, not poison)
     assert result.timed_out is True
     assert result.published == 0
-    # the claimed holds keep their lease: they come back after it, nothing was published
-    assert claim_counts(ids) == {1}
+    # the claim rolled back: the holds are due again at once, nothing was published
+    assert claim_counts(ids) == {0}
+    assert due_now(ids) == set(ids)
     assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == 0
     # and no lock is left: another session can take the shard and the publish lock
     assert _free(other_session, shard_lock_key(0, 1))
     assert _free(other_session, PUBLISH_LOCK)
+
+
+def test_a_publish_that_fails_leaves_the_batch_due_at_once_not_leased(monkeypatch):
+    # given: the broker refuses the fan-out (its claim has not committed yet)
+    ids = expired_holds(5)
+
+    def broker_down(messages: list[dict[str, Any]]) -> None:
+        raise ConnectionError("broker unreachable")
+
+    monkeypatch.setattr("cleanup.sweep.publish_release_messages", broker_down)
+    # when
+    with pytest.raises(ConnectionError):
+        sweep_shard(0, 1)
+    # then: nothing is leased without a message: the next sweep takes the same holds at once
+    assert claim_counts(ids) == {0}
+    assert due_now(ids) == set(ids)
+    monkeypatch.undo()
+    assert sweep_shard(0, 1).published == len(ids)
+    assert claim_counts(ids) == {1}
 
 
 def test_a_sweep_drops_advisory_locks_leaked_on_its_connection(other_session):
