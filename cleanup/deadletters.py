@@ -13,16 +13,22 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from reservations import services as reservation_services
 
 from . import metrics
 from .messages import BATCH_KIND, MalformedMessage, validate, validate_batch
-from .models import DeadLetter
+from .models import CleanupReceipt, DeadLetter
 from .publish import publish_release_messages
 
 logger = logging.getLogger(__name__)
+
+# Reasons a later release settles: the failure was slowness or a transient error, not the
+# message. (Malformed, poison and unexpected-error letters stay open: they are evidence.)
+SETTLED_BY_A_LATER_RELEASE = (DeadLetter.Reason.TIME_LIMIT, DeadLetter.Reason.RETRIES_EXHAUSTED)
+RELEASED_LATER = "released_later"
 
 PAYLOAD_LIMIT = 8192  # characters of the raw payload a dead letter keeps
 MESSAGE_LIMIT = 8192  # characters of JSON a dead letter keeps as the parsed message
@@ -233,3 +239,27 @@ def requeue(
         if on_each:
             on_each(letter, action)
     return results
+
+
+def resolve_released() -> int:
+    """Resolve the open dead letters whose hold has since been released at the letter's
+    version, and return how many.
+
+    A release that hit its time limit or ran out of retries is dead-lettered, but its hold is
+    not lost: the interrupted statement may still have committed, or the hold's claim lease
+    brings it back to a later sweep, whose message (same idempotency key) releases it. Left
+    open, such a letter keeps the open-dead-letter count and its alert up for a hold that
+    needs nobody. Its message's receipt saying ``released`` settles it (``released_later``).
+    """
+    released = CleanupReceipt.objects.filter(
+        idempotency_key=OuterRef("idempotency_key"), outcome="released"
+    )
+    settled = (
+        DeadLetter.objects.filter(resolved_at__isnull=True, reason__in=SETTLED_BY_A_LATER_RELEASE)
+        .exclude(idempotency_key="")
+        .filter(Exists(released))
+        .update(resolved_at=timezone.now(), resolution=RELEASED_LATER)
+    )
+    if settled:
+        logger.info("dead letters settled by a later release", extra={"resolved": settled})
+    return settled

@@ -14,11 +14,13 @@ from django.utils import timezone
 
 from cleanup import deadletters, outbox
 from cleanup.broker import priority_keys, queue_depth
-from cleanup.messages import build, build_batch
+from cleanup.messages import build, build_batch, validate
 from cleanup.models import CleanupReceipt, DeadLetter
+from cleanup.release import Attempt, release
 from cleanup.sweep import sweep_shard
 from reservations import services
 from reservations.models import OutboxEvent, Reservation
+from reservations.seed import seed_holds
 
 
 def _events_in_queue(client, queue: str) -> list[dict]:
@@ -166,3 +168,44 @@ def test_a_batch_letter_with_a_malformed_item_is_not_requeued(db, broker, settin
     result = deadletters.requeue([letter])
     assert list(result) == ["not_requeueable (1 malformed item(s))"]
     assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == 0
+
+
+def test_letters_a_later_release_settled_are_resolved_and_the_rest_stay_open(db):
+    # given: three expired holds whose releases were dead-lettered — two for slowness or
+    # transient errors, one as malformed (its payload is evidence) — and a fourth hold, whose
+    # dead-lettered release lost the race to a renewal
+    ids = seed_holds(4, offerings=1, expires_in=lambda p: -60.0 if p < 3 else 60.0, name="settle")
+    messages = {i: build(i, 1, timezone.now() - timedelta(minutes=1), 0, "t") for i in ids}
+    reasons = [
+        DeadLetter.Reason.TIME_LIMIT,
+        DeadLetter.Reason.RETRIES_EXHAUSTED,
+        DeadLetter.Reason.MALFORMED,
+        DeadLetter.Reason.TIME_LIMIT,
+    ]
+    recorded = [
+        deadletters.record(reason, error="x", message=messages[i])
+        for reason, i in zip(reasons, ids, strict=True)
+    ]
+    letters = [letter for letter in recorded if letter is not None]
+    assert len(letters) == 4
+    renewed = Reservation.objects.get(pk=ids[3])
+    services.renew(renewed.pk, renewed.version, ttl_seconds=600)
+    # and when later messages with the same keys are handled (a later sweep's, or the
+    # interrupted statement that committed after all)
+    attempt = Attempt(1, "w@h", "task-later", 0.1)
+    outcomes = [release(validate(messages[i]), attempt) for i in ids]
+    assert outcomes == ["released", "released", "released", "renewed"]
+    # when
+    assert deadletters.resolve_released() == 2
+    # then: the two a release settled are resolved; the malformed one and the one whose hold
+    # was renewed (not released) stay open
+    for letter in letters:
+        letter.refresh_from_db()
+    assert [(x.resolved_at is not None, x.resolution) for x in letters] == [
+        (True, "released_later"),
+        (True, "released_later"),
+        (False, ""),
+        (False, ""),
+    ]
+    # and a second pass changes nothing
+    assert deadletters.resolve_released() == 0
