@@ -20,6 +20,7 @@ from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
 from cleanup import health
+from cleanup.broker import QueueStats
 from cleanup.messages import build, idempotency_key
 from cleanup.models import CleanupReceipt, CleanupSchedule, DeadLetter, SweepRecord
 from cleanup.schedule import RELAY_NAME, install_schedule, sweep_entry_name
@@ -95,6 +96,23 @@ def test_a_non_staff_user_cannot_open_the_health_page(client, db):
 def test_the_admin_index_links_to_the_health_page(admin_client_):
     html = admin_client_.get(reverse("admin:index")).content.decode()
     assert f'href="{reverse(HEALTH)}"' in html
+
+
+def test_the_queue_age_says_empty_or_not_observable_rather_than_a_bare_dash(
+    admin_client_, broker, monkeypatch
+):
+    # given: an empty release queue on Redis
+    html = admin_client_.get(reverse(HEALTH) + "?workers=0").content.decode()
+    # then
+    assert metric(html, None, "queue-age") == "— (empty)"
+    # given: messages waiting on a broker that cannot show their age (RabbitMQ: no peek)
+    waiting = QueueStats("cleanup", depth=5, oldest_age_seconds=None, unacked=None)
+    monkeypatch.setattr(health, "queue_stats", lambda queue: waiting)
+    html = admin_client_.get(reverse(HEALTH) + "?workers=0").content.decode()
+    # then: the page says why there is no number, and where to look instead
+    assert metric(html, None, "queue-depth") == "5"
+    assert metric(html, None, "queue-age").startswith("— (not observable on this broker")
+    assert "oldest eligible hold" in metric(html, None, "queue-age")
 
 
 def test_the_health_page_numbers_equal_sql_and_the_broker(admin_client_, broker, make_offering):
