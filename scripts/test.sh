@@ -101,7 +101,7 @@ phase "pytest" .venv/bin/python -m pytest "$@"
 # the tests' own (scripts/rabbitmq.py; started with CI=true when installed but stopped). Skipped,
 # with the reason, only when no RabbitMQ can be had, or when pytest arguments were given.
 RABBITMQ_SUITES=(tests/integration/test_delivery.py tests/integration/test_pipeline_scenarios.py
-                 tests/integration/test_autoscale.py)
+                 tests/integration/test_autoscale.py tests/integration/test_sweep_kill.py)
 [ -f tests/integration/test_hostile_input.py ] && RABBITMQ_SUITES+=(tests/integration/test_hostile_input.py)
 rabbitmq_suites() {
   if [ "$#" -gt 0 ]; then

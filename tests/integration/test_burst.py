@@ -36,7 +36,7 @@ def test_small_burst_with_a_drain_and_a_kill_passes_its_invariant_checks(
             "--drain-at",
             "3",
             # Between two sweeps (sent every 2 s from t=0), so the kill lands on releases; a
-            # kill mid-sweep has its own test (test_delivery: the batch is due again at once).
+            # kill mid-sweep has its own test (test_sweep_kill: the batch is due again at once).
             "--kill-at",
             "7",
             "--renew-fraction",

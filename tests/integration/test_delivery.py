@@ -1,6 +1,5 @@
-"""Delivery semantics with real workers: a killed pool child, a killed worker (mid-release and
-mid-sweep), a terminated database connection, and malformed input of every kind that reaches a
-worker.
+"""Delivery semantics with real workers: a killed pool child, a killed worker, a terminated
+database connection, and malformed input of every kind that reaches a worker.
 
 Each blocking scenario parks a release mid-transaction deterministically: the test holds the
 offering's row lock from its own connection, so the worker's release statement waits inside
@@ -14,11 +13,8 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-import psycopg
 import pytest
 from django.conf import settings
 
@@ -30,8 +26,6 @@ from tests.wire import task_body as _body
 from .fleet import (
     blocked_backends,
     broker_is_redis,
-    claim_counts,
-    conninfo,
     create_eligible_holds,
     dedicated,
     invariant_violations,
@@ -40,12 +34,8 @@ from .fleet import (
     outcome_counts,
     publish_for,
     queue_settled,
-    released_count,
-    run_sweeps,
     scalar,
-    sql,
     status_of,
-    sweep_until,
     wait_until,
 )
 
@@ -140,62 +130,6 @@ def test_a_worker_killed_whole_mid_release_is_recovered_by_another_worker(
     else:
         # no visibility timeout: the message is back as soon as the dead connection closes
         assert recovery < settings.CLEANUP_VISIBILITY_TIMEOUT
-
-
-@contextmanager
-def dead_letters_locked() -> Iterator[None]:
-    """Hold a lock on the dead-letter table that blocks every INSERT until the block ends."""
-    conn = psycopg.connect(conninfo())
-    try:
-        conn.execute("LOCK TABLE cleanup_deadletter IN SHARE ROW EXCLUSIVE MODE")
-        yield
-    finally:
-        conn.rollback()
-        conn.close()
-
-
-def test_a_worker_killed_mid_sweep_leaves_its_batch_due_at_once_not_leased(
-    clean, exclusive_workers, tmp_path
-):
-    """A sweep publishes a batch before its claim commits, so a worker that dies inside that
-    transaction leases nothing without a message: the claim rolls back and the next sweep takes
-    the same holds at once, not after CLEANUP_LEASE_SECONDS."""
-    # given: 20 eligible holds, one claimed so often that this claim sets it aside; the test
-    # locks the dead-letter table, so the sweep parks inside its claim's transaction (writing
-    # that hold's dead letter), after the claim and before the publish
-    ids = create_eligible_holds(20, offerings=2)
-    worn, others = ids[0], ids[1:]
-    limit = settings.CLEANUP_MAX_CLAIMS
-    sql("UPDATE reservations_reservation SET claim_count = %s WHERE id = %s", [limit, worn])
-    with dedicated(tmp_path, {"concurrency": 1}) as (sweeper,):
-        with dead_letters_locked():
-            run_sweeps(1)
-            backends = wait_until(blocked_backends, timeout=30, what="the sweep parked")
-            # when: the whole worker is SIGKILLed inside that transaction (and the server
-            # ends its session, as it would once the client is found gone)
-            sweeper.kill()
-            assert scalar("SELECT pg_terminate_backend(%s)", [backends[0]]) is True
-        wait_until(lambda: not blocked_backends(), timeout=30, what="the session ended")
-    # then: the claim rolled back: nothing is leased, everything is due now
-    assert set(claim_counts(others).values()) == {0}
-    assert claim_counts([worn]) == {worn: limit}
-    due = (
-        "SELECT count(*) FROM reservations_reservation "
-        "WHERE id = ANY(%s) AND next_attempt_at <= now()"
-    )
-    assert scalar(due, [ids]) == len(ids)
-    assert outcome_counts() == {}
-    # and when another worker sweeps, each hold is claimed once more and released, and the
-    # worn hold is set aside once, with one dead letter
-    with dedicated(tmp_path, {"concurrency": 1}):
-        sweep_until(lambda: released_count(others) == len(others), shards=1, timeout=60)
-    assert set(claim_counts(others).values()) == {1}
-    set_aside = DeadLetter.objects.filter(
-        reservation_id=worn, reason=DeadLetter.Reason.CLAIMS_EXHAUSTED
-    )
-    assert set_aside.count() == 1
-    assert status_of(worn) == "held"
-    assert invariant_violations(expected_released=others, expected_not_released=[worn]) == []
 
 
 def test_a_terminated_database_connection_is_retried_then_released_once(

@@ -1,0 +1,79 @@
+"""A worker killed in the middle of a sweep, with real workers: the sweep publishes a batch
+before its claim commits, so a sweep that dies inside that transaction leases nothing without
+a message (cleanup/sweep.py; docs/PIPELINE.md, invariant 5).
+
+The sweep is parked deterministically inside its claim's transaction: the test locks the
+dead-letter table, and the batch holds a hold that this claim sets aside, whose dead letter
+the sweep writes before it publishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+import pytest
+from django.conf import settings
+
+from cleanup.models import DeadLetter
+
+from . import fleet
+
+pytestmark = [pytest.mark.workers]
+
+
+@contextmanager
+def dead_letters_locked() -> Iterator[None]:
+    """Hold a lock on the dead-letter table that blocks every INSERT until the block ends."""
+    conn = psycopg.connect(fleet.conninfo())
+    try:
+        conn.execute("LOCK TABLE cleanup_deadletter IN SHARE ROW EXCLUSIVE MODE")
+        yield
+    finally:
+        conn.rollback()
+        conn.close()
+
+
+def test_a_worker_killed_mid_sweep_leaves_its_batch_due_at_once_not_leased(
+    clean, exclusive_workers, tmp_path
+):
+    """A sweep publishes a batch before its claim commits, so a worker that dies inside that
+    transaction leases nothing without a message: the claim rolls back and the next sweep takes
+    the same holds at once, not after CLEANUP_LEASE_SECONDS."""
+    # given: 20 eligible holds, one claimed so often that this claim sets it aside; the test
+    # locks the dead-letter table, so the sweep parks inside its claim's transaction (writing
+    # that hold's dead letter), after the claim and before the publish
+    ids = fleet.create_eligible_holds(20, offerings=2)
+    worn, others = ids[0], ids[1:]
+    limit = settings.CLEANUP_MAX_CLAIMS
+    fleet.sql("UPDATE reservations_reservation SET claim_count = %s WHERE id = %s", [limit, worn])
+    with fleet.dedicated(tmp_path, {"concurrency": 1}) as (sweeper,):
+        with dead_letters_locked():
+            fleet.run_sweeps(1)
+            backends = fleet.wait_until(fleet.blocked_backends, timeout=30, what="the sweep parked")
+            # when: the whole worker is SIGKILLed inside that transaction (and the server
+            # ends its session, as it would once the client is found gone)
+            sweeper.kill()
+            assert fleet.scalar("SELECT pg_terminate_backend(%s)", [backends[0]]) is True
+        fleet.wait_until(lambda: not fleet.blocked_backends(), timeout=30, what="the session ended")
+    # then: the claim rolled back: nothing is leased, everything is due now
+    assert set(fleet.claim_counts(others).values()) == {0}
+    assert fleet.claim_counts([worn]) == {worn: limit}
+    due = (
+        "SELECT count(*) FROM reservations_reservation "
+        "WHERE id = ANY(%s) AND next_attempt_at <= now()"
+    )
+    assert fleet.scalar(due, [ids]) == len(ids)
+    assert fleet.outcome_counts() == {}
+    # and when another worker sweeps, each hold is claimed once more and released, and the
+    # worn hold is set aside once, with one dead letter
+    with fleet.dedicated(tmp_path, {"concurrency": 1}):
+        fleet.sweep_until(lambda: fleet.released_count(others) == len(others), shards=1, timeout=60)
+    assert set(fleet.claim_counts(others).values()) == {1}
+    set_aside = DeadLetter.objects.filter(
+        reservation_id=worn, reason=DeadLetter.Reason.CLAIMS_EXHAUSTED
+    )
+    assert set_aside.count() == 1
+    assert fleet.status_of(worn) == "held"
+    assert fleet.invariant_violations(expected_released=others, expected_not_released=[worn]) == []
