@@ -96,11 +96,13 @@ def record(
     idempotency_key: str = "",
     trace_id: str = "",
 ) -> DeadLetter | None:
-    """Write a dead letter in its own transaction. Never raises, and stores *something* for
-    every input: every field is bounded and sanitized first, and when the full row still
-    cannot be written a bare row with the reason and the error is tried. Only when the
-    database itself is unreachable is the dead letter just logged and counted (the hold's
-    lease then brings the hold back to a later sweep)."""
+    """Write a dead letter in its own transaction (a savepoint inside a caller's: the sweep
+    writes a set-aside hold's letter inside its claim, so both commit or neither). Never raises,
+    and stores *something* for every input: every field is bounded and sanitized first, and
+    when the full row still cannot be written a bare row with the reason and the error is
+    tried. Only when the database itself is unreachable is the dead letter just logged and
+    counted (a release's hold then comes back to a later sweep through its claim lease; a
+    sweep's claim then cannot commit either)."""
     try:
         return _write(
             reason,
