@@ -334,26 +334,27 @@ def renew_hold(request: HttpRequest, hold_id: int) -> HttpResponse:
     )
 
 
-@api_view("POST")
-def confirm_hold(request: HttpRequest, hold_id: int) -> HttpResponse:
+def _versioned_change(
+    request: HttpRequest, hold_id: int, change: Callable[[int, int], Reservation]
+) -> HttpResponse:
+    """confirm/cancel: the body carries only the version the client saw."""
     return _hold_change(
         request,
         hold_id,
         _HOLD,
         _VERSION_FIELDS,
-        lambda data: partial(services.confirm, hold_id, _expected_version(data)),
+        lambda data: partial(change, hold_id, _expected_version(data)),
     )
+
+
+@api_view("POST")
+def confirm_hold(request: HttpRequest, hold_id: int) -> HttpResponse:
+    return _versioned_change(request, hold_id, services.confirm)
 
 
 @api_view("POST")
 def cancel_hold(request: HttpRequest, hold_id: int) -> HttpResponse:
-    return _hold_change(
-        request,
-        hold_id,
-        _HOLD,
-        _VERSION_FIELDS,
-        lambda data: partial(services.cancel, hold_id, _expected_version(data)),
-    )
+    return _versioned_change(request, hold_id, services.cancel)
 
 
 @api_view("GET")
