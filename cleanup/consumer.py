@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from celery.worker.consumer import Consumer
+from django.conf import settings
 from kombu.exceptions import ContentDisallowed, DecodeError
 from vine import promise
 
@@ -32,12 +34,33 @@ from .signals import dead_letter_message, dead_letter_undecodable
 
 logger = logging.getLogger("cleanup.consumer")
 
+# Every task Celery itself registers (celery.chord_unlock, celery.map, celery.group, …).
+BUILTIN_PREFIX = "celery."
+
 
 # celery-types does not declare the consumer's runtime attributes (strategies, errors).
 _Consumer: Any = Consumer
 
 
 class DeadLetteringConsumer(_Consumer):
+    class Blueprint(_Consumer.Blueprint):  # type: ignore[misc,name-defined]
+        # Remote control runs the screened pidbox (cleanup.remote_control).
+        default_steps = [
+            "cleanup.remote_control:ScreenedControl"
+            if step == "celery.worker.consumer.control:Control"
+            else step
+            for step in Consumer.Blueprint.default_steps
+        ]
+
+    def __init__(self, *args: Any, worker_options: Any = None, **kwargs: Any) -> None:
+        screening.refuse_compressed_bodies()
+        # Gossip and mingle are always off, whatever the command line says: both consume
+        # broadcasts from every other worker (and from anyone who can write to the broker) in
+        # the main process, with handlers that raise on a malformed body, and the pipeline
+        # uses neither (no leader elections among workers, no revoked-set sync).
+        options = {**(worker_options or {}), "without_gossip": True, "without_mingle": True}
+        super().__init__(*args, worker_options=options, **kwargs)
+
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         try:
             dead_letter_undecodable(message, exc)
@@ -68,6 +91,14 @@ class DeadLetteringConsumer(_Consumer):
             # Handled here: Celery's unknown-task path decodes the body again and raises when
             # it cannot (no 'id' header plus an undecodable body stopped the worker).
             return DeadLetter.Reason.UNKNOWN_TASK, f"no task named {name[:200]!r} is registered"
+        if name.startswith(BUILTIN_PREFIX):
+            # Registered in every app, so the check above passes them: chord_unlock retries
+            # forever without a result backend; map/starmap/chunks/group call project tasks
+            # from inside a built-in one, around CleanupTask's delivery guard.
+            return (
+                DeadLetter.Reason.REJECTED,
+                f"Celery's built-in task {name[:200]!r} is not accepted on the project's queues",
+            )
         problem = screening.check_headers(headers)
         if problem:
             return DeadLetter.Reason.REJECTED, problem
@@ -75,7 +106,13 @@ class DeadLetteringConsumer(_Consumer):
             payload = message.payload  # decoded once; kombu caches it for the request
         except (DecodeError, ContentDisallowed) as exc:
             return DeadLetter.Reason.REJECTED, f"undecodable message: {exc!r}"[:2000]
-        problem = screening.check_payload(payload)
+        problem = screening.check_payload(payload) or screening.check_publish_options(
+            headers,
+            payload[2],
+            time_limits=(self.app.conf.task_time_limit, self.app.conf.task_soft_time_limit),
+            eta_bound_seconds=settings.CLEANUP_RETRY_BACKOFF_MAX,
+            now=datetime.now(UTC),
+        )
         if problem:
             return DeadLetter.Reason.REJECTED, problem
         return None

@@ -37,6 +37,12 @@ SWEEP_DURATION = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 
+CONTROL_DROPS = Counter(
+    f"{PREFIX}_control_messages_dropped",
+    "Remote-control and other broadcast messages a worker dropped unread, by reason",
+    ["reason"],
+)
+
 AUTOSCALE_DECISIONS = Counter(
     f"{PREFIX}_autoscale_decisions",
     "Pool autoscaler decisions (cleanup.autoscale), by action and reason",
@@ -82,6 +88,10 @@ def record_retry(task: str) -> None:
 
 def record_dead_letter(reason: str) -> None:
     DEAD_LETTERS.labels(reason=reason).inc()
+
+
+def record_control_drop(reason: str) -> None:
+    CONTROL_DROPS.labels(reason=reason).inc()
 
 
 def record_sweep(

@@ -22,7 +22,7 @@ from kombu.transport import redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
-from . import screening
+from . import metrics, screening
 
 logger = logging.getLogger("cleanup.redis_transport")
 
@@ -69,7 +69,39 @@ def screen_entry(item: bytes | str, queue: str) -> dict[str, Any] | None:
     return None
 
 
+def screen_broadcast(data: bytes | str) -> str | None:
+    """Why a pub/sub payload must be dropped, or ``None`` for a kombu envelope.
+
+    Broadcasts (remote control, and events when a worker consumes them) arrive on Redis
+    pub/sub, where kombu decodes the payload and builds a message with no guard: one
+    ``PUBLISH`` of ``[]`` raised in every subscribed worker at once and stopped them all.
+    """
+    problem = screening.check_raw(data, "broadcast", slack=ENVELOPE_SLACK)
+    if problem is not None:
+        return problem
+    try:
+        payload = loads(bytes_to_str(data))
+    except Exception as exc:  # noqa: BLE001 - whatever the decoder raises, drop the payload
+        return f"not JSON ({type(exc).__name__})"
+    return screening.check_envelope(payload)
+
+
 class Channel(_RedisChannel):
+    def _handle_message(self, client: Any, r: Any) -> dict[str, Any]:
+        """kombu's parsed pub/sub reply; a message whose payload is not a kombu envelope is
+        renamed ``dropped``, which kombu's ``_receive_one`` passes over."""
+        payload: dict[str, Any] = super()._handle_message(client, r)
+        if bytes_to_str(payload["type"]).endswith("message") and payload["data"]:
+            problem = screen_broadcast(payload["data"])
+            if problem is not None:
+                channel = bytes_to_str(payload["channel"])[:200]
+                logger.warning(
+                    "broadcast dropped", extra={"channel": channel, "error": problem[:300]}
+                )
+                metrics.record_control_drop("not_an_envelope")
+                payload["type"] = "dropped"
+        return payload
+
     def _brpop_read(self, **options: Any) -> bool:
         try:
             try:

@@ -15,17 +15,51 @@ import base64
 import binascii
 import math
 import re
-from datetime import datetime
+from array import array
+from datetime import UTC, datetime
+from itertools import accumulate
 from typing import Any
 
 from django.conf import settings
+from kombu import compression
+from kombu.exceptions import ContentDisallowed
 
 # Release messages nest 3 levels ([args, kwargs, embed] → message), batches 5. Well below
 # what json and pickle recurse through (~1,000 levels raise RecursionError).
 MAX_NESTING = 32
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_BRACKET = re.compile(rb"[\[\]{}]")
+# A JSON string: a quote, then runs of plain bytes or escape pairs, then the closing quote or
+# the end of the text (an unterminated string). Possessive quantifiers and the end-of-text
+# alternative make each string match run once to its close: a pattern that could fail on an
+# unterminated string was retried from every later quote, quadratic on '"' + '\\"' * n
+# (a 32 KB body cost seconds, a 1 MiB one most of an hour).
+_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
+# bytes.translate tables: delete every byte but brackets, then map an opening bracket to +1
+# and a closing one to -1 (0xFF read as a signed byte).
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_STEPS = bytes.maketrans(b"[]{}", b"\x01\xff\x01\xff")
+
+
+def _refuse_compressed(body: bytes) -> bytes:
+    raise ContentDisallowed(
+        "compressed bodies are refused: the project's publisher never compresses, and a few "
+        "hundred bytes can decompress to gigabytes"
+    )
+
+
+def refuse_compressed_bodies() -> None:
+    """Make kombu refuse every compressed body in this process, before it is decompressed.
+
+    kombu's ``Message`` decompresses a body by its ``compression`` header as it is built,
+    before a transport or consumer check runs. With every decoder replaced, building the
+    message records the refusal instead, and the consumer's decode-error path dead-letters
+    it (a task message) or drops it (a control message). An unknown compression name fails
+    the same way (kombu has no decoder for it). Encoders are kept.
+    """
+    registry: Any = compression  # its stubs type get_encoder as returning the encoder alone
+    for content_type in registry.encoders():
+        encoder, _ = registry.get_encoder(content_type)
+        registry.register(encoder, _refuse_compressed, content_type)
 
 
 def max_bytes() -> int:
@@ -39,24 +73,17 @@ def _as_bytes(data: bytes | bytearray | memoryview | str) -> bytes:
 
 
 def nesting_depth(data: bytes | str, limit: int = MAX_NESTING) -> int:
-    """Bracket depth of a JSON text, strings skipped; stops counting once past ``limit``.
+    """Deepest bracket nesting of a JSON text, strings skipped, in time linear in its length.
 
     Cheap on the common path: a document with fewer brackets than the limit cannot be deeper.
+    Otherwise one regex pass blanks the strings and the running depth is summed in C
+    (``array`` + ``accumulate``), never a Python loop per byte.
     """
     raw = _as_bytes(data)
     if raw.count(b"[") + raw.count(b"{") <= limit:
         return 0
-    depth = deepest = 0
-    for match in _BRACKET.finditer(_STRING.sub(b'""', raw)):
-        if match.group() in (b"[", b"{"):
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > limit:
-                    return deepest
-        else:
-            depth -= 1
-    return deepest
+    brackets = _STRING.sub(b"", raw).translate(None, _NOT_BRACKETS).translate(_STEPS)
+    return max(0, max(accumulate(array("b", brackets)), default=0))
 
 
 def check_raw(data: bytes | str, what: str = "message body", slack: float = 1.0) -> str | None:
@@ -162,6 +189,83 @@ def check_payload(payload: Any) -> str | None:
         return f"task body's kwargs must be an object, got {type(kwargs).__name__}"
     if embed is not None and not isinstance(embed, dict):
         return f"task body's embed must be an object or null, got {type(embed).__name__}"
+    return None
+
+
+# What the project's own publishers write on a task message: Celery's send_task and retry (the
+# sweep's fan-out, beat's sends, the dead-letter requeue), django-celery-beat's entry name, and
+# kombu's redelivery flag on a restored Redis message. A header outside this set is a request
+# the project never makes (docs/HARDENING.md, "Only what the publisher asks for").
+PUBLISHER_HEADERS = frozenset(
+    {*_HEADER_CHECKS, "task", "redelivered", "periodic_task_name", "celery_beat_task"}
+)
+# Headers the publisher always leaves empty: groups, chords, replacement and stamping are
+# Celery features the pipeline never uses.
+_EMPTY_HEADERS = ("group", "group_index", "shadow", "stamped_headers", "stamps")
+# The body's embedded options: links (callbacks, errbacks, a chain, a chord) would make a
+# worker publish further tasks the project never asked for.
+_EMBED_KEYS = frozenset({"callbacks", "errbacks", "chain", "chord"})
+# Clock skew allowed between the publisher that stamped a time and this worker.
+CLOCK_SKEW_SECONDS = 5.0
+
+
+def _aware(value: Any) -> datetime:
+    when = value if isinstance(value, datetime) else datetime.fromisoformat(value)
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def check_publish_options(
+    headers: dict[str, Any],
+    embed: Any,
+    *,
+    time_limits: tuple[float | None, float | None],
+    eta_bound_seconds: float,
+    now: datetime,
+) -> str | None:
+    """A task message may ask for nothing the project's own publisher would not ask for.
+
+    Run after ``check_headers`` (types already checked) on a message for a project task:
+    only ``PUBLISHER_HEADERS``; no group, chord, stamping or replacement; no links in the
+    body; an ``eta`` at most ``eta_bound_seconds`` ahead (the longest retry countdown: a
+    later one is held in memory and, on Redis, redelivered to a second worker once the
+    visibility timeout passes); ``timelimit`` no higher than the worker's own
+    ``time_limits`` (hard, soft); an ``expires`` no earlier than the publish stamp (the
+    publisher never sends a message that is already expired).
+    """
+    unknown = sorted(name for name in headers if name not in PUBLISHER_HEADERS)
+    if unknown:
+        return f"header {_preview(unknown[0])} is not one the project's publisher sets"
+    for name in _EMPTY_HEADERS:
+        if headers.get(name):
+            return f"header {name!r} asks for a Celery feature the project never uses"
+    if headers.get("replaced_task_nesting"):
+        return "header 'replaced_task_nesting' asks for task replacement"
+    if isinstance(embed, dict):
+        extra = sorted(str(key) for key in embed if key not in _EMBED_KEYS)
+        if extra:
+            return f"task body's embed has {_preview(extra[0])}, which the publisher never sets"
+        linked = sorted(key for key in _EMBED_KEYS if embed.get(key))
+        if linked:
+            return f"task body links further tasks ({linked[0]}); the publisher never does"
+    if headers.get("eta") is not None:
+        ahead = (_aware(headers["eta"]) - now).total_seconds()
+        if ahead > eta_bound_seconds + CLOCK_SKEW_SECONDS:
+            return (
+                f"eta is {ahead:.0f} s ahead; the publisher schedules at most "
+                f"{eta_bound_seconds:.0f} s ahead (CLEANUP_RETRY_BACKOFF_MAX)"
+            )
+    limit = headers.get("timelimit")
+    if limit is not None:
+        for asked, allowed, which in zip(limit, time_limits, ("hard", "soft"), strict=True):
+            if asked is not None and allowed is not None and asked > allowed:
+                return (
+                    f"timelimit asks for a {which} limit of {asked} s, above the "
+                    f"worker's {allowed} s"
+                )
+    if headers.get("expires") is not None and _number(headers.get("enqueued_at")):
+        expires = _aware(headers["expires"]).timestamp()
+        if expires < headers["enqueued_at"] - CLOCK_SKEW_SECONDS:
+            return "expires is earlier than the message's publish time (enqueued_at)"
     return None
 
 

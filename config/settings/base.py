@@ -300,3 +300,24 @@ LOGGING = {
 
 # Undecodable messages are dead-lettered before Celery acks them (cleanup.consumer).
 CELERY_WORKER_CONSUMER = "cleanup.consumer:DeadLetteringConsumer"
+# Remote control (the pidbox broadcast channel): anyone who can write to the broker can send a
+# command, so a worker runs only these and drops the rest with a log line and a counted metric
+# (cleanup.remote_control). The default is what `manage.py worker_health`, `celery inspect` and
+# Flower's read-only pages use; add e.g. pool_grow or shutdown only with a broker you trust.
+CELERY_WORKER_ENABLE_REMOTE_CONTROL = env_bool("CELERY_WORKER_ENABLE_REMOTE_CONTROL", True)
+CLEANUP_REMOTE_CONTROL_COMMANDS = env_list(
+    "CLEANUP_REMOTE_CONTROL_COMMANDS",
+    [
+        "ping",
+        "stats",
+        "active",
+        "reserved",
+        "scheduled",
+        "revoked",
+        "registered",
+        "active_queues",
+        "query_task",
+        "clock",
+        "enable_events",
+    ],
+)

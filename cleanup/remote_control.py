@@ -1,0 +1,145 @@
+"""The workers' remote-control channel, screened.
+
+Celery's remote control (the "pidbox") is a broadcast that every worker's main process
+consumes: anyone who can write to the broker can send a command, and Celery runs any command
+it knows (``shutdown``, ``pool_shrink``, ``cancel_consumer``, ``revoke``…), replies to any
+exchange the message names, and resets its consumer on every malformed body. This worker
+consumer step runs only the commands in ``CLEANUP_REMOTE_CONTROL_COMMANDS`` (by default the
+read-only ones that ``manage.py worker_health``, ``celery inspect`` and Flower's pages use) on
+bodies of the shape kombu's ``Mailbox`` sends, and drops everything else with a log line and
+``reservation_cleanup_control_messages_dropped_total{reason}``. A dropped control message is
+not a dead letter: it names no hold and asks a person for nothing.
+
+Garbage that is not even a broker envelope never gets here on Redis: the screened transport
+drops it (``cleanup.redis_transport``). Docs: docs/HARDENING.md, "Remote control".
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.worker import control, pidbox
+from celery.worker.consumer.control import Control
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from . import metrics
+
+logger = logging.getLogger("cleanup.remote_control")
+
+# The keys kombu's Mailbox._broadcast writes into a control message.
+_BODY_KEYS = frozenset(
+    {"method", "arguments", "destination", "pattern", "matcher", "reply_to", "ticket"}
+)
+# 'pcre' would compile a sender's regular expression in the main process (a slow one stalls
+# every consumer of this worker); glob and exact destinations are what the tools use.
+_MATCHERS = (None, "glob")
+
+
+def allowed_commands() -> frozenset[str]:
+    """The configured commands, each one Celery knows (a typo fails the worker's start)."""
+    names = frozenset(settings.CLEANUP_REMOTE_CONTROL_COMMANDS)
+    unknown = sorted(names - set(control.Panel.data))
+    if unknown:
+        raise ImproperlyConfigured(
+            f"CLEANUP_REMOTE_CONTROL_COMMANDS names {', '.join(unknown)}, which Celery's "
+            f"remote control does not have"
+        )
+    return names
+
+
+def check_command(
+    body: Any, headers: Any, allowed: frozenset[str], reply_exchange: str
+) -> tuple[str, str] | None:
+    """(reason, problem) when a control message must be dropped, else None."""
+    if not isinstance(body, dict):
+        return "malformed", f"body is a {type(body).__name__}, not an object"
+    extra = sorted(str(key) for key in body if key not in _BODY_KEYS)
+    if extra:
+        return "malformed", f"body has the key {extra[0][:80]!r}"
+    method = body.get("method")
+    if not isinstance(method, str):
+        return "malformed", "'method' is not a string"
+    if method not in allowed:
+        return "not_allowed", f"command {method[:80]!r} is not in CLEANUP_REMOTE_CONTROL_COMMANDS"
+    arguments = body.get("arguments")
+    if arguments is not None and not (
+        isinstance(arguments, dict) and all(isinstance(k, str) for k in arguments)
+    ):
+        return "malformed", "'arguments' is not an object"
+    destination = body.get("destination")
+    if destination is not None and not (
+        isinstance(destination, list | tuple) and all(isinstance(d, str) for d in destination)
+    ):
+        return "malformed", "'destination' is not a list of names"
+    if body.get("matcher") not in _MATCHERS or not isinstance(body.get("pattern"), str | None):
+        return "malformed", "only glob patterns are matched"
+    reply_to = body.get("reply_to")
+    if reply_to is not None and not (
+        isinstance(reply_to, dict)
+        and reply_to.get("exchange") == reply_exchange
+        and isinstance(reply_to.get("routing_key"), str)
+    ):
+        return "malformed", f"'reply_to' names an exchange other than {reply_exchange!r}"
+    if not isinstance(body.get("ticket"), str | None):
+        return "malformed", "'ticket' is not a string"
+    clock = headers.get("clock") if isinstance(headers, dict) else None
+    if clock is not None and (isinstance(clock, bool) or not isinstance(clock, int)):
+        return "malformed", "header 'clock' is not an integer"
+    return None
+
+
+def record_drop(reason: str, problem: str) -> None:
+    logger.warning("control message dropped", extra={"reason": reason, "error": problem})
+    metrics.record_control_drop(reason)
+
+
+class _Screened:
+    """Mixed into Celery's Pidbox (and its green-pool variant)."""
+
+    def __init__(self, c: Any) -> None:
+        super().__init__(c)  # type: ignore[call-arg]
+        self.allowed = allowed_commands()
+        self.reply_exchange = c.app.control.mailbox.reply_exchange.name
+
+    def start(self, c: Any) -> None:
+        super().start(c)  # type: ignore[misc]
+        # Celery hands the task consumer's decode-error handler to the pidbox consumer too,
+        # which would dead-letter a control message as if it were a task.
+        self.consumer.on_decode_error = self.on_decode_error  # type: ignore[attr-defined]
+
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        record_drop("undecodable", repr(exc)[:500])
+
+    def on_message(self, body: Any, message: Any) -> None:
+        problem = check_command(
+            body, getattr(message, "headers", None), self.allowed, self.reply_exchange
+        )
+        if problem is not None:
+            record_drop(*problem)
+            return
+        super().on_message(body, message)  # type: ignore[misc]
+
+
+class ScreenedPidbox(_Screened, pidbox.Pidbox):
+    pass
+
+
+class ScreenedGreenPidbox(_Screened, pidbox.gPidbox):
+    pass
+
+
+# celery-types does not declare the bootstep's attributes.
+_Control: Any = Control
+
+
+class ScreenedControl(_Control):
+    """Celery's remote-control bootstep with the screened pidbox in place of its own."""
+
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        super().__init__(c, **kwargs)
+        self.box = (ScreenedGreenPidbox if self.is_green else ScreenedPidbox)(c)
+        self.start = self.box.start
+        self.stop = self.box.stop
+        self.shutdown = self.box.shutdown
