@@ -8,8 +8,10 @@ database or Redis database.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -20,6 +22,7 @@ from typing import Any
 import psycopg
 from django.conf import settings
 from django.db import connection
+from prometheus_client.parser import text_string_to_metric_families
 
 # The invariants moved to the product (the burst drill checks them too); re-exported here.
 from cleanup.drills.invariants import invariant_violations as invariant_violations
@@ -475,3 +478,34 @@ def beats(tmp_dir: Path, count: int = 1, **kwargs: Any) -> Iterator[list[Beat]]:
     finally:
         for b in started:
             b.stop()
+
+
+# -- worker metrics, scraped as Prometheus would
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse(text: str) -> Samples:
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def scrape_worker(port: int) -> tuple[Samples, float]:
+    started = time.perf_counter()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        body = r.read().decode()
+    return parse(body), time.perf_counter() - started
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def total(m: Samples, name: str, **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in m.items() if n == name and want <= set(ls))

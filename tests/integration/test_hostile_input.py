@@ -9,11 +9,14 @@ envelope to corrupt).
 
 from __future__ import annotations
 
+import bz2
 import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +33,13 @@ from tests.wire import task_body as _body
 from .fleet import (
     Worker,
     create_eligible_holds,
+    free_port,
     invariant_violations,
     outcome_counts,
     purge_broker,
     scalar,
+    scrape_worker,
+    total,
     wait_until,
 )
 
@@ -81,6 +87,18 @@ def _envelope(raw_body: bytes, **changes: Any) -> str:
 
 
 BIG = 2 * 1024 * 1024
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+
+@cache
+def _bomb() -> bytes:
+    """115 bytes of bz2 that decompress to 128 MiB (kombu decompressed it in the main process)."""
+    return bz2.compress(b" " * (128 * 1024 * 1024), 9)
+
+
+def _from_now(**delta: float) -> str:
+    return (datetime.now(UTC) + timedelta(**delta)).isoformat()
+
 
 CASES: dict[str, Case] = {
     # -- stopped the worker's main process before (Celery/billiard/kombu raised outside a task)
@@ -176,12 +194,166 @@ CASES: dict[str, Case] = {
         "envelope",
         redis_only=True,
     ),
+    # -- passed the screening and did harm (issue 18): built-in tasks, scheduling, links, limits
+    "celery.chord_unlock retrying forever": Case(
+        lambda: publish_raw(
+            json.dumps([["g", {"task": "cleanup.prune"}], {"interval": 0.5}, _EMBED]),
+            task="celery.chord_unlock",
+        ),
+        "rejected",
+        "built-in task 'celery.chord_unlock'",
+    ),
+    "celery.map around the delivery guard": Case(
+        lambda: publish_raw(
+            json.dumps([[{"task": RELEASE_TASK}, [[_good()]]], {}, _EMBED]), task="celery.map"
+        ),
+        "rejected",
+        "built-in task 'celery.map'",
+    ),
+    "eta a day ahead": Case(
+        lambda: publish_raw(_body(_good()), headers={"eta": _from_now(days=1)}),
+        "rejected",
+        "eta is 86400 s ahead",
+    ),
+    "timelimit above the worker's": Case(
+        lambda: publish_raw(_body(_good()), headers={"timelimit": [3600, None]}),
+        "rejected",
+        "hard limit of 3600",
+    ),
+    "expires before it was published": Case(
+        lambda: publish_raw(_body(_good()), headers={"expires": _from_now(days=-1)}),
+        "rejected",
+        "expires is earlier",
+    ),
+    "a link to another task": Case(
+        lambda: publish_raw(
+            json.dumps([[_good()], {}, {**_EMBED, "callbacks": [{"task": "cleanup.prune"}]}])
+        ),
+        "rejected",
+        "links further tasks (callbacks)",
+    ),
+    "a header the publisher never sets": Case(
+        lambda: publish_raw(_body(_good()), headers={"x-custom": "1"}),
+        "rejected",
+        "'x-custom' is not one the project's publisher sets",
+    ),
+    "a group header": Case(
+        lambda: publish_raw(_body(_good()), headers={"group": "g1"}),
+        "rejected",
+        "'group' asks for a Celery feature",
+    ),
+    "bz2 body that decompresses to 128 MiB": Case(
+        lambda: publish_raw(_bomb(), headers={"compression": "application/x-bz2"}),
+        "rejected",
+        "compressed bodies are refused",
+    ),
+    "near 1 MiB of escaped quotes (quadratic to scan before)": Case(
+        lambda: publish_raw(b'"' + b'\\"' * (500 * 1024)), "rejected", "undecodable"
+    ),
 }
 
 
+@dataclass(frozen=True)
+class Drop:
+    """A broadcast (remote-control) message: dropped with a counted metric, no dead letter."""
+
+    send: Callable[[], Any]
+    reason: str  # the drop counter's label
+    redis_only: bool = False
+
+
+def _app() -> Any:
+    """The Celery app, untyped: celery-types lacks the mailbox and kombu's channel details."""
+    from config.celery_app import app
+
+    return app
+
+
+def _control_channel() -> str:
+    app = _app()
+    with app.connection_for_write() as conn:
+        prefix = conn.default_channel.keyprefix_fanout
+    return f"{prefix}{app.control.mailbox.exchange.name}"
+
+
+def _publish_control(body: Any) -> None:
+    app = _app()
+    mailbox = app.control.mailbox
+    with app.connection_for_write() as conn:
+        conn.Producer().publish(
+            body,
+            exchange=mailbox.exchange,
+            declare=[mailbox.exchange],  # kombu routes by the exchange type it has declared
+            routing_key="",
+            serializer="json",
+        )
+
+
+def _redis_publish(channel: str, data: bytes | str) -> None:
+    from cleanup.broker import redis_client
+
+    redis_client().publish(channel, data)
+
+
+DROPS: dict[str, Drop] = {
+    # one PUBLISH stopped every worker at once (kombu's fan-out delivery raised)
+    "redis broadcast that is a JSON list": Drop(
+        lambda: _redis_publish(_control_channel(), "[]"), "not_an_envelope", redis_only=True
+    ),
+    "redis broadcast nested 100,000 deep": Drop(
+        lambda: _redis_publish(_control_channel(), _nested(100_000)),
+        "not_an_envelope",
+        redis_only=True,
+    ),
+    "control body that is a list": Drop(lambda: _publish_control([]), "malformed"),
+    "remote shutdown": Drop(lambda: _control("shutdown"), "not_allowed"),
+    "remote pool_shrink": Drop(lambda: _control("pool_shrink", n=1), "not_allowed"),
+    "reply to another exchange": Drop(
+        lambda: _publish_control(
+            {"method": "ping", "reply_to": {"exchange": "", "routing_key": "cleanup"}}
+        ),
+        "malformed",
+    ),
+    "compressed control message": Drop(lambda: _publish_compressed_control(), "undecodable"),
+}
+
+
+def _control(command: str, **arguments: Any) -> None:
+    from config.celery_app import app
+
+    app.control.broadcast(command, arguments=arguments)
+
+
+def _publish_compressed_control() -> None:
+    app = _app()
+    with app.connection_for_write() as conn:
+        conn.Producer().publish(
+            _bomb(),
+            exchange=app.control.mailbox.exchange,
+            declare=[app.control.mailbox.exchange],
+            routing_key="",
+            content_type="application/json",
+            content_encoding="utf-8",
+            headers={"compression": "application/x-bz2"},
+        )
+
+
 @pytest.fixture
-def hostile_worker(clean: None, exclusive_workers: None, tmp_path: Path) -> Iterator[Worker]:
-    worker = Worker(f"hostile-{uuid.uuid4().hex[:6]}", 2, tmp_path / "hostile.log").start()
+def metrics_port() -> int:
+    return free_port()
+
+
+def _new_worker(tmp_path: Path, metrics_port: int) -> Worker:
+    name = f"hostile-{uuid.uuid4().hex[:6]}"
+    env = {"WORKER_METRICS_PORT": str(metrics_port), "WORKER_METRICS_DIR": str(tmp_path / name)}
+    return Worker(name, 2, tmp_path / f"{name}.log", env_overrides=env)
+
+
+@pytest.fixture
+def hostile_worker(
+    clean: None, exclusive_workers: None, tmp_path: Path, metrics_port: int
+) -> Iterator[Worker]:
+    worker = _new_worker(tmp_path, metrics_port).start()
     try:
         worker.wait_ready()
         yield worker
@@ -204,7 +376,7 @@ def _publish_valid(hold_id: int) -> None:
 
 
 def test_each_hostile_message_is_one_dead_letter_and_the_worker_keeps_releasing(
-    hostile_worker: Worker, tmp_path: Path, restarted: list[Worker]
+    hostile_worker: Worker, tmp_path: Path, restarted: list[Worker], metrics_port: int
 ) -> None:
     # given: one worker, and one valid expired hold per hostile case
     on_redis = settings.BROKER_IS_REDIS
@@ -241,7 +413,7 @@ def test_each_hostile_message_is_one_dead_letter_and_the_worker_keeps_releasing(
             # (the message would come back and stop the next worker too).
             stopped.append(name)
             purge_broker()
-            worker = Worker(f"hostile-{uuid.uuid4().hex[:6]}", 2, tmp_path / "hostile2.log")
+            worker = _new_worker(tmp_path, metrics_port)
             restarted.append(worker.start())
             worker.wait_ready()
             main_pid = worker.pid
@@ -291,3 +463,77 @@ def test_hostile_messages_never_count_against_a_real_hold(hostile_worker: Worker
     wait_until(lambda: outcome_counts().get("released") == 1, timeout=45, what="the real release")
     time.sleep(0.5)
     assert DeadLetter.objects.count() == 5
+
+
+def _dropped(port: int, reason: str) -> float:
+    samples, _ = scrape_worker(port)
+    return total(samples, "reservation_cleanup_control_messages_dropped_total", reason=reason)
+
+
+def test_each_hostile_broadcast_is_dropped_and_counted_and_the_worker_keeps_releasing(
+    hostile_worker: Worker, tmp_path: Path, restarted: list[Worker], metrics_port: int
+) -> None:
+    # given: one worker, and one valid expired hold per hostile broadcast
+    drops = {n: d for n, d in DROPS.items() if settings.BROKER_IS_REDIS or not d.redis_only}
+    holds = create_eligible_holds(len(drops), offerings=2)
+    worker, main_pid = hostile_worker, hostile_worker.pid
+    failures: list[str] = []
+    for hold_id, (name, drop) in zip(holds, drops.items(), strict=True):
+        before = _dropped(metrics_port, drop.reason)
+        # when: the broadcast, then a valid release message
+        drop.send()
+        _publish_valid(hold_id)
+
+        # then: the same main process releases the valid hold and counts exactly one drop
+        def released_or_stopped(hold_id: int = hold_id, worker: Worker = worker) -> bool:
+            status = scalar("SELECT status FROM reservations_reservation WHERE id = %s", [hold_id])
+            return not worker.alive() or status == "released"
+
+        try:
+            wait_until(released_or_stopped, timeout=45, what=f"the valid hold after {name!r}")
+            if worker.alive():
+                wait_until(
+                    lambda r=drop.reason, b=before: _dropped(metrics_port, r) > b,  # type: ignore[misc]
+                    timeout=15,
+                    what=f"a counted drop for {name!r}",
+                )
+        except TimeoutError as exc:
+            failures.append(f"{name}: {exc}")
+            continue
+        if not worker.alive() or worker.pid != main_pid:
+            failures.append(f"{name}: stopped the worker's main process")
+            purge_broker()
+            worker = _new_worker(tmp_path, metrics_port)
+            restarted.append(worker.start())
+            worker.wait_ready()
+            main_pid = worker.pid
+            continue
+        time.sleep(0.5)
+        counted = _dropped(metrics_port, drop.reason) - before
+        if counted != 1:
+            failures.append(f"{name}: {counted} drops counted")
+    assert failures == [], "\n" + "\n".join(failures) + "\n" + worker.log_tail(30)
+    # and: no dead letter (a control message names no hold), only the valid holds released
+    assert DeadLetter.objects.count() == 0
+    assert outcome_counts() == {"released": len(holds)}
+    # and: the commands operators use still answer
+    replies = _app().control.ping(timeout=3)
+    assert any(worker.name in name for reply in replies for name in reply)
+    assert worker.alive() and worker.pid == main_pid
+
+
+def test_a_compressed_body_is_refused_before_it_is_decompressed(hostile_worker: Worker) -> None:
+    # given: the worker's main process, its peak memory so far
+    hold_id = create_eligible_holds(1, offerings=1)[0]
+    peak_before = hostile_worker.memory()["main"]["VmHWM"]
+    # when: 115 bytes of bz2 that would decompress to 128 MiB, then a valid message
+    publish_raw(_bomb(), headers={"compression": "application/x-bz2"})
+    _publish_valid(hold_id)
+    # then: one dead letter says why, the valid hold is released, and the main process never
+    # held the decompressed body (it grew by ~250 MiB when kombu decompressed it)
+    letter = wait_until(lambda: DeadLetter.objects.first(), timeout=45, what="a dead letter")
+    assert "compressed bodies are refused" in letter.error
+    wait_until(lambda: outcome_counts().get("released") == 1, timeout=45, what="the release")
+    grown_kib = hostile_worker.memory()["main"]["VmHWM"] - peak_before
+    assert grown_kib < 32 * 1024, f"main process peak grew by {grown_kib} KiB"
+    assert DeadLetter.objects.count() == 1

@@ -3,35 +3,33 @@ and worker metrics' scrape time after hundreds of pool-child recycles."""
 
 from __future__ import annotations
 
-import socket
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connection
 from django.test import Client
-from prometheus_client.parser import text_string_to_metric_families
 
 from cleanup.messages import build
 from cleanup.publish import publish_release_messages
 from cleanup.schedule import install_schedule
 from cleanup.sweep import sweep_shard
 
-from .fleet import Worker, create_eligible_holds, released_count, scalar, wait_until
+from .fleet import (
+    Samples,
+    Worker,
+    create_eligible_holds,
+    free_port,
+    parse,
+    released_count,
+    scalar,
+    scrape_worker,
+    total,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.workers, pytest.mark.slow]
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def parse(text: str) -> Samples:
-    out: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
 
 
 def scrape_web(client: Client) -> tuple[Samples, float]:
@@ -39,19 +37,6 @@ def scrape_web(client: Client) -> tuple[Samples, float]:
     response = client.get("/metrics", HTTP_AUTHORIZATION="Bearer drill")
     assert response.status_code == 200
     return parse(response.content.decode()), time.perf_counter() - started
-
-
-def scrape_worker(port: int) -> tuple[Samples, float]:
-    started = time.perf_counter()
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        body = r.read().decode()
-    return parse(body), time.perf_counter() - started
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def slo_ages(m: Samples) -> list[float]:
@@ -89,11 +74,6 @@ def metric_worker(tmp_path: Path, name: str, port: int, *extra: str) -> Worker:
             "WORKER_METRICS_COMPACT_INTERVAL": "1",
         },
     )
-
-
-def total(m: Samples, name: str, **labels: str) -> float:
-    want = set(labels.items())
-    return sum(v for (n, ls), v in m.items() if n == name and want <= set(ls))
 
 
 def test_drained_consumer_drill(

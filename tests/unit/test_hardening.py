@@ -4,16 +4,20 @@ that never block a real release."""
 
 from __future__ import annotations
 
+import bz2
 import inspect
 import json
-from datetime import timedelta
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.utils import timezone
+from kombu.exceptions import ContentDisallowed
 
-from cleanup import deadletters, screening
+from cleanup import deadletters, redis_transport, remote_control, screening
 from cleanup.messages import MalformedMessage, build, validate
 from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.release import Attempt, release, release_batch
@@ -175,6 +179,208 @@ def test_our_redis_read_is_still_kombus_own_with_screening_added() -> None:
     assert "self._flush_brpop_reauth()" in read
     assert "return loads(bytes_to_str(item))" in get
     assert "self._maybe_update_queues_expire(client, queue)" in get
+
+
+def _seconds(check: Any, data: bytes, repeats: int = 5) -> float:
+    """The best of ``repeats`` timings (the least disturbed by the shared machine)."""
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        check(data)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+@pytest.mark.parametrize(
+    "piece",
+    [b'\\"', b'"', b"[", b"[]", b'"\\', b'["', b'{"a":'],
+    ids=["escaped quotes", "quotes", "open brackets", "pairs", "quote-backslash", "mixed", "keys"],
+)
+def test_the_screening_grows_linearly_with_adversarial_input(piece: bytes) -> None:
+    # given: adversarial bodies of n and 4n bytes (the n sized so one scan takes milliseconds)
+    small = b'"' + piece * (64 * 1024 // len(piece))
+    large = b'"' + piece * (4 * 64 * 1024 // len(piece))
+    # when: each is screened as a message body and as a broker entry
+    for check in (screening.check_raw, redis_transport.screen_broadcast):
+        ratio = _seconds(check, large) / max(_seconds(check, small), 1e-6)
+        # then: 4x the input costs at most about 5x the time (quadratic would be ~16x)
+        assert ratio < 6, f"{check.__name__}: 4x input took {ratio:.1f}x the time"
+
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+CELERY_HEADERS: dict[str, Any] = {
+    "lang": "py",
+    "task": "cleanup.release_reservation",
+    "id": "6f1c",
+    "shadow": None,
+    "eta": None,
+    "expires": None,
+    "group": None,
+    "group_index": None,
+    "retries": 0,
+    "timelimit": [None, None],
+    "root_id": "6f1c",
+    "parent_id": None,
+    "argsrepr": "({},)",
+    "kwargsrepr": "{}",
+    "origin": "gen1@host",
+    "ignore_result": None,
+    "replaced_task_nesting": 0,
+    "stamped_headers": None,
+    "stamps": {},
+    "enqueued_at": NOW.timestamp(),
+}
+EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+
+def _options(headers: dict[str, Any], embed: Any = EMBED) -> str | None:
+    return screening.check_publish_options(
+        {**CELERY_HEADERS, **headers},
+        embed,
+        time_limits=(30, 25),
+        eta_bound_seconds=30,
+        now=NOW,
+    )
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"eta": (NOW + timedelta(seconds=30)).isoformat(), "retries": 3},  # a retry's countdown
+        {"timelimit": [30, 25]},
+        {"expires": (NOW + timedelta(seconds=60)).isoformat()},  # a sweep from beat
+        {"periodic_task_name": "cleanup-sweep-0", "redelivered": True},
+    ],
+    ids=["first publish", "retry", "the worker's limits", "sweep expiry", "beat, restored"],
+)
+def test_what_the_publisher_sends_passes_the_publish_contract(headers: dict[str, Any]) -> None:
+    assert _options(headers) is None
+
+
+@pytest.mark.parametrize(
+    ("headers", "embed", "words"),
+    [
+        ({"x-attacker": 1}, EMBED, "'x-attacker' is not one the project's publisher sets"),
+        ({"group": "g"}, EMBED, "'group' asks for a Celery feature"),
+        ({"stamped_headers": ["a"]}, EMBED, "'stamped_headers'"),
+        ({"replaced_task_nesting": 3}, EMBED, "replacement"),
+        ({}, {**EMBED, "callbacks": [{"task": "x"}]}, "links further tasks (callbacks)"),
+        ({}, {**EMBED, "chord": {"task": "x"}}, "links further tasks (chord)"),
+        ({}, {**EMBED, "other": 1}, "embed has 'other'"),
+        ({"eta": (NOW + timedelta(days=1)).isoformat()}, EMBED, "eta is 86400 s ahead"),
+        ({"eta": "2026-12-02T12:00:00"}, EMBED, "eta is 86400 s ahead"),  # naive is UTC
+        ({"timelimit": [3600, None]}, EMBED, "hard limit of 3600"),
+        ({"timelimit": [None, 26]}, EMBED, "soft limit of 26"),
+        ({"expires": (NOW - timedelta(hours=1)).isoformat()}, EMBED, "expires is earlier"),
+    ],
+)
+def test_a_message_asking_for_more_than_the_publisher_would_is_refused(
+    headers: dict[str, Any], embed: Any, words: str
+) -> None:
+    problem = _options(headers, embed)
+    assert problem is not None and words in problem
+
+
+def test_kombu_refuses_a_compressed_body_without_decompressing_it() -> None:
+    # given: a bz2 body of 115 bytes that decompresses to 128 MiB
+    from kombu import message as kombu_message
+
+    Message: Any = kombu_message.Message  # its stubs declare the body as text
+    bomb = bz2.compress(b" " * (128 * 1024 * 1024))
+    screening.refuse_compressed_bodies()
+    for compression in ("application/x-bz2", "bzip2", "gzip", "zlib", "xz", "no-such-codec"):
+        # when: kombu builds the message, as every transport does before any check
+        message = Message(body=bomb, headers={"compression": compression})
+        # then: the refusal is recorded as a decode error and the body is left as it came
+        assert message.errors, compression
+        assert message.body == bomb
+    with pytest.raises(ContentDisallowed, match="compressed bodies are refused"):
+        Message(body=bomb, headers={"compression": "bzip2"})._reraise_error()
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (b"[]", "a JSON list"),
+        (b"\xff not json", "not JSON"),
+        (b"[" * 100_000, "nested deeper"),
+        (b"x" * (3 * 1024 * 1024), "exceeds CLEANUP_MAX_MESSAGE_BYTES"),
+        (b'{"body": "e30="}', "'properties'"),
+    ],
+)
+def test_a_broadcast_that_is_not_an_envelope_is_dropped_by_the_redis_transport(
+    data: bytes, words: str
+) -> None:
+    problem = redis_transport.screen_broadcast(data)
+    assert problem is not None and words in problem
+
+
+def test_kombu_passes_over_a_pub_sub_reply_whose_type_is_not_a_message() -> None:
+    """cleanup.redis_transport drops a broadcast by renaming its type in ``_handle_message``;
+    kombu's ``_receive_one`` must still deliver only types ending in 'message'."""
+    from kombu.transport import redis
+
+    channel: Any = redis.Channel
+    receive = inspect.getsource(channel._receive_one)
+    assert "payload = self._handle_message(c, response)" in receive
+    assert "if bytes_to_str(payload['type']).endswith('message'):" in receive
+
+
+# --- remote control -----------------------------------------------------------------------
+
+REPLY = "reply.celery.pidbox"
+ALLOWED = frozenset({"ping", "stats"})
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "reason", "words"),
+    [
+        ([], {}, "malformed", "body is a list"),
+        ({"method": "shutdown"}, {}, "not_allowed", "'shutdown' is not in"),
+        ({"method": "pool_shrink", "arguments": {"n": 1}}, {}, "not_allowed", "pool_shrink"),
+        ({"method": 1}, {}, "malformed", "'method'"),
+        ({"method": "ping", "arguments": [1]}, {}, "malformed", "'arguments'"),
+        ({"method": "ping", "destination": "w1"}, {}, "malformed", "'destination'"),
+        ({"method": "ping", "pattern": "(a+)+$", "matcher": "pcre"}, {}, "malformed", "glob"),
+        (
+            {"method": "ping", "reply_to": {"exchange": "", "routing_key": "cleanup"}},
+            {},
+            "malformed",
+            "'reply_to'",
+        ),
+        ({"method": "ping", "extra": 1}, {}, "malformed", "'extra'"),
+        ({"method": "ping"}, {"clock": "x"}, "malformed", "'clock'"),
+    ],
+)
+def test_a_control_message_outside_the_allowed_commands_is_dropped(
+    body: Any, headers: dict[str, Any], reason: str, words: str
+) -> None:
+    problem = remote_control.check_command(body, headers, ALLOWED, REPLY)
+    assert problem is not None and problem[0] == reason and words in problem[1]
+
+
+def test_the_commands_the_tools_send_pass() -> None:
+    # what `celery inspect ping -d w1@host` and Flower's stats page send
+    for body in (
+        {
+            "method": "ping",
+            "arguments": {},
+            "destination": ["w1@host"],
+            "pattern": None,
+            "matcher": None,
+            "reply_to": {"exchange": REPLY, "routing_key": "5609b3fb"},
+            "ticket": "a1",
+        },
+        {"method": "stats", "arguments": None, "destination": None},
+    ):
+        assert remote_control.check_command(body, {"clock": 7}, ALLOWED, REPLY) is None
+
+
+def test_a_command_celery_does_not_have_fails_the_worker_start(settings: Any) -> None:
+    settings.CLEANUP_REMOTE_CONTROL_COMMANDS = ["ping", "shutdwon"]
+    with pytest.raises(ImproperlyConfigured, match="CLEANUP_REMOTE_CONTROL_COMMANDS.*shutdwon"):
+        remote_control.allowed_commands()
 
 
 # --- dead letters are always stored -------------------------------------------------------
