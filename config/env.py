@@ -17,7 +17,26 @@ _MISSING = object()
 DEVELOPMENT_VALUES: dict[str, frozenset[str]] = {
     "SECRET_KEY": frozenset({"local-dev-only-not-secret", "test-only-not-secret"}),
     "RESERVATIONS_API_TOKEN": frozenset({"local-dev-token", "test-token"}),
+    # scripts/run.sh's local login (README) and .env.example's placeholder.
+    "FLOWER_BASIC_AUTH": frozenset({"admin:admin", "admin:change-me-flower"}),
 }
+# Passwords published with the project: the README's local logins and RabbitMQ example
+# (guest is also RabbitMQ's built-in account), .env.example's placeholders (every "change-me…"
+# value, see EXAMPLE_MARKER) and deploy/k8s's "<password>". Production refuses each of them in
+# FLOWER_BASIC_AUTH and in the password of any URL setting.
+EXAMPLE_PASSWORDS: frozenset[str] = frozenset(
+    {
+        "admin",
+        "guest",
+        "change-me-flower",
+        "change-me-postgres",
+        "change-me-redis",
+        "<password>",
+    }
+)
+# scripts/make_env.py replaces every .env.example value containing this; one left in place is
+# an example value.
+EXAMPLE_MARKER = "change-me"
 _TRUE = {"1", "true"}
 _FALSE = {"0", "false"}
 
@@ -86,18 +105,21 @@ def env_list(name: str, default: object = _MISSING) -> list[str]:
 def parse_database_url(name: str, url: str) -> dict[str, object]:
     """``postgres://user:pass@host:port/dbname?opt=v`` → a Django DATABASES entry.
 
-    A socket directory may be given as ``?host=/path`` (what pgserver hands out).
+    A socket directory may be given as ``?host=/path`` (what pgserver hands out). Errors name
+    the variable but never repeat the URL, which may carry a password.
     """
     parts = urlsplit(url)
     if parts.scheme not in {"postgres", "postgresql"}:
-        raise ImproperlyConfigured(f"{name}={url!r}: only postgres:// URLs are supported")
+        raise ImproperlyConfigured(
+            f"{name}: only postgres:// URLs are supported, not {parts.scheme!r}://"
+        )
     dbname = unquote(parts.path.lstrip("/"))
     if not dbname:
-        raise ImproperlyConfigured(f"{name}={url!r}: the database name is missing")
+        raise ImproperlyConfigured(f"{name}: the database name is missing")
     try:
         port = parts.port
     except ValueError:
-        raise ImproperlyConfigured(f"{name}={url!r}: the port is not a number") from None
+        raise ImproperlyConfigured(f"{name}: the port is not a number") from None
     query = dict(parse_qsl(parts.query))
     host = query.pop("host", None) or unquote(parts.hostname or "")
     return {

@@ -92,10 +92,13 @@ RESERVATIONS_MAX_HOLD_TTL_SECONDS = env_int("RESERVATIONS_MAX_HOLD_TTL_SECONDS",
 RESERVATIONS_API_MAX_BODY_BYTES = env_int("RESERVATIONS_API_MAX_BODY_BYTES", 16384, minimum=256)
 
 # --- Celery --------------------------------------------------------------------------------
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
+# No default: local and test settings set a local Redis; production must name its broker.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL")
 if not CELERY_BROKER_URL.startswith(("redis://", "rediss://", "amqp://", "amqps://", "pyamqp://")):
     raise ImproperlyConfigured(
-        f"CELERY_BROKER_URL={CELERY_BROKER_URL!r}: expected a redis:// or amqp:// URL"
+        # The scheme only: the URL may carry a password.
+        f"CELERY_BROKER_URL: expected a redis:// or amqp:// URL, not "
+        f"{CELERY_BROKER_URL.partition('://')[0]!r}://"
     )
 BROKER_IS_REDIS = CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
 

@@ -5,9 +5,19 @@ so a server or worker started with a development .env (or with none) never runs.
 here are what ``manage.py check --deploy`` would warn about, made fatal. See docs/HARDENING.md.
 """
 
+import ipaddress
+from urllib.parse import parse_qsl, unquote, urlsplit
+
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import DEVELOPMENT_VALUES, env_bool, env_int, env_str
+from config.env import (
+    DEVELOPMENT_VALUES,
+    EXAMPLE_MARKER,
+    EXAMPLE_PASSWORDS,
+    env_bool,
+    env_int,
+    env_str,
+)
 
 from .base import *  # noqa: F403
 from .base import RESERVATIONS_API_TOKEN, SECRET_KEY
@@ -23,6 +33,11 @@ DEBUG = False
 def _refuse_weak(name: str, value: str, minimum_length: int) -> None:
     if value in DEVELOPMENT_VALUES.get(name, ()):
         raise ImproperlyConfigured(f"{name} is a development value; set a secret of your own")
+    if EXAMPLE_MARKER in value.lower():
+        raise ImproperlyConfigured(
+            f"{name} is still .env.example's placeholder; set a secret of your own "
+            "(python3 scripts/make_env.py writes them)"
+        )
     if len(value) < minimum_length or len(set(value)) < 5 or value.startswith("django-insecure"):
         raise ImproperlyConfigured(
             f"{name} is too weak: use at least {minimum_length} random characters "
@@ -36,7 +51,103 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 if METRICS_TOKEN:
     _refuse_weak("METRICS_TOKEN", METRICS_TOKEN, 32)
 
+# --- credentials: Flower's login, and the passwords inside URLs ---------------------------------
+# Messages name the variable (and which entry), never the value: a refused password must not
+# end up in a log.
+FLOWER_MIN_PASSWORD_LENGTH = 12
+_generate_hint = 'python -c "import secrets; print(secrets.token_urlsafe(24))"'
+
+
+def _is_example_password(password: str) -> bool:
+    return password in EXAMPLE_PASSWORDS or EXAMPLE_MARKER in password.lower()
+
+
+def _refuse_weak_flower_auth(name: str, value: str) -> None:
+    """Flower splits the value on commas and compares each ``user:password`` whole with what a
+    browser sends; every entry is a login, so every entry is checked."""
+    if value in DEVELOPMENT_VALUES.get(name, ()):
+        raise ImproperlyConfigured(
+            f"{name} is a development or example value (the README's local login or "
+            ".env.example's placeholder); set a user and password of your own"
+        )
+    entries = value.split(",")
+    for number, entry in enumerate(entries, 1):
+        where = f"{name} (entry {number} of {len(entries)})" if len(entries) > 1 else name
+        user, colon, password = entry.partition(":")
+        if not colon or not user.strip():
+            raise ImproperlyConfigured(
+                f"{where} is not user:password (Flower takes user:password, or several "
+                "separated by commas)"
+            )
+        if not password:
+            raise ImproperlyConfigured(f"{where} has an empty password")
+        if _is_example_password(password):
+            raise ImproperlyConfigured(
+                f"{where} has a development or example password (from the README or "
+                ".env.example); set one of your own"
+            )
+        if len(password) < FLOWER_MIN_PASSWORD_LENGTH or len(set(password)) < 5:
+            raise ImproperlyConfigured(
+                f"{where} has a weak password: use at least {FLOWER_MIN_PASSWORD_LENGTH} random "
+                f"characters ({_generate_hint})"
+            )
+
+
+def _url_passwords(url: str) -> list[str]:
+    """The non-empty passwords a URL carries: in its user part, or as ``?password=``."""
+    parts = urlsplit(url)
+    found = [unquote(parts.password)] if parts.password else []
+    found += [v for k, v in parse_qsl(parts.query) if k.lower() == "password" and v]
+    return found
+
+
+def _is_local_host(url: str) -> bool:
+    host = urlsplit(url).hostname or ""  # no host: the client library's default, localhost
+    if host in ("", "localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _refuse_example_url_password(name: str, url: str) -> None:
+    if any(_is_example_password(p) for p in _url_passwords(url)):
+        raise ImproperlyConfigured(
+            f"{name} carries a development or example password (from .env.example, "
+            "docker-compose's quick start or the README); set a password of your own"
+        )
+
+
+def _refuse_unauthenticated_remote(name: str, url: str) -> None:
+    if not _url_passwords(url) and not _is_local_host(url):
+        raise ImproperlyConfigured(
+            f"{name} has no password and its host ({urlsplit(url).hostname}) is not local: "
+            "anyone who reaches that server could publish messages the workers run. Put the "
+            "server's password in the URL (redis://:PASSWORD@host:6379/0, "
+            "amqp://user:PASSWORD@host:5672/vhost)"
+        )
+
+
 FLOWER_BASIC_AUTH = env_str("FLOWER_BASIC_AUTH")
+_refuse_weak_flower_auth("FLOWER_BASIC_AUTH", FLOWER_BASIC_AUTH)
+
+# Every URL setting: the two read from the environment (neither has a default outside local
+# development) and any *_URL setting with a scheme (CLEANUP_COUNTER_REDIS_URL, ...).
+_urls = {
+    "DATABASE_URL": env_str("DATABASE_URL"),
+    "CELERY_BROKER_URL": env_str("CELERY_BROKER_URL"),
+    **{
+        _name: _value
+        for _name, _value in sorted(globals().items())
+        if _name.endswith("_URL") and isinstance(_value, str) and "://" in _value
+    },
+}
+for _name, _url in _urls.items():
+    _refuse_example_url_password(_name, _url)
+for _name in ("CELERY_BROKER_URL", "CLEANUP_COUNTER_REDIS_URL"):
+    if _urls.get(_name):
+        _refuse_unauthenticated_remote(_name, _urls[_name])
 
 # Only behind a proxy that sets (and strips from clients) X-Forwarded-Proto may the app trust
 # it; otherwise any client could claim HTTPS. Off by default.

@@ -188,34 +188,75 @@ def _interpolate(value: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\{([A-Z_][A-Z0-9_]*)(?:(:-|:\?)([^}]*))?\}", one, value)
 
 
-def test_the_quick_start_env_passes_the_production_settings_checks() -> None:
-    """`scripts/make_env.py` + docker-compose.yml give the app containers an environment that
-    config.settings.production accepts (it refuses weak or development secrets)."""
-    import importlib.util
+def _example_env() -> dict[str, str]:
+    return dict(
+        line.split("=", 1)
+        for line in (ROOT / ".env.example").read_text().splitlines()
+        if "=" in line and line[0] != "#"
+    )
+
+
+def _start_web_settings(dotenv: dict[str, str], probe: str) -> Any:
+    """Python with the web container's environment as docker-compose.yml builds it from
+    ``dotenv``, running ``probe`` under config.settings.production."""
     import os
     import subprocess
     import sys
 
-    spec = importlib.util.spec_from_file_location("make_env", ROOT / "scripts" / "make_env.py")
-    assert spec and spec.loader
-    make_env = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_env)
-    rendered = make_env.render((ROOT / ".env.example").read_text())
-    dotenv = dict(
-        line.split("=", 1) for line in rendered.splitlines() if "=" in line and line[0] != "#"
-    )
     app_env = {
         k: _interpolate(str(v), dotenv)
         for k, v in compose()["services"]["web"]["environment"].items()
     }
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
     env.update(app_env)
+    return subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def _quick_start_env() -> dict[str, str]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_env", ROOT / "scripts" / "make_env.py")
+    assert spec and spec.loader
+    make_env = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_env)
+    rendered = make_env.render((ROOT / ".env.example").read_text())
+    return dict(
+        line.split("=", 1) for line in rendered.splitlines() if "=" in line and line[0] != "#"
+    )
+
+
+def test_the_quick_start_env_passes_the_production_settings_checks() -> None:
+    """`scripts/make_env.py` + docker-compose.yml give the app containers an environment that
+    config.settings.production accepts (it refuses weak or development secrets)."""
     probe = (
         "import django; django.setup(); from django.conf import settings as s; "
         "print(s.DEBUG, s.SECURE_SSL_REDIRECT, s.CELERY_BROKER_URL.split('@')[-1])"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    done = _start_web_settings(_quick_start_env(), probe)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False", "False", "redis:6379/0"]
+
+
+@pytest.mark.parametrize(
+    ("example_variable", "refused_variable"),
+    [
+        ("POSTGRES_PASSWORD", "DATABASE_URL"),
+        ("REDIS_PASSWORD", "CELERY_BROKER_URL"),
+        ("FLOWER_BASIC_AUTH", "FLOWER_BASIC_AUTH"),
+    ],
+)
+def test_an_example_credential_left_in_the_env_stops_the_app_containers(
+    example_variable: str, refused_variable: str
+) -> None:
+    """.env.example copied by hand with one placeholder left in: production settings refuse it,
+    naming the variable the app reads, without repeating the placeholder."""
+    example = _example_env()[example_variable]
+    dotenv = {**_quick_start_env(), example_variable: example}
+    done = _start_web_settings(dotenv, "import django; django.setup()")
+    assert done.returncode != 0
+    message = done.stderr.strip().splitlines()[-1]
+    assert message.startswith(f"django.core.exceptions.ImproperlyConfigured: {refused_variable}")
+    secret = example.partition(":")[2] if example_variable == "FLOWER_BASIC_AUTH" else example
+    assert secret not in message

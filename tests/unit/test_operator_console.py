@@ -11,19 +11,19 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
 from django.db import connection
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
-from django_celery_beat.models import PeriodicTask
+from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
 from cleanup import health
 from cleanup.broker import QueueStats
 from cleanup.messages import build, idempotency_key
 from cleanup.models import CleanupReceipt, CleanupSchedule, DeadLetter, SweepRecord
-from cleanup.schedule import RELAY_NAME, install_schedule, sweep_entry_name
+from cleanup.schedule import PRUNE_NAME, RELAY_NAME, install_schedule, sweep_entry_name
 from cleanup.sweep import SweepResult
 from reservations import services
 from reservations.models import Reservation
@@ -298,6 +298,121 @@ def test_managed_entries_are_read_only_in_beats_admin_and_others_stay_editable(a
         reverse("admin:django_celery_beat_periodictask_change", args=[other.pk])
     )
     assert 'name="_save"' in editable.content.decode()
+
+
+# --- django-celery-beat's actions: change permission, history ---------------------------------
+
+PERIODIC_TASKS = "admin:django_celery_beat_periodictask_changelist"
+BEAT_ACTIONS = ("enable_tasks", "disable_tasks", "toggle_tasks", "run_tasks")
+
+
+def _beat_staff(username: str, *codenames: str) -> Client:
+    user = User.objects.create_user(username, password="x", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(
+            content_type__app_label="django_celery_beat", codename__in=codenames
+        )
+    )
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _two_unmanaged_tasks() -> list[PeriodicTask]:
+    """The relay (enabled) and the prune (disabled), both on the maintenance queue."""
+    install_schedule(shards=2, every=10)
+    PeriodicTask.objects.filter(name=PRUNE_NAME).update(enabled=False)
+    return list(PeriodicTask.objects.filter(name__in=[RELAY_NAME, PRUNE_NAME]).order_by("pk"))
+
+
+def _state(tasks: list[PeriodicTask]) -> dict[str, bool]:
+    return dict(
+        PeriodicTask.objects.filter(pk__in=[t.pk for t in tasks]).values_list("name", "enabled")
+    )
+
+
+def _queued(broker: Any, tasks: list[PeriodicTask]) -> int:
+    return sum(int(broker.llen(q)) for q in {t.queue for t in tasks})
+
+
+@pytest.mark.parametrize("action", BEAT_ACTIONS)
+def test_a_periodic_task_viewer_is_offered_no_beat_action_and_a_forged_post_does_nothing(
+    db, broker, action
+):
+    tasks = _two_unmanaged_tasks()
+    before = _state(tasks)
+    viewer = _beat_staff("viewer", "view_periodictask")
+    page = viewer.get(reverse(PERIODIC_TASKS))
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert RELAY_NAME in html  # the viewer does see the list
+    for name in BEAT_ACTIONS:
+        assert f'value="{name}"' not in html
+    forged = viewer.post(
+        reverse(PERIODIC_TASKS),
+        {"action": action, "_selected_action": [t.pk for t in tasks], "index": 0},
+        follow=True,
+    )
+    assert forged.status_code == 200
+    assert _state(tasks) == before
+    assert _queued(broker, tasks) == 0
+    assert not LogEntry.objects.exists()
+
+
+def _both(message: str) -> dict[str, str]:
+    return {RELAY_NAME: message, PRUNE_NAME: message}
+
+
+@pytest.mark.parametrize(
+    ("action", "after", "history"),
+    [
+        (
+            "enable_tasks",
+            {RELAY_NAME: True, PRUNE_NAME: True},
+            _both("enable selected tasks: enabled"),
+        ),
+        (
+            "disable_tasks",
+            {RELAY_NAME: False, PRUNE_NAME: False},
+            _both("disable selected tasks: disabled"),
+        ),
+        (  # each row's history says the state the toggle left it in
+            "toggle_tasks",
+            {RELAY_NAME: False, PRUNE_NAME: True},
+            {
+                RELAY_NAME: "toggle selected tasks: disabled",
+                PRUNE_NAME: "toggle selected tasks: enabled",
+            },
+        ),
+        ("run_tasks", {RELAY_NAME: True, PRUNE_NAME: False}, _both("run selected tasks: sent")),
+    ],
+)
+def test_a_user_who_may_change_periodic_tasks_runs_each_beat_action_and_each_row_is_logged(
+    db, broker, action, after, history
+):
+    tasks = _two_unmanaged_tasks()
+    marker = PeriodicTasks.last_change()
+    editor = _beat_staff("editor", "view_periodictask", "change_periodictask")
+    page = editor.get(reverse(PERIODIC_TASKS))
+    assert f'value="{action}"' in page.content.decode()
+    done = editor.post(
+        reverse(PERIODIC_TASKS),
+        {"action": action, "_selected_action": [t.pk for t in tasks], "index": 0},
+        follow=True,
+    )
+    assert done.status_code == 200
+    assert _state(tasks) == after
+    editor_id = User.objects.get(username="editor").pk
+    logged = {
+        (int(e.object_id), e.user_id, e.get_change_message())
+        for e in LogEntry.objects.filter(content_type__app_label="django_celery_beat")
+    }
+    assert logged == {(t.pk, editor_id, history[t.name]) for t in tasks}
+    assert LogEntry.objects.count() == len(tasks)
+    if action == "run_tasks":
+        assert _queued(broker, tasks) == 2
+    else:  # beat re-reads the schedule when this marker moves
+        assert PeriodicTasks.last_change() != marker
 
 
 # --- linked records ---------------------------------------------------------------------------

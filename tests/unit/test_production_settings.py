@@ -60,6 +60,10 @@ def test_production_starts_with_strong_values() -> None:
         ({"SECRET_KEY": "short-but-random-7Yq"}, "SECRET_KEY is too weak"),
         ({"SECRET_KEY": None}, "SECRET_KEY must be set"),
         (
+            {"SECRET_KEY": "change-me-to-a-long-random-string-of-at-least-fifty-chars"},
+            "SECRET_KEY is still .env.example's placeholder",
+        ),
+        (
             {"RESERVATIONS_API_TOKEN": "local-dev-token"},
             "RESERVATIONS_API_TOKEN is a development value",
         ),
@@ -74,6 +78,148 @@ def test_production_refuses_development_values_naming_the_variable(
     out = load_production(**changes)
     assert out.returncode != 0
     assert f"ImproperlyConfigured: {words}" in out.stderr, out.stderr[-800:]
+
+
+def refusal(out: subprocess.CompletedProcess[str]) -> str:
+    """The ImproperlyConfigured message (the traceback's last line), not the traceback: its
+    source lines and paths are not what an operator is shown."""
+    assert out.returncode != 0, "the settings were accepted"
+    lines = [line for line in out.stderr.splitlines() if "ImproperlyConfigured: " in line]
+    assert lines, out.stderr[-800:]
+    return lines[-1].split("ImproperlyConfigured: ", 1)[1]
+
+
+# Each refused credential: (variable, value, the words of the message, the secret that must
+# not appear in it). The secrets are what the README, .env.example and docker-compose.yml's
+# quick start publish, or weak or malformed values.
+CREDENTIAL_REFUSALS = [
+    pytest.param(
+        "FLOWER_BASIC_AUTH", "admin:admin", "is a development or example value", "admin",
+        id="flower-readme-local-login",
+    ),
+    pytest.param(
+        "FLOWER_BASIC_AUTH", "admin:change-me-flower", "is a development or example value",
+        "change-me-flower", id="flower-env-example",
+    ),
+    pytest.param(
+        "FLOWER_BASIC_AUTH", "ops:change-me-later-please", "development or example password",
+        "change-me-later-please", id="flower-placeholder-left-in",
+    ),
+    pytest.param(
+        "FLOWER_BASIC_AUTH", "ops:", "has an empty password", None, id="flower-empty-password",
+    ),
+    pytest.param(
+        "FLOWER_BASIC_AUTH", "ops:Sh0rt-pw-X", "has a weak password", "Sh0rt-pw-X",
+        id="flower-short-password",
+    ),
+    pytest.param(
+        "FLOWER_BASIC_AUTH", "ops:zzzzzzzzzzzzzzzz", "has a weak password", "zzzzzzzzzzzzzzzz",
+        id="flower-repetitive-password",
+    ),
+    pytest.param(
+        "FLOWER_BASIC_AUTH", "Qm7vX2pL9rT4wY8s", "is not user:password", "Qm7vX2pL9rT4wY8s",
+        id="flower-no-colon",
+    ),
+    pytest.param(
+        "FLOWER_BASIC_AUTH", ":Qm7vX2pL9rT4wY8s", "is not user:password", "Qm7vX2pL9rT4wY8s",
+        id="flower-no-user",
+    ),
+    pytest.param(
+        "FLOWER_BASIC_AUTH", "ops:9f8e7d6c5b4a-Zq,viewer:admin",
+        "(entry 2 of 2) has a development or example password", "viewer:admin",
+        id="flower-second-pair-example",
+    ),
+    pytest.param(
+        "FLOWER_BASIC_AUTH", "ops:9f8e7d6c5b4a-Zq,viewer:Wk4-short", "(entry 2 of 2) has a weak",
+        "Wk4-short", id="flower-second-pair-weak",
+    ),
+    pytest.param(
+        "FLOWER_BASIC_AUTH", "ops:9f8e7d6c5b4a-Zq,", "(entry 2 of 2) is not user:password",
+        "9f8e7d6c5b4a-Zq", id="flower-trailing-comma",
+    ),
+    pytest.param(
+        "DATABASE_URL", "postgres://reservations:change-me-postgres@postgres:5432/reservations",
+        "carries a development or example password", "change-me-postgres",
+        id="database-env-example",
+    ),
+    pytest.param(
+        "DATABASE_URL", "postgres://app@db.internal:5432/reservations?password=change-me-postgres",
+        "carries a development or example password", "change-me-postgres",
+        id="database-example-password-in-query",
+    ),
+    pytest.param(
+        "CELERY_BROKER_URL", "redis://:change-me-redis@redis:6379/0",
+        "carries a development or example password", "change-me-redis", id="broker-env-example",
+    ),
+    pytest.param(
+        "CELERY_BROKER_URL", "redis://:change%2Dme-redis@redis:6379/0",
+        "carries a development or example password", "change%2Dme-redis",
+        id="broker-env-example-percent-encoded",
+    ),
+    pytest.param(
+        "CELERY_BROKER_URL", "amqp://guest:guest@rabbit.internal:5672//",
+        "carries a development or example password", "guest", id="broker-rabbitmq-guest",
+    ),
+    pytest.param(
+        "CLEANUP_COUNTER_REDIS_URL", "redis://:change-me-redis@counters.internal:6379/1",
+        "carries a development or example password", "change-me-redis",
+        id="counter-redis-env-example",
+    ),
+    pytest.param(
+        "CELERY_BROKER_URL", "redis://redis.internal:6379/0",
+        "has no password and its host (redis.internal) is not local", None,
+        id="broker-redis-unauthenticated-remote",
+    ),
+    pytest.param(
+        "CELERY_BROKER_URL", "amqp://rabbit.internal:5672//",
+        "has no password and its host (rabbit.internal) is not local", None,
+        id="broker-amqp-no-credentials-remote",
+    ),
+    pytest.param(
+        "CELERY_BROKER_URL", "redis://:@10.0.0.7:6379/0",
+        "has no password and its host (10.0.0.7) is not local", None,
+        id="broker-empty-password-remote",
+    ),
+    pytest.param(
+        "CLEANUP_COUNTER_REDIS_URL", "redis://counters.internal:6379/1",
+        "has no password and its host (counters.internal) is not local", None,
+        id="counter-redis-unauthenticated-remote",
+    ),
+    pytest.param(
+        "CELERY_BROKER_URL", None, "must be set", None, id="broker-not-set",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "value", "words", "secret"), CREDENTIAL_REFUSALS)
+def test_production_refuses_example_weak_and_unauthenticated_credentials(
+    name: str, value: str | None, words: str, secret: str | None
+) -> None:
+    message = refusal(load_production(**{name: value}))
+    assert message.startswith(name), message
+    assert words in message, message
+    if secret is not None:
+        assert secret not in message, message
+        assert value is None or value not in message, message
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("FLOWER_BASIC_AUTH", "ops:9f8e7d6c5b4a-Zq,viewer:Lr5-Pw8-Kt3-Nv6"),
+        ("FLOWER_BASIC_AUTH", "ops:pass:with:colons-7Yq"),
+        ("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0"),
+        ("CELERY_BROKER_URL", "redis://localhost:6379/0"),
+        ("CELERY_BROKER_URL", "redis://[::1]:6379/0"),
+        ("CELERY_BROKER_URL", "amqp://app:Rb7-Qx2-Lm9@rabbit.internal:5672/reservations"),
+        ("DATABASE_URL", "postgres://app@db.internal:5432/reservations"),
+    ],
+)
+def test_production_accepts_strong_credentials_and_a_local_unauthenticated_broker(
+    name: str, value: str
+) -> None:
+    out = load_production(**{name: value})
+    assert out.returncode == 0, out.stderr[-800:]
 
 
 def test_forwarded_proto_is_trusted_only_when_configured() -> None:
