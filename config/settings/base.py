@@ -194,6 +194,11 @@ if BROKER_IS_REDIS:
 if CELERY_BROKER_URL.startswith("redis://"):
     # kombu's Redis transport with every list entry screened before kombu decodes it.
     CELERY_BROKER_TRANSPORT = "cleanup.redis_transport:Transport"
+elif CELERY_BROKER_URL.startswith(("amqp://", "pyamqp://", "amqps://")):
+    # kombu's py-amqp transport with every content header screened before py-amqp decodes it.
+    CELERY_BROKER_TRANSPORT = "cleanup.amqp_transport:" + (
+        "SSLTransport" if CELERY_BROKER_URL.startswith("amqps://") else "Transport"
+    )
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # JSON only: a pickle payload would execute code; anything else is rejected and dead-lettered.
 CELERY_TASK_SERIALIZER = "json"

@@ -4,13 +4,14 @@ Each case is published the way an attacker with write access to the broker (or a
 could, one at a time, and each must end as one dead letter with a reason while the worker's main
 process stays up and keeps releasing valid holds. Runs on Redis and, with ``CELERY_BROKER_URL``
 set to an ``amqp://`` URL, on RabbitMQ (the Redis-only cases skip there: RabbitMQ has no
-envelope to corrupt).
+envelope to corrupt; the RabbitMQ-only ones, AMQP header tables, skip on Redis).
 """
 
 from __future__ import annotations
 
 import bz2
 import json
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -59,12 +60,28 @@ def push_redis_entry(entry: bytes | str) -> str:
     return ""
 
 
+def publish_deep_headers(depth: int) -> str:
+    """A valid release body whose AMQP header table nests ``depth`` tables deep. py-amqp's
+    encoder recurses once per level too, so the recursion limit is raised while publishing."""
+    deep: dict[str, Any] = {}
+    for _ in range(depth):
+        deep = {"d": deep}
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 4 * depth + 1000))
+    try:
+        publish_raw(_body(_good()), headers={"deep": deep})
+    finally:
+        sys.setrecursionlimit(limit)
+    return ""
+
+
 @dataclass(frozen=True)
 class Case:
     send: Callable[[], str]  # returns the task id it used, or ""
     reason: str
     words: str  # must appear in the dead letter's error
     redis_only: bool = False
+    amqp_only: bool = False
 
 
 def _envelope(raw_body: bytes, **changes: Any) -> str:
@@ -250,6 +267,10 @@ CASES: dict[str, Case] = {
     "near 1 MiB of escaped quotes (quadratic to scan before)": Case(
         lambda: publish_raw(b'"' + b'\\"' * (500 * 1024)), "rejected", "undecodable"
     ),
+    # -- AMQP content headers (stopped the worker inside py-amqp's frame decoding)
+    "amqp header table nested 3,000 deep": Case(
+        lambda: publish_deep_headers(3000), "rejected", "nested deeper", amqp_only=True
+    ),
 }
 
 
@@ -380,7 +401,8 @@ def test_each_hostile_message_is_one_dead_letter_and_the_worker_keeps_releasing(
 ) -> None:
     # given: one worker, and one valid expired hold per hostile case
     on_redis = settings.BROKER_IS_REDIS
-    cases = {name: case for name, case in CASES.items() if on_redis or not case.redis_only}
+    skip = "amqp_only" if on_redis else "redis_only"
+    cases = {name: case for name, case in CASES.items() if not getattr(case, skip)}
     holds = create_eligible_holds(len(cases), offerings=2)
     worker = hostile_worker
     main_pid = worker.pid

@@ -383,6 +383,49 @@ def test_a_command_celery_does_not_have_fails_the_worker_start(settings: Any) ->
         remote_control.allowed_commands()
 
 
+def test_our_amqp_header_scan_still_matches_py_amqps_decoder() -> None:
+    """cleanup.amqp_transport scans content headers with its own table of py-amqp's field types
+    and property layout, and hands py-amqp's frame handler a stand-in header for a refused
+    delivery. When py-amqp changes its table decoder, its basic properties or where its frame
+    handler decodes a header, this fails, and the scan (and tests/unit/test_amqp_transport.py)
+    must be checked against the new version."""
+    import re
+    from struct import pack
+
+    import amqp
+    from amqp import method_framing
+    from amqp import serialization as _serialization
+
+    from cleanup import amqp_transport
+
+    serialization: Any = _serialization  # its type stubs lack the private decoder
+    message: Any = amqp.Message
+
+    # the same field types, each taking as many bytes as the scan skips
+    letters = set(re.findall(r"ftype == '(.)'", inspect.getsource(serialization._read_item)))
+    fixed = {chr(kind): size for kind, size in amqp_transport._FIXED_SIZE.items()}
+    assert letters == set(fixed) | {"S", "x", "F", "A"}
+    for letter, size in fixed.items():
+        item = letter.encode() + bytes(16)
+        assert serialization._read_item(item, 0)[1] == 1 + size, letter
+    two_bytes = {"S": b"ab", "x": b"ab", "A": b"VV", "F": b"\x00V"}  # F: a nameless void
+    for letter, content in two_bytes.items():
+        item = letter.encode() + pack(">I", 2) + content
+        assert serialization._read_item(item, 0)[1] == 7, letter
+    # every basic property set: py-amqp reads exactly what the scan walks, not a byte more
+    frame = pack(">HHQ", 60, 0, 0) + message(
+        content_type="a", content_encoding="b", application_headers={"h": [1, {"x": None}]},
+        delivery_mode=2, priority=1, correlation_id="c", reply_to="d", expiration="1",
+        message_id="e", timestamp=1, type="f", user_id="g", app_id="h", cluster_id="i",
+    )._serialize_properties()  # fmt: skip
+    assert serialization.decode_properties_basic(frame, 12)[1] == len(frame)
+    assert amqp_transport.check_content_header(frame) is None
+    assert amqp_transport.check_content_header(frame[:-1]) == "content header is truncated"
+    # the frame handler still decodes a header where the scan puts itself in front of it
+    source = inspect.getsource(method_framing.frame_handler)
+    assert "elif frame_type == 2:" in source and "msg.inbound_header(buf)" in source
+
+
 # --- dead letters are always stored -------------------------------------------------------
 
 
