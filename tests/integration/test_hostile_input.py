@@ -264,8 +264,9 @@ CASES: dict[str, Case] = {
         "rejected",
         "compressed bodies are refused",
     ),
+    # more brackets than the cap (so the nesting scan runs), then an unterminated string
     "near 1 MiB of escaped quotes (quadratic to scan before)": Case(
-        lambda: publish_raw(b'"' + b'\\"' * (500 * 1024)), "rejected", "undecodable"
+        lambda: publish_raw(b"[]" * 40 + b'"' + b'\\"' * (500 * 1024)), "rejected", "undecodable"
     ),
     # -- AMQP content headers (stopped the worker inside py-amqp's frame decoding)
     "amqp header table nested 3,000 deep": Case(
