@@ -371,6 +371,16 @@ def _new_worker(tmp_path: Path, metrics_port: int) -> Worker:
     return Worker(name, 2, tmp_path / f"{name}.log", env_overrides=env)
 
 
+def _replace_stopped(tmp_path: Path, metrics_port: int, restarted: list[Worker]) -> Worker:
+    """A fresh worker after a case stopped one, on an empty broker (the message would come
+    back and stop the next worker too)."""
+    purge_broker()
+    worker = _new_worker(tmp_path, metrics_port)
+    restarted.append(worker.start())
+    worker.wait_ready()
+    return worker
+
+
 @pytest.fixture
 def hostile_worker(
     clean: None, exclusive_workers: None, tmp_path: Path, metrics_port: int
@@ -435,10 +445,7 @@ def test_each_hostile_message_is_one_dead_letter_and_the_worker_keeps_releasing(
             # Say which case stopped it, then carry on with a fresh worker and an empty queue
             # (the message would come back and stop the next worker too).
             stopped.append(name)
-            purge_broker()
-            worker = _new_worker(tmp_path, metrics_port)
-            restarted.append(worker.start())
-            worker.wait_ready()
+            worker = _replace_stopped(tmp_path, metrics_port, restarted)
             main_pid = worker.pid
             continue
         letters = list(DeadLetter.objects.order_by("id")[before:])
@@ -525,10 +532,7 @@ def test_each_hostile_broadcast_is_dropped_and_counted_and_the_worker_keeps_rele
             continue
         if not worker.alive() or worker.pid != main_pid:
             failures.append(f"{name}: stopped the worker's main process")
-            purge_broker()
-            worker = _new_worker(tmp_path, metrics_port)
-            restarted.append(worker.start())
-            worker.wait_ready()
+            worker = _replace_stopped(tmp_path, metrics_port, restarted)
             main_pid = worker.pid
             continue
         time.sleep(0.5)
