@@ -133,9 +133,10 @@ class BacklogCollector(Collector):
             depth.append(((queue,), float(stats.depth)))
             if stats.oldest_age_seconds is not None:
                 age.append(((queue,), stats.oldest_age_seconds))
-            elif settings.BROKER_IS_REDIS:  # empty on Redis: nothing waits
+            elif settings.BROKER_IS_REDIS and stats.depth == 0:  # empty on Redis: nothing waits
                 age.append(((queue,), 0.0))
-            # RabbitMQ cannot peek: the age is not exported rather than faked.
+            # RabbitMQ cannot peek, and on Redis the oldest entries may all have been skipped as
+            # unreadable (cleanup.broker): the age is not exported rather than faked.
             if stats.unacked is not None:
                 unacked.append(((queue,), float(stats.unacked)))
         return {

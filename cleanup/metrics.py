@@ -31,6 +31,11 @@ ENQUEUE_TO_ACK = Histogram(
     "From publish (enqueued_at header) to the end of processing",
     buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800),
 )
+BROKER_ENTRIES_SKIPPED = Counter(
+    f"{PREFIX}_broker_entries_skipped",
+    "Broker entries a reader skipped as unreadable or absurd (docs/HARDENING.md), by reader",
+    ["reader"],
+)
 SWEEP_DURATION = Histogram(
     f"{PREFIX}_sweep_duration_seconds",
     "Duration of one sweep run of a shard",
@@ -92,6 +97,10 @@ def record_dead_letter(reason: str) -> None:
 
 def record_control_drop(reason: str) -> None:
     CONTROL_DROPS.labels(reason=reason).inc()
+
+
+def record_skipped_entry(reader: str) -> None:
+    BROKER_ENTRIES_SKIPPED.labels(reader=reader).inc()
 
 
 def record_sweep(

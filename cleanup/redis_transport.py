@@ -9,7 +9,11 @@ one that fails becomes a dead letter with the raw entry (bounded) and the reason
 worker reads on. Selected by the ``broker_transport`` setting when the broker is Redis.
 
 ``Channel._brpop_read`` below is kombu 5.7's own, with the screening between the pop and the
-delivery; a unit test fails when kombu's version of it changes (tests/unit/test_screening.py).
+delivery; a unit test fails when kombu's version of it changes (tests/unit/test_hardening.py).
+
+The ``unacked`` hash (kombu's ack emulation) is broker state too: ``ScreenedQoS`` screens each
+entry before it is restored, so one planted entry cannot stop the restore of dead workers'
+messages (docs/HARDENING.md, "Planted broker state").
 """
 
 from __future__ import annotations
@@ -29,9 +33,12 @@ logger = logging.getLogger("cleanup.redis_transport")
 # kombu's type stubs lack the Redis channel's private helpers this module calls.
 _RedisChannel: Any = redis.Channel
 _RedisTransport: Any = redis.Transport
+_RedisQoS: Any = redis.QoS
 
 # An envelope carries the body base64-encoded (4/3 of its size) plus headers and properties.
 ENVELOPE_SLACK = 1.5
+# An unacked entry is ``[envelope, exchange, routing_key]``: the envelope plus two names.
+UNACKED_SLACK = ENVELOPE_SLACK + 0.01
 
 
 def dead_letter_entry(item: bytes | str, queue: str, problem: str) -> None:
@@ -86,7 +93,82 @@ def screen_broadcast(data: bytes | str) -> str | None:
     return screening.check_envelope(payload)
 
 
+UnackedEntry = tuple[dict[str, Any], str, str]
+
+
+def parse_unacked(raw: bytes | str) -> tuple[UnackedEntry | None, str | None]:
+    """An entry of kombu's ``unacked`` hash as ``(envelope, exchange, routing_key)``, or
+    ``(None, problem)``. Size and nesting are checked before anything is decoded, and the
+    envelope must pass the same check as a list entry (kombu would restore it to a list)."""
+    problem = screening.check_raw(raw, "unacked entry", slack=UNACKED_SLACK)
+    if problem is not None:
+        return None, problem
+    try:
+        value = loads(bytes_to_str(raw))
+    except Exception as exc:  # noqa: BLE001 - whatever the decoder raises, the entry is bad
+        return None, f"unacked entry is not JSON ({type(exc).__name__}: {str(exc)[:200]})"
+    if not isinstance(value, list) or len(value) != 3:
+        return None, "unacked entry is not [message, exchange, routing_key]"
+    message, exchange, routing_key = value
+    if not isinstance(exchange, str) or not isinstance(routing_key, str):
+        return None, "unacked entry's exchange and routing key are not strings"
+    if not exchange and not routing_key:
+        return None, "unacked entry names no exchange and no routing key"
+    problem = screening.check_envelope(message)
+    if problem is not None:
+        return None, "unacked entry: " + problem.removeprefix("not a broker envelope: ")
+    return (message, exchange, routing_key), None
+
+
+def set_aside_unacked(raw: bytes | str, where: str, problem: str) -> None:
+    """One bad unacked entry, already removed from the hash and its index: counted and kept as
+    one dead letter (never raises)."""
+    metrics.record_skipped_entry("unacked_restore")
+    try:
+        dead_letter_entry(raw, where, problem)
+    except Exception:
+        logger.exception("could not dead-letter an unacked entry")
+
+
+class ScreenedQoS(_RedisQoS):
+    """kombu's Redis ack emulation, with each ``unacked`` entry screened before it is restored.
+
+    kombu's ``restore_by_tag`` decodes an entry and unpacks it as ``[message, exchange,
+    routing_key]`` without looking; an entry that is not that raises, and ``restore_visible``
+    (which restores dead workers' messages, newest first) stops at it on every scan, so the
+    messages stranded before it are never restored. Here a bad entry is removed from
+    ``unacked`` and ``unacked_index`` in the same transaction, counted and dead-lettered, and
+    the scan goes on. ``restore_by_tag`` is kombu 5.7's own with the screening in place of the
+    bare decode; tests/unit/test_hardening.py fails when kombu's version changes. Every path
+    that restores an unacked entry goes through it: the visibility-timeout scan, a requeue,
+    and the restore at shutdown.
+    """
+
+    def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
+        refused: list[tuple[bytes | str, str]] = []
+
+        def restore_transaction(pipe: Any) -> None:
+            refused.clear()  # the transaction runs again when the hash changed meanwhile
+            p = pipe.hget(self.unacked_key, tag)
+            pipe.multi()
+            self._remove_from_indices(tag, pipe)
+            if p:
+                entry, problem = parse_unacked(p)
+                if entry is None:
+                    refused.append((p, problem or "unreadable"))
+                    return
+                M, EX, RK = entry
+                self.channel._do_restore_message(M, EX, RK, pipe, leftmost)
+
+        with self.channel.conn_or_acquire(client) as client:
+            client.transaction(restore_transaction, self.unacked_key)
+        for raw, problem in refused:
+            set_aside_unacked(raw, str(self.unacked_key), problem)
+
+
 class Channel(_RedisChannel):
+    QoS = ScreenedQoS
+
     def _handle_message(self, client: Any, r: Any) -> dict[str, Any]:
         """kombu's parsed pub/sub reply; a message whose payload is not a kombu envelope is
         renamed ``dropped``, which kombu's ``_receive_one`` passes over."""

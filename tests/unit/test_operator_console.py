@@ -20,7 +20,7 @@ from django.utils import timezone
 from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
 from cleanup import health
-from cleanup.broker import QueueStats
+from cleanup.broker import PEEK_ENTRIES, QueueStats
 from cleanup.messages import build, idempotency_key
 from cleanup.models import CleanupReceipt, CleanupSchedule, DeadLetter, SweepRecord
 from cleanup.schedule import PRUNE_NAME, RELAY_NAME, install_schedule, sweep_entry_name
@@ -113,6 +113,18 @@ def test_the_queue_age_says_empty_or_not_observable_rather_than_a_bare_dash(
     assert metric(html, None, "queue-depth") == "5"
     assert metric(html, None, "queue-age").startswith("— (not observable on this broker")
     assert "oldest eligible hold" in metric(html, None, "queue-age")
+
+
+def test_the_queue_age_says_unreadable_when_the_oldest_entries_on_redis_are(admin_client_, broker):
+    # given: the release queue's oldest entries on Redis are all planted garbage
+    broker.rpush("cleanup", *([b"not json"] * PEEK_ENTRIES))
+    # when
+    html = admin_client_.get(reverse(HEALTH) + "?workers=0").content.decode()
+    # then: not "empty", not "RabbitMQ has no peek"
+    assert metric(html, None, "queue-depth") == str(PEEK_ENTRIES)
+    assert metric(html, None, "queue-age").startswith(
+        f"— (the oldest waiting entries are unreadable: {PEEK_ENTRIES} skipped"
+    )
 
 
 def test_the_health_page_numbers_equal_sql_and_the_broker(admin_client_, broker, make_offering):

@@ -1,0 +1,98 @@
+"""Planted broker state against a real worker: a bad entry in kombu's ``unacked`` hash must not
+stop the restore of a dead worker's messages.
+
+kombu restores messages whose worker died (their ``unacked`` entries older than the visibility
+timeout) newest first, on every scan; one entry it cannot decode used to raise there each time,
+so every message stranded before it stayed stranded. Redis only: RabbitMQ keeps no such hash.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.conf import settings
+
+from cleanup.broker import redis_client
+from cleanup.models import DeadLetter
+
+from .fleet import (
+    blocked_backends,
+    broker_is_redis,
+    dedicated,
+    invariant_violations,
+    offering_locked,
+    one_eligible_hold,
+    outcome_counts,
+    publish_for,
+    queue_settled,
+    scalar,
+    status_of,
+    wait_until,
+)
+
+pytestmark = [
+    pytest.mark.workers,
+    pytest.mark.skipif(not broker_is_redis(), reason="kombu's unacked hash is Redis only"),
+]
+
+
+# kombu's delivery tags are UUIDs; with equal scores the newest-first scan takes the member that
+# sorts last first, so this tag is met before the stranded message's.
+PLANTED_TAG = "~planted"
+
+
+@pytest.mark.parametrize("scan", ["at_start", "while_running"])
+def test_a_bad_unacked_entry_is_set_aside_and_a_dead_workers_message_is_still_restored(
+    clean, exclusive_workers, tmp_path, scan
+):
+    """``at_start``: the entries are past the visibility timeout when the next worker starts
+    (its consumer's first scan; this stopped the worker before). ``while_running``: the worker
+    is already consuming when they become visible (its periodic scan; this stopped the restore
+    on every scan before)."""
+    # given: worker A parks a release inside its statement and is SIGKILLed whole; the server
+    # drops the statement, so the hold is still held and its message stays in kombu's unacked
+    # hash, stranded (as in test_delivery.py's whole-worker kill)
+    hold_id, offering_id = one_eligible_hold()
+    with dedicated(tmp_path, {"concurrency": 1}) as (worker_a,):
+        with offering_locked(offering_id):
+            publish_for(hold_id)
+            backends = wait_until(blocked_backends, timeout=30, what="release waiting")
+            worker_a.kill()
+            assert scalar("SELECT pg_terminate_backend(%s)", [backends[0]]) is True
+    wait_until(lambda: not blocked_backends(), timeout=30, what="the statement dropped")
+    assert status_of(hold_id) == "held"
+    client = redis_client()
+    ((tag, fetched_at),) = client.zrange("unacked_index", 0, -1, withscores=True)
+    assert client.hexists("unacked", tag)
+    # and: a planted entry nested 100,000 deep, fetched at the same instant, which the restore
+    # scan meets first
+    client.hset("unacked", PLANTED_TAG, "[" * 100_000 + "]" * 100_000)
+    client.zadd("unacked_index", {PLANTED_TAG: fetched_at})
+    if scan == "at_start":
+        # both past the visibility timeout before another worker starts
+        visible_at = fetched_at + settings.CLEANUP_VISIBILITY_TIMEOUT + 1
+        time.sleep(max(0.0, visible_at - time.time()))
+
+    # when: another worker runs
+    with dedicated(tmp_path, {"concurrency": 1}) as (worker_b,):
+        main_pid = worker_b.pid
+
+        # then: its restore brings the stranded message back and the hold is released ...
+        def released_or_stopped() -> bool:
+            return not worker_b.alive() or status_of(hold_id) == "released"
+
+        wait_until(released_or_stopped, timeout=60, what="the stranded hold released")
+        assert worker_b.alive() and worker_b.pid == main_pid, worker_b.log_tail(30)
+        wait_until(lambda: queue_settled(settings.CLEANUP_RELEASE_QUEUE), timeout=30)
+        # ... and the planted entry is gone from the hash and its index, as one dead letter
+        assert not client.hexists("unacked", PLANTED_TAG)
+        assert client.zscore("unacked_index", PLANTED_TAG) is None
+        letters = list(DeadLetter.objects.all())
+        assert [letter.reason for letter in letters] == [DeadLetter.Reason.REJECTED]
+        assert "unacked entry is nested deeper" in letters[0].error
+        # and the same main process is still running a few scans later
+        time.sleep(settings.CLEANUP_UNACKED_RESTORE_INTERVAL * 3)
+        assert worker_b.alive() and worker_b.pid == main_pid
+    assert outcome_counts() == {"released": 1}
+    assert invariant_violations(expected_released=[hold_id]) == []
