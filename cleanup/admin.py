@@ -1,5 +1,5 @@
-"""Admin for dead letters (list, filter, requeue) and receipts (read-only), and the hold's
-story on the reservation page.
+"""Admin for dead letters (list, filter, requeue, discard) and receipts (read-only), and the
+hold's story on the reservation page.
 
 The story is added by extending the registered ``ReservationAdmin`` here, so ``reservations``
 never imports ``cleanup`` (``reservations`` is listed first in INSTALLED_APPS, so its admin
@@ -15,12 +15,14 @@ from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.text import capfirst
 from django_celery_beat.admin import PeriodicTaskAdmin
 from django_celery_beat.models import PeriodicTask
 
@@ -36,6 +38,13 @@ from .story import explain
 
 # Dead letters one requeue may send (the confirmation page says so when more match).
 REQUEUE_LIMIT = 1000
+# Dead letters one discard may resolve: a discard sends nothing (one UPDATE per thousand), so
+# its bound is the default open-letter cap, and a full cap of one reason goes in one click.
+DISCARD_LIMIT = 10_000
+# Task names the "task" filter offers (the most frequent among open letters); any other is
+# reachable as ?task_name=<name>.
+TASK_FILTER_CHOICES = 15
+NO_TASK = "-"  # the task filter's value for letters without a task name
 
 
 class OpenFilter(admin.SimpleListFilter):
@@ -51,6 +60,50 @@ class OpenFilter(admin.SimpleListFilter):
         if self.value() == "yes":
             return queryset.filter(resolved_at__isnull=False)
         return None
+
+
+class TaskFilter(admin.SimpleListFilter):
+    """The open letters' most frequent task names (an unknown_task letter's name is whatever
+    its sender wrote, so the list is bounded)."""
+
+    title = "task"
+    parameter_name = "task_name"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        top = (
+            DeadLetter.objects.filter(resolved_at__isnull=True)
+            .values("task_name")
+            .annotate(n=Count("id"))
+            .order_by("-n", "task_name")[:TASK_FILTER_CHOICES]
+        )
+        return [(row["task_name"] or NO_TASK, row["task_name"] or "(none)") for row in top]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        if value is None:
+            return None
+        return queryset.filter(task_name="" if value == NO_TASK else value)
+
+
+class OlderThanFilter(admin.SimpleListFilter):
+    """Letters written more than this long ago (``?older_than=30m``, ``6h``, ``7d``, …)."""
+
+    title = "written more than … ago"
+    parameter_name = "older_than"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("1h", "1 hour"), ("1d", "1 day"), ("7d", "7 days"), ("30d", "30 days")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        value = self.value()
+        if value is None:
+            return None
+        try:
+            age = deadletters.parse_age(value)
+        except ValueError as exc:
+            messages.error(request, f"older_than: {exc}; that filter was not applied.")
+            return None
+        return queryset.filter(created_at__lt=timezone.now() - age)
 
 
 class ReadOnlyAdmin(admin_guard.ReadOnly, admin.ModelAdmin):
@@ -104,9 +157,10 @@ class DeadLetterAdmin(HoldRecordAdmin):
         "created_at",
         "resolved_at",
         "resolution",
+        "resolved_by",
     )
-    list_filter = ("reason", OpenFilter)
-    actions = ("requeue",)
+    list_filter = ("reason", OpenFilter, TaskFilter, OlderThanFilter)
+    actions = ("requeue", "discard")
     fields = (
         "reason",
         "hold",
@@ -123,6 +177,11 @@ class DeadLetterAdmin(HoldRecordAdmin):
         "created_at",
         "resolved_at",
         "resolution",
+        "resolved_by",
+        "resolution_note",
+        "summarised_count",
+        "summarised_first_at",
+        "summarised_last_at",
     )
 
     @admin.display(description="receipt")
@@ -139,7 +198,7 @@ class DeadLetterAdmin(HoldRecordAdmin):
     def requeue(
         self, request: HttpRequest, queryset: QuerySet[DeadLetter]
     ) -> TemplateResponse | None:
-        ids, matching = admin_guard.bounded_ids(queryset, REQUEUE_LIMIT)
+        ids, matching = admin_guard.bounded_ids(queryset, REQUEUE_LIMIT, request)
         if matching is not None and not admin_guard.select_across(request):
             self.message_user(
                 request,
@@ -170,7 +229,9 @@ class DeadLetterAdmin(HoldRecordAdmin):
             )
         done: dict[str, list[Any]] = {}
         results = deadletters.requeue(
-            letters, on_each=lambda letter, what: done.setdefault(what, []).append(letter)
+            letters,
+            on_each=lambda letter, what: done.setdefault(what, []).append(letter),
+            by=request.user.get_username(),
         )
         admin_guard.log_each(request, done, "requeue")
         summary = ", ".join(f"{what}: {n}" for what, n in sorted(results.items())) or "nothing"
@@ -181,6 +242,85 @@ class DeadLetterAdmin(HoldRecordAdmin):
         return None
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("cleanup.change_deadletter"))
+
+    @admin.action(
+        description="Discard selected dead letters (resolve, send nothing)", permissions=["discard"]
+    )
+    def discard(
+        self, request: HttpRequest, queryset: QuerySet[DeadLetter]
+    ) -> TemplateResponse | None:
+        """Resolve the selected letters as ``discarded``, with the operator's name and why;
+        nothing is sent. A confirmation page first says how many, by reason, and asks why."""
+        ids, matching = admin_guard.bounded_ids(queryset, DISCARD_LIMIT, request)
+        if matching is not None and not admin_guard.select_across(request):
+            self.message_user(
+                request,
+                f"Select at most {DISCARD_LIMIT} dead letters at a time; nothing was discarded.",
+                messages.ERROR,
+            )
+            return None
+        letters = list(DeadLetter.objects.filter(pk__in=ids).order_by("pk"))
+        if not letters:
+            self.message_user(
+                request,
+                "None of the selected dead letters is left to discard (they no longer match "
+                "the list's filter); nothing was discarded.",
+                messages.WARNING,
+            )
+            return None
+        why = request.POST.get("why", "")
+        error = ""
+        if admin_guard.confirmed(request):
+            try:
+                why = deadletters.clean_why(why)
+            except ValueError as exc:
+                error = capfirst(str(exc)) or ""
+        if not admin_guard.confirmed(request) or error:
+            open_letters = [letter for letter in letters if letter.resolved_at is None]
+            resolved = len(letters) - len(open_letters)
+            return admin_guard.confirmation(
+                self,
+                request,
+                action="discard",
+                title="Discard dead letters?",
+                verb="discard",
+                ids=ids,
+                matching=matching,
+                limit=DISCARD_LIMIT,
+                breakdown=[
+                    *((f"reason: {r}", n) for r, n in deadletters.by_reason(open_letters)),
+                    *([("already resolved: left as they are", resolved)] if resolved else []),
+                ],
+                breakdown_title="open letters that will be discarded",
+                note="Discarding resolves each open letter (resolution: discarded) with your "
+                "name and the reason below; nothing is sent or rescheduled, and its "
+                "history says so. Resolved letters are deleted after "
+                "CLEANUP_DEAD_LETTER_RETENTION_DAYS days.",
+                inputs=[
+                    admin_guard.ConfirmInput(
+                        name="why",
+                        label="Why are they discarded?",
+                        value=why,
+                        error=error,
+                        help="Kept on each letter and in its history, for whoever looks next.",
+                        maxlength=deadletters.WHY_LIMIT,
+                    )
+                ],
+            )
+        done = deadletters.discard(letters, by=request.user.get_username(), why=why)
+        discarded = done.get(deadletters.DISCARDED, [])
+        admin_guard.log_each(request, {f"discarded; why: {why}": discarded}, "discard")
+        skipped = len(done.get("already_resolved", []))
+        summary = f"Discard: discarded: {len(discarded)}"
+        if skipped:
+            summary += f", already resolved (left as they are): {skipped}"
+        self.message_user(request, summary, messages.WARNING if skipped else messages.SUCCESS)
+        return None
+
+    def has_discard_permission(self, request: HttpRequest) -> bool:
+        """A state change: the model's change permission, as for requeue (the letters
+        themselves stay read-only in the admin)."""
         return bool(request.user.has_perm("cleanup.change_deadletter"))
 
 

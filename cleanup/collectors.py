@@ -165,7 +165,10 @@ class BacklogCollector(Collector):
             counts = {str(reason): float(n) for reason, n in cur.fetchall()}
             reasons = [c for c, _ in DeadLetter.Reason.choices]
             reasons += [r for r in counts if r not in reasons]
-            return {"dead_letters_open": [((r,), counts.get(r, 0.0)) for r in reasons]}
+            return {
+                "dead_letters_open": [((r,), counts.get(r, 0.0)) for r in reasons],
+                "dead_letters_open_cap": [((), float(settings.CLEANUP_DEAD_LETTER_OPEN_CAP))],
+            }
 
         return self._db(run)
 
@@ -231,6 +234,7 @@ class BacklogCollector(Collector):
             "queue_unacked": ["queue"],
             "outbox_oldest_unpublished_age_seconds": [],
             "dead_letters_open": ["reason"],
+            "dead_letters_open_cap": [],
             "desired_consumers": [],
         }
         for name, label_names in labels.items():
@@ -269,7 +273,11 @@ GAUGE_HELP = {
     ),
     "queue_unacked": "Messages fetched by workers and not yet acknowledged (Redis)",
     "outbox_oldest_unpublished_age_seconds": "Age of the oldest unpublished outbox event (0: none)",
-    "dead_letters_open": "Dead letters not yet resolved (requeued)",
+    "dead_letters_open": "Dead letters not yet resolved (requeued, discarded, summarised, ...)",
+    "dead_letters_open_cap": (
+        "CLEANUP_DEAD_LETTER_OPEN_CAP: open letters beyond it are summarised (one per reason "
+        "and task)"
+    ),
     "desired_consumers": (
         "Consumers needed: measured arrival rate x service time / 0.7 utilization, with headroom"
     ),

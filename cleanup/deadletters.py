@@ -1,24 +1,34 @@
-"""Dead letters: record what could not be handled, with its reason; requeue it safely.
+"""Dead letters: record what could not be handled, with its reason; requeue, discard or
+summarise it.
 
 Requeue re-publishes the same release message (same idempotency key, so a message that was
 in fact handled ends ``already_handled``), or makes a set-aside hold due for a sweep again.
+Discard resolves a letter without sending anything, recording who and why. When the open
+letters reach ``CLEANUP_DEAD_LETTER_OPEN_CAP``, the oldest beyond it are summarised: one open
+summary letter per reason and task stands for them (docs/OPERATOR-CONSOLE.md, "Dead-letter
+triage").
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
+import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError, transaction
-from django.db.models import Exists, OuterRef
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
+from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
 from reservations import services as reservation_services
 
-from . import metrics
+from . import locks, metrics
 from .messages import BATCH_KIND, MalformedMessage, validate, validate_batch
 from .models import CleanupReceipt, DeadLetter
 from .publish import publish_release_messages
@@ -29,6 +39,11 @@ logger = logging.getLogger(__name__)
 # message. (Malformed, poison and unexpected-error letters stay open: they are evidence.)
 SETTLED_BY_A_LATER_RELEASE = (DeadLetter.Reason.TIME_LIMIT, DeadLetter.Reason.RETRIES_EXHAUSTED)
 RELEASED_LATER = "released_later"
+DISCARDED = "discarded"
+SUMMARISED = "summarised"
+# ``resolved_by`` of the resolutions the cleanup makes itself (released_later, summarised).
+AUTOMATIC = "cleanup"
+WHY_LIMIT = 500  # characters of an operator's "why"
 
 PAYLOAD_LIMIT = 8192  # characters of the raw payload a dead letter keeps
 MESSAGE_LIMIT = 8192  # characters of JSON a dead letter keeps as the parsed message
@@ -206,9 +221,12 @@ def requeue(
     *,
     dry_run: bool = False,
     on_each: Callable[[DeadLetter, str], None] | None = None,
+    by: str = "",
+    why: str = "",
 ) -> Counter[str]:
     """Requeue open dead letters; returns counts by what happened to each (``on_each`` is
-    called with every letter and its result).
+    called with every letter and its result). ``by`` and ``why`` are kept on each letter
+    requeued (``resolved_by``, ``resolution_note``).
 
     Each letter is claimed first (a conditional UPDATE of ``resolved_at``): of two operators
     requeueing the same letter at once, one sends and the other gets ``already_resolved``.
@@ -223,7 +241,10 @@ def requeue(
                 on_each(letter, action)
             continue
         claimed = DeadLetter.objects.filter(pk=letter.pk, resolved_at__isnull=True).update(
-            resolved_at=timezone.now(), resolution=action
+            resolved_at=timezone.now(),
+            resolution=action,
+            resolved_by=clean_text(by, 150),
+            resolution_note=clean_text(why, WHY_LIMIT),
         )
         if not claimed:
             action = "already_resolved"
@@ -235,7 +256,9 @@ def requeue(
                     publish_release_messages([_republishable(letter.message)])
             except Exception:  # reported per letter; the claim is undone
                 logger.exception("requeue failed", extra={"dead_letter_id": letter.pk})
-                DeadLetter.objects.filter(pk=letter.pk).update(resolved_at=None, resolution="")
+                DeadLetter.objects.filter(pk=letter.pk).update(
+                    resolved_at=None, resolution="", resolved_by="", resolution_note=""
+                )
                 action = "error"
         results[action] += 1
         if on_each:
@@ -260,8 +283,262 @@ def resolve_released() -> int:
         DeadLetter.objects.filter(resolved_at__isnull=True, reason__in=SETTLED_BY_A_LATER_RELEASE)
         .exclude(idempotency_key="")
         .filter(Exists(released))
-        .update(resolved_at=timezone.now(), resolution=RELEASED_LATER)
+        .update(
+            resolved_at=timezone.now(),
+            resolution=RELEASED_LATER,
+            resolved_by=AUTOMATIC,
+            resolution_note="a later message with the same key released the hold",
+        )
     )
     if settled:
         logger.info("dead letters settled by a later release", extra={"resolved": settled})
     return settled
+
+
+# --- Triage: which letters, discard ----------------------------------------------------------
+
+_AGE = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(text: str) -> timedelta:
+    """``"90s"``, ``"30m"``, ``"6h"``, ``"7d"``, ``"2w"`` as a timedelta (ValueError saying
+    what is expected otherwise)."""
+    found = _AGE.match(text or "")
+    if not found or int(found.group(1)) <= 0:
+        raise ValueError(
+            f"{text!r} is not an age: give a positive number and a unit, s, m, h, d or w "
+            f"(for example 30m, 6h or 7d)"
+        )
+    return timedelta(seconds=int(found.group(1)) * _UNITS[found.group(2)])
+
+
+def clean_why(text: str) -> str:
+    """An operator's reason for a discard: required, at most ``WHY_LIMIT`` characters
+    (ValueError saying which rule it broke)."""
+    why = (text or "").strip()
+    if not why:
+        raise ValueError(
+            "say why these letters are discarded: the text is kept on each letter and in its "
+            "history"
+        )
+    if len(why) > WHY_LIMIT:
+        raise ValueError(f"the reason is {len(why)} characters long; at most {WHY_LIMIT}")
+    return clean_text(why, WHY_LIMIT)
+
+
+@dataclass(frozen=True)
+class LetterFilter:
+    """Which open letters a command acts on: all of these that are given."""
+
+    reason: str = ""
+    task: str = ""
+    older_than: timedelta | None = None
+    ids: tuple[int, ...] = ()
+
+    def open_letters(self, now: datetime | None = None) -> QuerySet[DeadLetter]:
+        letters = DeadLetter.objects.filter(resolved_at__isnull=True)
+        if self.reason:
+            letters = letters.filter(reason=self.reason)
+        if self.task:
+            letters = letters.filter(task_name=self.task)
+        if self.older_than is not None:
+            letters = letters.filter(created_at__lt=(now or timezone.now()) - self.older_than)
+        if self.ids:
+            letters = letters.filter(pk__in=self.ids)
+        return letters.order_by("id")
+
+    @property
+    def empty(self) -> bool:
+        return not (self.reason or self.task or self.older_than is not None or self.ids)
+
+
+def by_reason(letters: Iterable[DeadLetter]) -> list[tuple[str, int]]:
+    """(reason, count) of ``letters``, the most frequent first."""
+    counts = Counter(str(letter.reason) for letter in letters)
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
+def discard(
+    letters: Sequence[DeadLetter], *, by: str, why: str, dry_run: bool = False
+) -> dict[str, list[DeadLetter]]:
+    """Resolve open ``letters`` as ``discarded`` without sending anything, keeping ``by``
+    and ``why`` on each; returns them by what happened: ``discarded`` (or ``would discard``
+    with ``dry_run``) and ``already_resolved`` (resolved meanwhile, by someone else or by the
+    cleanup: left as it is).
+
+    One conditional UPDATE per thousand letters (``resolved_at IS NULL``), so of two operators
+    discarding the same letters at once each letter is discarded once.
+    """
+    note = clean_why(why)
+    who = clean_text(by, 150)
+    done: dict[str, list[DeadLetter]] = {}
+    if dry_run:
+        for letter in letters:
+            key = "would discard" if letter.resolved_at is None else "already_resolved"
+            done.setdefault(key, []).append(letter)
+        return done
+    table = DeadLetter._meta.db_table
+    resolved: set[int] = set()
+    for start in range(0, len(letters), 1000):
+        chunk = [int(letter.pk) for letter in letters[start : start + 1000]]
+        with connection.cursor() as cur:
+            cur.execute(
+                f"UPDATE {table} SET resolved_at = %s, resolution = %s, resolved_by = %s, "
+                f"resolution_note = %s WHERE id = ANY(%s) AND resolved_at IS NULL RETURNING id",
+                [timezone.now(), DISCARDED, who, note, chunk],
+            )
+            resolved.update(int(row[0]) for row in cur.fetchall())
+    for letter in letters:
+        done.setdefault(DISCARDED if letter.pk in resolved else "already_resolved", []).append(
+            letter
+        )
+    if resolved:
+        logger.info(
+            "dead letters discarded", extra={"discarded": len(resolved), "by": who, "why": note}
+        )
+    return done
+
+
+# --- The open-letter cap ---------------------------------------------------------------------
+
+# Per reason, task names that get a summary letter of their own; letters of further tasks
+# (the task name of an unknown_task letter is whatever the sender wrote) share one.
+SUMMARY_TASKS_PER_REASON = 50
+OTHER_TASKS = "(other tasks)"
+SUMMARY_ERROR_LIMIT = 500  # characters of its error a summarised letter keeps
+# claims_exhausted letters are never summarised: each is the only way back (requeue) for a
+# hold that is set aside, and there is at most one open per such hold.
+NOT_SUMMARISED = (DeadLetter.Reason.CLAIMS_EXHAUSTED,)
+SUMMARY_BUDGET_S = 5.0  # no summarising batch starts after this long in one call
+
+
+def summarise_beyond_cap(
+    cap: int | None = None,
+    *,
+    batch: int | None = None,
+    max_batches: int = 20,
+    budget_s: float = SUMMARY_BUDGET_S,
+) -> int:
+    """Keep at most ``cap`` (``CLEANUP_DEAD_LETTER_OPEN_CAP``) open letters in full: the
+    oldest beyond it are resolved as ``summarised`` (payload and parsed message dropped, the
+    error cut to 500 characters, kept until pruned) and counted into one open summary letter
+    per reason and task, which says how many it stands for and when the first and the last
+    of them were written. Returns how many letters were summarised (at most
+    ``batch × max_batches`` per call, and no batch is started after ``budget_s`` seconds, so
+    the maintenance task stays well inside its time limit; the next call goes on).
+
+    Summary letters and claims_exhausted letters are never summarised; they still count as
+    open, so the open total can stay a little above the cap (and its alert stays up) until
+    someone triages.
+    """
+    cap = int(cap or settings.CLEANUP_DEAD_LETTER_OPEN_CAP)
+    batch = int(batch or settings.CLEANUP_PRUNE_BATCH_SIZE)
+    total = 0
+    started = time.monotonic()
+    for _ in range(max_batches):
+        summarised = _summarise_batch(cap, batch)
+        total += summarised
+        if summarised < batch or time.monotonic() - started > budget_s:
+            break
+    if total:
+        logger.warning(
+            "open dead letters beyond the cap summarised", extra={"summarised": total, "cap": cap}
+        )
+    return total
+
+
+def _summarise_batch(cap: int, batch: int) -> int:
+    table = DeadLetter._meta.db_table
+    candidates = "resolved_at IS NULL AND summarised_count = 0 AND NOT (reason = ANY(%s))"
+    excluded = [str(r) for r in NOT_SUMMARISED]
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", list(locks.DEAD_LETTER_CAP))
+        if not cur.fetchone()[0]:
+            return 0  # another summariser is at work
+        # The newest letter beyond the cap: it and every older candidate are summarised.
+        cur.execute(
+            f"SELECT id FROM {table} WHERE {candidates} ORDER BY id DESC OFFSET %s LIMIT 1",
+            [excluded, cap],
+        )
+        row = cur.fetchone()
+        if row is None:
+            return 0
+        cur.execute(
+            f"SELECT id, reason, task_name, created_at FROM {table} WHERE {candidates} "
+            f"AND id <= %s ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED",
+            [excluded, row[0], batch],
+        )
+        rows = cur.fetchall()
+        if not rows:
+            return 0
+        groups = _group(rows)
+        now = timezone.now()
+        for (reason, task), (ids, first, last) in groups.items():
+            summary = _summary_letter(reason, task, len(ids), first, last, cap)
+            cur.execute(
+                f"UPDATE {table} SET resolved_at = %s, resolution = %s, resolved_by = %s, "
+                f"resolution_note = %s, payload = '', message = NULL, "
+                f"error = left(error, %s) WHERE id = ANY(%s)",
+                [
+                    now,
+                    SUMMARISED,
+                    AUTOMATIC,
+                    f"summarised into dead letter #{summary.pk}: the open letters reached "
+                    f"CLEANUP_DEAD_LETTER_OPEN_CAP={cap}",
+                    SUMMARY_ERROR_LIMIT,
+                    ids,
+                ],
+            )
+        return len(rows)
+
+
+def _group(
+    rows: Sequence[tuple[Any, ...]],
+) -> dict[tuple[str, str], tuple[list[int], datetime, datetime]]:
+    """The rows by (reason, task) with their ids and first/last times; per reason, tasks
+    beyond ``SUMMARY_TASKS_PER_REASON`` (counting those that have an open summary already)
+    share ``OTHER_TASKS``."""
+    summarised_tasks: dict[str, set[str]] = {}
+    for reason, task in DeadLetter.objects.filter(
+        resolved_at__isnull=True, summarised_count__gt=0
+    ).values_list("reason", "task_name"):
+        summarised_tasks.setdefault(reason, set()).add(task)
+    sizes = Counter((str(r[1]), str(r[2])) for r in rows)
+    for reason, task in sorted(sizes, key=lambda k: -sizes[k]):
+        known = summarised_tasks.setdefault(reason, set())
+        if task not in known and len(known) < SUMMARY_TASKS_PER_REASON:
+            known.add(task)
+    groups: dict[tuple[str, str], tuple[list[int], datetime, datetime]] = {}
+    for pk, reason, task, created_at in rows:
+        key = (reason, task if task in summarised_tasks[reason] else OTHER_TASKS)
+        ids, first, last = groups.get(key, ([], created_at, created_at))
+        ids.append(int(pk))
+        groups[key] = (ids, min(first, created_at), max(last, created_at))
+    return groups
+
+
+def _summary_letter(
+    reason: str, task: str, count: int, first: datetime, last: datetime, cap: int
+) -> DeadLetter:
+    summary = (
+        DeadLetter.objects.select_for_update()
+        .filter(resolved_at__isnull=True, summarised_count__gt=0, reason=reason, task_name=task)
+        .order_by("id")
+        .first()
+    )
+    if summary is None:
+        summary = DeadLetter(reason=reason, task_name=task, summarised_first_at=first)
+    summary.summarised_count += count
+    summary.summarised_first_at = min(summary.summarised_first_at or first, first)
+    summary.summarised_last_at = max(summary.summarised_last_at or last, last)
+    summary.error = (
+        f"summary of {summary.summarised_count} older open dead letter(s) ({reason}, task "
+        f"{task or '(none)'}) written from {summary.summarised_first_at:%Y-%m-%d %H:%M:%S} to "
+        f"{summary.summarised_last_at:%Y-%m-%d %H:%M:%S} UTC: the open letters reached "
+        f"CLEANUP_DEAD_LETTER_OPEN_CAP={cap}. They are resolved as summarised (payloads "
+        f"dropped) and deleted after CLEANUP_DEAD_LETTER_RETENTION_DAYS. Discard this letter "
+        f"once their cause is understood."
+    )
+    summary.save()
+    return summary

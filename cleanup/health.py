@@ -100,6 +100,7 @@ class Health:
     queue_error: str
     windows: list[WindowCounts]
     open_dead_letters: list[tuple[str, str, int]]  # (reason, label, count)
+    open_dead_letter_cap: int
     lease: dict[str, Any] | None
     last_sent: datetime | None
     workers: list[WorkerInfo] | None
@@ -115,6 +116,10 @@ class Health:
         return [
             (name, [(w.minutes, w.outcomes.get(name, 0)) for w in self.windows]) for name in names
         ]
+
+    @property
+    def open_dead_letter_total(self) -> int:
+        return sum(n for _, _, n in self.open_dead_letters)
 
     @property
     def worst_state(self) -> str:
@@ -312,6 +317,7 @@ def collect(*, with_workers: bool = True) -> Health:
         queue_error=queue_error,
         windows=[read_window(m, now) for m in WINDOWS_MINUTES],
         open_dead_letters=read_open_dead_letters(),
+        open_dead_letter_cap=int(settings.CLEANUP_DEAD_LETTER_OPEN_CAP),
         lease=read_lease(),
         last_sent=read_last_sent(),
         workers=workers,

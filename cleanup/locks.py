@@ -2,8 +2,9 @@
 
 Advisory locks are keyed by two integers. All of ours share the first (``NAMESPACE``), so
 they cannot collide with another application's locks on the same database; the second says
-which lock it is. Keys never overlap: the publish lock is 0, the outbox relay 1, shard locks
-start above 4096, and the beat lease uses ``CLEANUP_BEAT_LOCK_ID`` (727001 by default).
+which lock it is. Keys never overlap: the publish lock is 0, the outbox relay 1, the
+dead-letter cap 2, shard locks start above 4096, and the beat lease uses
+``CLEANUP_BEAT_LOCK_ID`` (727001 by default).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ NAMESPACE = 727
 SWEEP_PUBLISH = (NAMESPACE, 0)
 # One outbox relay at a time, so events are published in order (transaction-level lock).
 OUTBOX_RELAY = (NAMESPACE, 1)
+# One summariser of the open dead letters beyond the cap at a time (transaction-level lock).
+DEAD_LETTER_CAP = (NAMESPACE, 2)
 
 
 def sweep_shard(shard: int, shards: int) -> tuple[int, int]:

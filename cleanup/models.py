@@ -61,7 +61,18 @@ class DeadLetter(models.Model):
     message = models.JSONField(null=True, blank=True)  # the parsed release message, if any
     created_at = models.DateTimeField(auto_now_add=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
+    # What resolved it (republished, rescheduled, discarded, released_later, summarised), who
+    # (an admin user's name, the operator of a command, or "cleanup" for the automatic ones)
+    # and why (the text the operator gave; for the automatic ones, what happened).
     resolution = models.CharField(max_length=32, blank=True, default="")
+    resolved_by = models.CharField(max_length=150, blank=True, default="")
+    resolution_note = models.TextField(blank=True, default="")
+    # A summary letter stands for this many older open letters of its reason and task that
+    # were summarised when the open letters reached CLEANUP_DEAD_LETTER_OPEN_CAP (0: an
+    # ordinary letter), created between these two times.
+    summarised_count = models.PositiveIntegerField(default=0)
+    summarised_first_at = models.DateTimeField(null=True, blank=True)
+    summarised_last_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
@@ -71,9 +82,15 @@ class DeadLetter(models.Model):
                 name="cleanup_dl_open_idx",
                 condition=Q(resolved_at__isnull=True),
             ),
+            # The open-letter cap walks the open letters newest first.
+            models.Index(
+                fields=["-id"], name="cleanup_dl_open_id_idx", condition=Q(resolved_at__isnull=True)
+            ),
         ]
 
     def __str__(self) -> str:
+        if self.summarised_count:
+            return f"dead letter #{self.pk} {self.reason} (summary of {self.summarised_count})"
         return f"dead letter #{self.pk} {self.reason}"
 
 

@@ -90,9 +90,18 @@ def _delete_batches(model: type, condition: str, params: list[Any], batch: int) 
             return total
 
 
-def prune(retention_days: int | None = None) -> dict[str, int]:
-    days = retention_days or settings.CLEANUP_RETENTION_DAYS
-    cutoff = timezone.now() - timedelta(days=days)
+def prune(
+    retention_days: int | None = None, dead_letter_retention_days: int | None = None
+) -> dict[str, int]:
+    """Delete published outbox events and receipts older than ``CLEANUP_RETENTION_DAYS``,
+    and dead letters resolved more than ``CLEANUP_DEAD_LETTER_RETENTION_DAYS`` ago (open
+    letters are never deleted: the open-letter cap summarises them instead,
+    ``deadletters.summarise_beyond_cap``)."""
+    now = timezone.now()
+    cutoff = now - timedelta(days=retention_days or settings.CLEANUP_RETENTION_DAYS)
+    letters_cutoff = now - timedelta(
+        days=dead_letter_retention_days or settings.CLEANUP_DEAD_LETTER_RETENTION_DAYS
+    )
     batch = settings.CLEANUP_PRUNE_BATCH_SIZE
     return {
         "outbox_events": _delete_batches(
@@ -100,6 +109,6 @@ def prune(retention_days: int | None = None) -> dict[str, int]:
         ),
         "receipts": _delete_batches(CleanupReceipt, "created_at < %s", [cutoff], batch),
         "dead_letters": _delete_batches(
-            DeadLetter, "resolved_at IS NOT NULL AND resolved_at < %s", [cutoff], batch
+            DeadLetter, "resolved_at IS NOT NULL AND resolved_at < %s", [letters_cutoff], batch
         ),
     }

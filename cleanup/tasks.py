@@ -311,7 +311,13 @@ def prune_task(self: CleanupTask) -> dict[str, Any]:
 def sample_health_task(self: CleanupTask) -> dict[str, Any]:
     """Health upkeep (beat entry "cleanup: sample health", every 30 s): dead letters that a
     later release settled are resolved first, so the sample's open count is what still needs
-    a person; then one point of the health page's chart."""
+    a person; open letters beyond ``CLEANUP_DEAD_LETTER_OPEN_CAP`` are summarised; then one
+    point of the health page's chart."""
     resolved = deadletters.resolve_released()
+    summarised = deadletters.summarise_beyond_cap()
     sample = health.take_sample()
-    return {"dead_letters_resolved": resolved, "sample": sample.pk}
+    return {
+        "dead_letters_resolved": resolved,
+        "dead_letters_summarised": summarised,
+        "sample": sample.pk,
+    }

@@ -257,7 +257,7 @@ class ReservationAdmin(admin_guard.ReadOnly, admin.ModelAdmin):
     def release_expired_now(
         self, request: HttpRequest, queryset: QuerySet[Reservation]
     ) -> TemplateResponse | None:
-        ids, matching = admin_guard.bounded_ids(queryset, ADMIN_RELEASE_LIMIT)
+        ids, matching = admin_guard.bounded_ids(queryset, ADMIN_RELEASE_LIMIT, request)
         # "All N matching the filter" is bounded (the page says so); an explicit selection
         # larger than the bound is refused.
         if not admin_guard.select_across(request):

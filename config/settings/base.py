@@ -147,6 +147,11 @@ CLEANUP_COUNTER_REDIS_URL = env_str(
 )
 CLEANUP_RETENTION_DAYS = env_int("CLEANUP_RETENTION_DAYS", 14, minimum=1)
 CLEANUP_PRUNE_BATCH_SIZE = env_int("CLEANUP_PRUNE_BATCH_SIZE", 5000, minimum=1)
+# Resolved dead letters are deleted this many days after they were resolved (cleanup.prune).
+CLEANUP_DEAD_LETTER_RETENTION_DAYS = env_int("CLEANUP_DEAD_LETTER_RETENTION_DAYS", 14, minimum=1)
+# Open dead letters kept in full; the oldest beyond it are summarised (one open summary letter
+# per reason and task) by cleanup.sample_health. docs/OPERATOR-CONSOLE.md, "Dead-letter triage".
+CLEANUP_DEAD_LETTER_OPEN_CAP = env_int("CLEANUP_DEAD_LETTER_OPEN_CAP", 10000, minimum=1)
 CLEANUP_RELAY_BATCH_SIZE = env_int("CLEANUP_RELAY_BATCH_SIZE", 500, minimum=1)
 CLEANUP_SLO_SECONDS = env_int("CLEANUP_SLO_SECONDS", 300, minimum=1)
 CLEANUP_ELIGIBLE_COUNT_CAP = env_int("CLEANUP_ELIGIBLE_COUNT_CAP", 100000, minimum=1)

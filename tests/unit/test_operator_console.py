@@ -540,7 +540,23 @@ def test_requeue_all_matching_the_filter_is_bounded_and_says_how_many(
     )
     html = page.content.decode()
     assert "5 match the current filter: only the first 2" in html
-    assert html.count('name="_selected_action"') == 2
+    first_two = DeadLetter.objects.order_by("pk").values_list("pk", flat=True)[:2]
+    assert f'name="confirm_ids" value="{first_two[0]},{first_two[1]}"' in html
+    # confirmed: only those two are acted on, though five match
+    done = admin_client_.post(
+        reverse(DEAD_LETTERS) + "?reason=malformed",
+        {
+            "action": "requeue",
+            "_selected_action": [str(first_two[0])],
+            "index": 0,
+            "select_across": "1",
+            "confirm": "yes",
+            "confirm_ids": f"{first_two[0]},{first_two[1]}",
+        },
+        follow=True,
+    )
+    assert messages_of(done) == ["Requeue: republished: 2"]
+    assert DeadLetter.objects.filter(resolved_at__isnull=True).count() == 3
 
 
 def test_release_now_asks_first_then_releases_and_audits(admin_client_, offering):

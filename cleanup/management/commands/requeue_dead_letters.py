@@ -1,31 +1,110 @@
+"""``python manage.py requeue_dead_letters``: send open dead letters' messages again (same
+idempotency key), or make a set-aside hold due for a sweep again."""
+
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from cleanup.deadletters import requeue
+from cleanup.deadletters import by_reason, requeue
+from cleanup.management import triage
 from cleanup.models import DeadLetter
+
+COMMAND = "requeue_dead_letters"
+REQUEUED = ("republished", "rescheduled")
+PROGRESS_LINES = 10  # about this many progress lines per run
 
 
 class Command(BaseCommand):
-    help = "Requeue open dead letters (same idempotency key, so requeueing is safe)."
+    help = (
+        "Requeue open dead letters: republish each release message (same idempotency key, so "
+        "a message already handled ends already_handled) or make a set-aside hold due again. "
+        "Prints progress and a summary; exits 1 when any requeue ended in error (that letter "
+        "stays open). Use --dry-run first to see what it would do."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--reason", choices=[c for c, _ in DeadLetter.Reason.choices])
-        parser.add_argument("--id", type=int, action="append", dest="ids", help="dead letter id")
-        parser.add_argument("--limit", type=int, default=1000)
-        parser.add_argument("--dry-run", action="store_true")
+        triage.add_filter_arguments(parser)
+        parser.add_argument(
+            "--limit",
+            type=int,
+            default=1000,
+            metavar="N",
+            help="requeue at most N letters, lowest ids first; says how many more match "
+            "(default: %(default)s)",
+        )
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="show what would be done (how many, by reason, what each would become, the "
+            "first ids) and change nothing (default: off)",
+        )
+        triage.add_operator_arguments(parser, why_required=False)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        letters = DeadLetter.objects.filter(resolved_at__isnull=True).order_by("id")
-        if options["reason"]:
-            letters = letters.filter(reason=options["reason"])
-        if options["ids"]:
-            letters = letters.filter(pk__in=options["ids"])
-        results = requeue(list(letters[: options["limit"]]), dry_run=options["dry_run"])
-        prefix = "would requeue" if options["dry_run"] else "requeued"
-        if not results:
+        if options["limit"] < 1:
+            raise CommandError("--limit must be at least 1")
+        matching = triage.letter_filter(options).open_letters()
+        limit = options["limit"]
+        letters = list(matching[:limit])
+        more = matching.count() - len(letters) if len(letters) == limit else 0
+        if not letters:
             self.stdout.write("no open dead letters matched")
+            return
+        reasons = ", ".join(f"{r} {n}" for r, n in by_reason(letters))
+        if options["dry_run"]:
+            plan = requeue(letters, dry_run=True)
+            self.stdout.write(f"would requeue {len(letters)} open dead letter(s) ({reasons})")
+            for action, count in sorted(plan.items()):
+                self.stdout.write(f"would requeue: {action}: {count}")
+            self.stdout.write(f"first ids: {triage.first_ids(letters)}")
+            self._more(more, limit)
+            self.stdout.write("nothing changed (--dry-run)")
+            return
+        self.stdout.write(f"requeueing {len(letters)} open dead letter(s) ({reasons})")
+        done: dict[str, list[DeadLetter]] = {}
+        step = max(1, -(-len(letters) // PROGRESS_LINES))
+
+        def each(letter: DeadLetter, result: str) -> None:
+            done.setdefault(result, []).append(letter)
+            seen = sum(len(v) for v in done.values())
+            if seen % step == 0 or seen == len(letters):
+                counts = ", ".join(f"{k} {len(v)}" for k, v in sorted(done.items()))
+                self.stderr.write(f"progress: {seen}/{len(letters)} ({counts})")
+
+        results = requeue(letters, on_each=each, by=options["by"], why=options["why"].strip())
+        triage.log_history(
+            COMMAND,
+            options["by"],
+            {k: v for k, v in done.items() if k in REQUEUED},
+            options["why"].strip(),
+        )
         for action, count in sorted(results.items()):
-            self.stdout.write(f"{prefix}: {action}: {count}")
+            self.stdout.write(f"requeued: {action}: {count}")
+        self.stdout.write(self._summary(results))
+        self._more(more, limit)
+        if results["error"]:
+            raise CommandError(
+                f"{results['error']} requeue(s) ended in error; those letters stay open (the "
+                f"log says why): run it again once the broker or database is back"
+            )
+
+    @staticmethod
+    def _summary(results: Counter[str]) -> str:
+        requeued = sum(results[k] for k in REQUEUED)
+        skipped = {k: n for k, n in results.items() if k not in (*REQUEUED, "error")}
+        detail = ", ".join(f"{k} {n}" for k, n in sorted(skipped.items()))
+        return (
+            f"summary: requeued {requeued} (republished {results['republished']}, rescheduled "
+            f"{results['rescheduled']}), failed {results['error']}, skipped "
+            f"{sum(skipped.values())}" + (f" ({detail})" if detail else "")
+        )
+
+    def _more(self, more: int, limit: int) -> None:
+        if more:
+            self.stdout.write(
+                f"stopped at --limit {limit}: {more} more open dead letter(s) match; run it "
+                f"again for the rest"
+            )

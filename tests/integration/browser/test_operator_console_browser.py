@@ -192,6 +192,48 @@ def test_requeue_shows_what_will_be_sent_and_leaves_an_audit_entry(
     assert "requeue: republished" in history and USERNAME in history
 
 
+def test_discarding_dead_letters_from_the_health_page_asks_why_and_leaves_history(
+    signed_in, live_server, clean, shots
+):
+    page = signed_in
+    # given: three malformed letters from a broken producer and one unknown-task letter
+    malformed = [
+        DeadLetter.objects.create(reason="malformed", error="not JSON", payload="{oops")
+        for _ in range(3)
+    ]
+    other = DeadLetter.objects.create(reason="unknown_task", task_name="legacy.task")
+    # when: the operator follows the health page's open count for "malformed"
+    page.goto(live_server.url + HEALTH + "?workers=0")
+    assert page.inner_text('[data-metric="dead-open-total"]').endswith("4 of 10000")
+    page.click('[data-metric="dead-open-malformed"] a')
+    page.wait_for_url(re.compile(r"reason=malformed"))
+    assert page.locator("#result_list tbody tr").count() == 3
+    # selects all of them and chooses "Discard"
+    page.check("#action-toggle")
+    page.select_option("select[name=action]", "discard")
+    page.click("button[name=index]")
+    # then: what it will do, and a question: why
+    assert "Discard 3 dead letters?" in page.inner_text("#confirm-summary")
+    breakdown = page.inner_text("#confirm-breakdown")
+    assert "reason: malformed" in breakdown and "3" in breakdown
+    assert DeadLetter.objects.filter(resolved_at__isnull=True).count() == 4  # nothing yet
+    page.fill("#confirm-why", "a producer sent truncated JSON; fixed in its 2.4.1")
+    page.screenshot(path=str(shots / "dead-letter-discard.png"), full_page=True)
+    page.click("#confirm-yes")
+    page.wait_for_selector(".messagelist")
+    assert "discard: discarded: 3" in page.text_content(".messagelist").lower()
+    for letter in malformed:
+        letter.refresh_from_db()
+        assert (letter.resolution, letter.resolved_by) == ("discarded", USERNAME)
+    other.refresh_from_db()
+    assert other.resolved_at is None
+    # the letter's own history page says who and why
+    page.goto(live_server.url + reverse("admin:cleanup_deadletter_history", args=[malformed[0].pk]))
+    history = page.inner_text("#change-history")
+    assert "discard: discarded; why: a producer sent truncated JSON" in history
+    assert USERNAME in history
+
+
 @pytest.mark.workers
 def test_a_schedule_edit_in_the_browser_is_followed_by_a_real_beat(
     signed_in, live_server, workers, clean, tmp_path

@@ -1,0 +1,92 @@
+"""``python manage.py discard_dead_letters``: resolve open dead letters without sending
+anything, recording who and why (the admin's "Discard" action, from a shell)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from cleanup.deadletters import DISCARDED, by_reason, clean_why, discard
+from cleanup.management import triage
+
+COMMAND = "discard_dead_letters"
+
+
+class Command(BaseCommand):
+    help = (
+        "Discard open dead letters matching a filter: each is resolved (resolution discarded) "
+        "with the operator and why, and gets an admin history entry; nothing is sent. Name "
+        "what to discard (--reason, --task, --older-than, --id, or --all); --dry-run shows "
+        "what it would do."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        triage.add_filter_arguments(parser)
+        parser.add_argument(
+            "--all",
+            action="store_true",
+            help="every open letter, when no filter is given (default: off; without a filter "
+            "or --all the command refuses)",
+        )
+        parser.add_argument(
+            "--limit",
+            type=int,
+            default=10_000,
+            metavar="N",
+            help="discard at most N letters, lowest ids first; says how many more match "
+            "(default: %(default)s)",
+        )
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="show what would be done (how many, by reason, the first ids) and change "
+            "nothing (default: off)",
+        )
+        triage.add_operator_arguments(parser, why_required=True)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        selection = triage.letter_filter(options)
+        if selection.empty and not options["all"]:
+            raise CommandError(
+                "name what to discard: --reason, --task, --older-than or --id (or --all for "
+                "every open letter)"
+            )
+        if options["limit"] < 1:
+            raise CommandError("--limit must be at least 1")
+        why = ""
+        if not options["dry_run"]:
+            try:
+                why = clean_why(options["why"])
+            except ValueError as exc:
+                raise CommandError(f"--why: {exc}") from None
+        matching = selection.open_letters()
+        limit = options["limit"]
+        letters = list(matching[:limit])
+        more = matching.count() - len(letters) if len(letters) == limit else 0
+        if not letters:
+            self.stdout.write("no open dead letters matched")
+            return
+        reasons = ", ".join(f"{r} {n}" for r, n in by_reason(letters))
+        if options["dry_run"]:
+            self.stdout.write(f"would discard {len(letters)} open dead letter(s) ({reasons})")
+            self.stdout.write(f"first ids: {triage.first_ids(letters)}")
+            self._more(more, limit)
+            self.stdout.write("nothing changed (--dry-run)")
+            return
+        done = discard(letters, by=options["by"], why=why)
+        discarded = done.get(DISCARDED, [])
+        triage.log_history(COMMAND, options["by"], {DISCARDED: discarded}, why)
+        skipped = len(done.get("already_resolved", []))
+        self.stdout.write(
+            f"discarded {len(discarded)} ({', '.join(f'{r} {n}' for r, n in by_reason(discarded))})"
+            f", already resolved (left as they are) {skipped}; by {options['by']}; why: {why}"
+        )
+        self._more(more, limit)
+
+    def _more(self, more: int, limit: int) -> None:
+        if more:
+            self.stdout.write(
+                f"stopped at --limit {limit}: {more} more open dead letter(s) match; run it "
+                f"again for the rest"
+            )
