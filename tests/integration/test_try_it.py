@@ -104,12 +104,15 @@ def running_system(clean: None, exclusive_workers: None) -> Iterator[tuple[Runni
 
 
 def _script(steps: list[tryit.Step]) -> str:
-    """The story's lines, each between markers that carry its number and exit status."""
+    """The story's lines, each between markers that carry its number and exit status; the first
+    line that fails ends the script (what comes after depends on it)."""
     out = []
     for number, step in enumerate(steps):
         out.append(f"printf '\\n{MARK} {number} start\\n'")
         out.append(step.line)
-        out.append(f"printf '\\n{MARK} {number} exit %s\\n' \"$?\"")
+        out.append(
+            f"rc=$?; printf '\\n{MARK} {number} exit %s\\n' \"$rc\"; [ $rc = 0 ] || exit $rc"
+        )
     return "\n".join(out) + "\n"
 
 
