@@ -13,8 +13,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 RUN useradd --create-home --uid 10001 app
 
+# The runtime lock: every package pinned with its hashes (compiled from requirements.in).
 COPY requirements.txt ./
-RUN pip install -r requirements.txt
+RUN pip install --require-hashes -r requirements.txt
 
 COPY . .
 # Static files (the admin's) are collected into the image, compressed, and served by WhiteNoise

@@ -1,4 +1,4 @@
-.PHONY: run test lint bench flash-sale chaos embedded-status embedded-stop
+.PHONY: run test lint lock bench flash-sale chaos embedded-status embedded-stop
 
 # Run the system: web + worker + beat + Flower, on local or embedded PostgreSQL/Redis.
 run:
@@ -15,6 +15,10 @@ chaos:
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/mypy .
+
+# Recompile requirements*.txt (hashes) from requirements*.in: make lock ARGS="--upgrade-package celery"
+lock:
+	bash scripts/lock.sh $(ARGS)
 
 # The private embedded PostgreSQL/Redis under .embedded/ (only used when nothing else is there).
 embedded-status:

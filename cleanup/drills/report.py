@@ -1,5 +1,11 @@
-"""The burst drill's outputs: report.json, a PNG plot (matplotlib, imported only here) and a
-Markdown summary, from a report the drive loop built (``cleanup.drills.burst``)."""
+"""The burst drill's outputs: report.json, a Markdown summary and a PNG plot, from a report the
+drive loop built (``cleanup.drills.burst``).
+
+The plot needs matplotlib, which is a dev requirement only (requirements-dev.in), not a runtime
+one: with numpy, Pillow and fonttools it would add tens of megabytes of native code to the image
+that runs web, workers and beat, for one chart of a drill run now and then. Without it the drill
+still writes report.json (every sample) and report.md, and says in both, and in the command's
+output, why there is no plot.png."""
 
 from __future__ import annotations
 
@@ -9,16 +15,29 @@ from typing import Any
 
 from .state import BurstConfig, BurstState
 
+NO_MATPLOTLIB = (
+    "plot.png not written: matplotlib is not installed here (it is a dev requirement, not a "
+    "runtime one). Every sample is in report.json; for the plot, run the drill where "
+    "requirements-dev.txt is installed."
+)
+
 
 def write_outputs(cfg: BurstConfig, report: dict[str, Any], state: BurstState) -> None:
+    """Write plot.png (when matplotlib is there), report.json and report.md; ``report["plot"]``
+    says whether the plot was written and, if not, why."""
+    path = cfg.out / "plot.png"
+    missing = plot(cfg, report, state, path)
+    report["plot"] = {"written": missing is None, "path": str(path), "note": missing}
     (cfg.out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    plot(cfg, report, state, cfg.out / "plot.png")
     (cfg.out / "report.md").write_text(markdown(cfg, report))
 
 
-def plot(cfg: BurstConfig, report: dict[str, Any], state: BurstState, path: Path) -> None:
-    import matplotlib  # noqa: PLC0415 - heavy and only for the plot; the backend is chosen before pyplot
-
+def plot(cfg: BurstConfig, report: dict[str, Any], state: BurstState, path: Path) -> str | None:
+    """Draw the plot into ``path``; None when written, else why not (matplotlib missing)."""
+    try:
+        import matplotlib  # noqa: PLC0415 - heavy and optional: only for the plot
+    except ImportError:
+        return NO_MATPLOTLIB
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415 - after matplotlib.use('Agg')
 
@@ -78,6 +97,7 @@ def plot(cfg: BurstConfig, report: dict[str, Any], state: BurstState, path: Path
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return None
 
 
 def markdown(cfg: BurstConfig, report: dict[str, Any]) -> str:
@@ -118,7 +138,9 @@ def markdown(cfg: BurstConfig, report: dict[str, Any]) -> str:
         if report["invariants"]["ok"]
         else "\n".join(f"- FAILED: {v}" for v in report["invariants"]["violations"]),
         "",
-        "![plot](plot.png)",
+        "![plot](plot.png)"
+        if report.get("plot", {}).get("written", True)
+        else f"_{report['plot']['note']}_",
         "",
     ]
     return "\n".join(lines)

@@ -63,15 +63,14 @@ def add_operator_arguments(parser: CommandParser, *, why_required: bool) -> None
         "--by",
         default=os_user(),
         metavar="NAME",
-        help="the operator recorded on each letter and in its history (default: the OS "
-        "user, %(default)s)",
+        help="the operator recorded on each letter and in its history; by default the OS user",
     )
     parser.add_argument(
         "--why",
-        default="",
+        default=None,
         metavar="TEXT",
         help=(
-            "why, kept on each letter and in its history; required unless --dry-run"
+            "why, kept on each letter and in its history; required unless --dry-run (no default)"
             if why_required
             else "why, kept on each letter and in its history (default: none)"
         ),

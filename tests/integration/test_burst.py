@@ -1,9 +1,14 @@
 """The burst drill end to end: it starts its own workers, drains one and kills another, and
-exits 0 with its report, plot and summary written."""
+exits 0 with its report, plot and summary written. Without matplotlib (the runtime environment)
+it still writes its report and says why there is no plot; its progress is a bar redrawn in place
+on a terminal and plain lines anywhere else."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,3 +111,72 @@ def test_small_burst_with_a_drain_and_a_kill_passes_its_invariant_checks(
     )
     # the drain and the kill lost nothing and set nothing aside
     assert scalar("SELECT count(*) FROM cleanup_deadletter") == 0
+
+
+def _tiny_burst(out: Path, **popen: Any) -> "subprocess.Popen[Any]":
+    """20 holds expiring at once, released by the session's running fleet (--workers 0)."""
+    argv = [sys.executable, "manage.py", "burst", "--holds", "20", "--window", "0", "--lead", "1"]
+    argv += ["--offerings", "2", "--sweep-every", "1", "--timeout", "120", "--out", str(out)]
+    return subprocess.Popen(argv, cwd=ROOT, **popen)
+
+
+def test_without_matplotlib_and_a_terminal_the_drill_reports_without_plot_in_plain_lines(
+    clean, workers, tmp_path
+):
+    # given: the runtime environment, where matplotlib is not installed (a stand-in package
+    # that fails to import, first on the path), and output into pipes, as into a log file
+    hidden = tmp_path / "no-matplotlib" / "matplotlib"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('matplotlib is not installed')\n")
+    env = service_env(PYTHONPATH=str(hidden.parent))
+    out = tmp_path / "burst"
+    # when
+    proc = _tiny_burst(out, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.communicate(timeout=200)
+    # then: it finished, wrote its report and summary, no plot, and said why
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
+    assert "invariants: all OK" in stdout
+    assert "plot.png not written: matplotlib is not installed" in stdout
+    assert not (out / "plot.png").exists()
+    report = json.loads((out / "report.json").read_text())
+    assert report["summary"]["released"] == 20
+    assert report["plot"]["written"] is False
+    assert "matplotlib is not installed" in report["plot"]["note"]
+    assert "matplotlib is not installed" in (out / "report.md").read_text()
+    # and its progress came as plain lines: no carriage return, the last one the drained state
+    assert "\r" not in stdout + stderr
+    progress = [line for line in stderr.splitlines() if line.startswith("[")]
+    assert progress, stderr[-2000:]
+    assert "released 20/20" in progress[-1]
+    assert "eligible 0" in progress[-1]
+
+
+def test_on_a_terminal_the_drill_redraws_its_progress_bar_and_plots(clean, workers, tmp_path):
+    # given: a terminal for both outputs, and the dev requirements (matplotlib)
+    import pty
+
+    primary, secondary = pty.openpty()
+    out = tmp_path / "burst"
+    # when
+    proc = _tiny_burst(out, env=service_env(), stdout=secondary, stderr=secondary)
+    os.close(secondary)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # EIO: the terminal's other side closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(primary)
+    rc = proc.wait(timeout=200)
+    screen = b"".join(chunks).decode(errors="replace")
+    # then: the bar was redrawn in place, ending on the drained state, and the plot written
+    assert rc == 0, screen[-3000:]
+    redraws = [part for part in screen.split("\r") if part.startswith("[")]
+    assert len(redraws) >= 2, screen[-2000:]
+    assert "released 20/20" in redraws[-1]
+    assert "|########################|" in redraws[-1]
+    assert (out / "plot.png").stat().st_size > 0
+    assert json.loads((out / "report.json").read_text())["plot"]["written"] is True

@@ -16,10 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
 from django.db import connection
 
 from cleanup import locks
+from config.commands import ProjectCommand
 
 LEADER_SQL = (
     "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
@@ -34,7 +34,7 @@ def leaders() -> int:
         return int(cur.fetchone()[0])
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = "Exit 0 when a beat holds the leader lock (sweeps are being scheduled), else 1."
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -11,25 +11,64 @@ import json
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from cleanup import capacity
+from config.commands import ProjectCommand
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = "Plan cleanup consumers for a burst and print the arithmetic."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--holds", type=int, help="holds that become eligible in the window")
-        parser.add_argument("--window-seconds", type=float, help="the burst window, seconds")
-        parser.add_argument("--arrival-rate", type=float, help="peak msg/s (instead of holds)")
-        parser.add_argument("--service-time", type=float, help="seconds per release")
-        parser.add_argument("--per-worker-rate", type=float, help="releases/s per consumer")
-        parser.add_argument("--utilization", type=float, default=0.7)
-        parser.add_argument("--retry-ratio", type=float, default=0.0)
-        parser.add_argument("--consumers-per-node", type=int, default=2)
-        parser.add_argument("--nodes", type=int, default=1, help="0: no node-loss headroom")
-        parser.add_argument("--from-report", type=Path, help="a burst report.json")
+        parser.add_argument(
+            "--holds",
+            type=int,
+            help="holds that become eligible in the window (default: none; then --arrival-rate "
+            "or --from-report gives the rate)",
+        )
+        parser.add_argument(
+            "--window-seconds", type=float, help="the burst window, seconds (default: none)"
+        )
+        parser.add_argument(
+            "--arrival-rate",
+            type=float,
+            help="peak msg/s, instead of --holds / --window-seconds (default: none)",
+        )
+        parser.add_argument(
+            "--service-time",
+            type=float,
+            help="seconds per release (default: none; then 1 / --per-worker-rate, or measured "
+            "in --from-report)",
+        )
+        parser.add_argument(
+            "--per-worker-rate",
+            type=float,
+            help="releases/s per consumer, instead of --service-time (default: none)",
+        )
+        parser.add_argument(
+            "--utilization", type=float, default=0.7, help="utilization target per consumer"
+        )
+        parser.add_argument(
+            "--retry-ratio",
+            type=float,
+            default=0.0,
+            help="extra deliveries per message (retries, redeliveries)",
+        )
+        parser.add_argument(
+            "--consumers-per-node", type=int, default=2, help="consumers (pool processes) per node"
+        )
+        parser.add_argument(
+            "--nodes",
+            type=int,
+            default=1,
+            help="nodes that may be lost: >= 1 adds one node of headroom; 0: none",
+        )
+        parser.add_argument(
+            "--from-report",
+            type=Path,
+            help="a burst drill's report.json: its measured service time and rate (default: none)",
+        )
         parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     def handle(self, *args: Any, **opts: Any) -> None:

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from cleanup.deadletters import DISCARDED, by_reason, clean_why, discard
 from cleanup.management import triage
+from config.commands import ProjectCommand
 
 COMMAND = "discard_dead_letters"
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = (
         "Discard open dead letters matching a filter: each is resolved (resolution discarded) "
         "with the operator and why, and gets an admin history entry; nothing is sent. Name "

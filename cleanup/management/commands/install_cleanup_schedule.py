@@ -2,12 +2,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from cleanup.schedule import ensure_schedule, install_schedule
+from config.commands import ProjectCommand
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = (
         "Create the Cleanup schedule (per-shard sweep entries plus relay, prune and sample) "
         "only when none exists; an existing schedule, possibly edited in the admin, is kept "
@@ -15,9 +16,13 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--shards", type=int, default=4, help="number of shards N")
+        parser.add_argument(
+            "--shards", type=int, default=4, help="number of shards N (one sweep entry each)"
+        )
         parser.add_argument("--every", type=int, default=10, help="sweep interval in seconds")
-        parser.add_argument("--relay-every", type=int, default=5, help="outbox relay interval")
+        parser.add_argument(
+            "--relay-every", type=int, default=5, help="outbox relay interval in seconds"
+        )
         parser.add_argument(
             "--force",
             action="store_true",

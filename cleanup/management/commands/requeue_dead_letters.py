@@ -6,18 +6,19 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from cleanup.deadletters import by_reason, requeue
 from cleanup.management import triage
 from cleanup.models import DeadLetter
+from config.commands import ProjectCommand
 
 COMMAND = "requeue_dead_letters"
 REQUEUED = ("republished", "rescheduled")
 PROGRESS_LINES = 10  # about this many progress lines per run
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = (
         "Requeue open dead letters: republish each release message (same idempotency key, so "
         "a message already handled ends already_handled) or make a set-aside hold due again. "
@@ -74,12 +75,10 @@ class Command(BaseCommand):
                 counts = ", ".join(f"{k} {len(v)}" for k, v in sorted(done.items()))
                 self.stderr.write(f"progress: {seen}/{len(letters)} ({counts})")
 
-        results = requeue(letters, on_each=each, by=options["by"], why=options["why"].strip())
+        why = (options["why"] or "").strip()
+        results = requeue(letters, on_each=each, by=options["by"], why=why)
         triage.log_history(
-            COMMAND,
-            options["by"],
-            {k: v for k, v in done.items() if k in REQUEUED},
-            options["why"].strip(),
+            COMMAND, options["by"], {k: v for k, v in done.items() if k in REQUEUED}, why
         )
         for action, count in sorted(results.items()):
             self.stdout.write(f"requeued: {action}: {count}")

@@ -12,23 +12,26 @@ import os
 import socket
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from config.celery_app import app
+from config.commands import ProjectCommand
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = "Ping the local Celery worker; exit 1 when it does not answer."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--name",
             default=os.environ.get("WORKER_NAME") or f"worker@{socket.gethostname()}",
+            help="the worker's node name: $WORKER_NAME, else worker@<this host's name>",
         )
-        parser.add_argument("--timeout", type=float, default=5.0)
+        parser.add_argument(
+            "--timeout", type=float, default=5.0, help="seconds to wait for the answer"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-
         name = options["name"]
         try:
             replies = app.control.ping(destination=[name], timeout=options["timeout"])

@@ -1,0 +1,34 @@
+"""What the project's management commands share: ``--help`` shows each option's default.
+
+Every command under ``*/management/commands/`` subclasses :class:`ProjectCommand`. Its parser
+keeps Django's layout (the command's own options first, Django's common ones last) and appends
+``(default: X)`` to an option whose default is a value. A flag (off unless given) and an option
+without a default get nothing appended: their help says what happens when they are not given.
+``tests/unit/test_commands.py`` walks every command's parser and fails on an option without help.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser, DjangoHelpFormatter
+
+
+class HelpFormatter(DjangoHelpFormatter):
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        if text is None or text == argparse.SUPPRESS or "%(default)" in text:
+            return text
+        default = action.default
+        if default is None or default is argparse.SUPPRESS or isinstance(default, bool):
+            return text
+        if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            return f"{text} (default: %(default)s)"
+        return text
+
+
+class ProjectCommand(BaseCommand):
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        return super().create_parser(prog_name, subcommand, **kwargs)
