@@ -63,7 +63,8 @@ def test_a_bad_unacked_entry_is_set_aside_and_a_dead_workers_message_is_still_re
     wait_until(lambda: not blocked_backends(), timeout=30, what="the statement dropped")
     assert status_of(hold_id) == "held"
     client = redis_client()
-    ((tag, fetched_at),) = client.zrange("unacked_index", 0, -1, withscores=True)
+    index: list[tuple[bytes, float]] = client.zrange("unacked_index", 0, -1, withscores=True)  # type: ignore[assignment]
+    ((tag, fetched_at),) = index
     assert client.hexists("unacked", tag)
     # and: a planted entry nested 100,000 deep, fetched at the same instant, which the restore
     # scan meets first
