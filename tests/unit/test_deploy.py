@@ -127,9 +127,11 @@ def test_prometheus_scrapes_flower_with_the_configured_user_not_a_hard_coded_one
     assert "__FLOWER_USER__|$${FLOWER_BASIC_AUTH%%:*}" in entrypoint
 
 
-def k8s_documents() -> list[dict[str, Any]]:
+def k8s_documents(pattern: str = "*.yaml") -> list[dict[str, Any]]:
+    """What `kubectl apply -f deploy/k8s/` applies (the directory, not its subdirectories);
+    ``"**/*.yaml"`` adds the documented alternatives."""
     docs: list[dict[str, Any]] = []
-    for path in sorted((ROOT / "deploy" / "k8s").glob("*.yaml")):
+    for path in sorted((ROOT / "deploy" / "k8s").glob(pattern)):
         docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
     return docs
 
@@ -157,7 +159,7 @@ def test_the_keda_scaled_object_targets_the_worker_on_exported_metrics() -> None
 
 
 def test_the_hpa_alternative_uses_exported_metrics() -> None:
-    hpas = [d for d in k8s_documents() if d["kind"] == "HorizontalPodAutoscaler"]
+    hpas = [d for d in k8s_documents("**/*.yaml") if d["kind"] == "HorizontalPodAutoscaler"]
     assert hpas
     names = {m["external"]["metric"]["name"] for h in hpas for m in h["spec"]["metrics"]}
     assert names and sorted(names - exported_metrics()) == []
@@ -169,6 +171,7 @@ def test_the_hpa_alternative_uses_exported_metrics() -> None:
         "deploy/alerts.yml",
         "deploy/grafana/dashboards/reservation-cleanup.json",
         "deploy/k8s/keda-scaledobject.yaml",
+        "deploy/k8s/alternatives/hpa-external-metric.yaml",
     ],
 )
 def test_alerts_and_dashboard_reference_only_exported_metrics(path: str) -> None:
@@ -444,3 +447,182 @@ def test_scrape_errors_are_counted_per_scrape_not_per_process() -> None:
     assert "scrape_failed" in rule and "increase(" not in rule
     for expr in _dashboard_exprs():
         assert "scrape_errors_total" not in expr, expr
+
+
+# --- Kubernetes manifests (issue 19) ---------------------------------------------------------
+
+
+def _deployments() -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in k8s_documents() if d["kind"] == "Deployment"}
+
+
+def _container(deployment: dict[str, Any]) -> dict[str, Any]:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return dict(containers[0])
+
+
+def test_the_manifests_validate_against_the_kubernetes_and_keda_schemas() -> None:
+    """Offline: kubernetes-validate's API schemas (strict: unknown fields refused) for every
+    built-in kind, the alternatives included; the ScaledObject against the schema in
+    tests/unit/schemas (its HPA behavior part against the HPA's own API schema)."""
+    import jsonschema
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version()
+    kinds = []
+    for doc in k8s_documents("**/*.yaml"):
+        kinds.append(doc["kind"])
+        if doc["kind"] == "ScaledObject":
+            schema = json.loads(
+                (ROOT / "tests/unit/schemas/keda-scaledobject.schema.json").read_text()
+            )
+            jsonschema.validate(doc, schema)
+            behavior = doc["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+            hpa = {
+                "apiVersion": "autoscaling/v2",
+                "kind": "HorizontalPodAutoscaler",
+                "metadata": {"name": "keda-hpa-behavior"},
+                "spec": {
+                    "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "x"},
+                    "maxReplicas": doc["spec"]["maxReplicaCount"],
+                    "behavior": behavior,
+                },
+            }
+            kubernetes_validate.validate(hpa, version, strict=True)
+        else:
+            kubernetes_validate.validate(doc, version, strict=True)
+    assert {"Deployment", "ScaledObject", "NetworkPolicy", "Service", "ConfigMap"} <= set(kinds)
+
+
+def test_the_schema_check_refuses_a_broken_manifest() -> None:
+    import jsonschema
+    import kubernetes_validate
+
+    worker = _deployments()["reservation-cleanup-worker"]
+    broken = json.loads(json.dumps(worker))
+    broken["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGet"]["prot"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, kubernetes_validate.latest_version(), strict=True)
+    scaled = next(d for d in k8s_documents() if d["kind"] == "ScaledObject")
+    unquoted = json.loads(json.dumps(scaled))
+    unquoted["spec"]["triggers"][0]["metadata"]["threshold"] = 8  # KEDA takes strings only
+    schema = json.loads((ROOT / "tests/unit/schemas/keda-scaledobject.schema.json").read_text())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(unquoted, schema)
+
+
+def test_kubectl_apply_of_the_directory_applies_one_autoscaler_and_no_replica_count() -> None:
+    applied = k8s_documents()
+    autoscalers = [d for d in applied if d["kind"] in ("ScaledObject", "HorizontalPodAutoscaler")]
+    assert [d["kind"] for d in autoscalers] == ["ScaledObject"]
+    target = autoscalers[0]["spec"]["scaleTargetRef"]["name"]
+    assert "replicas" not in _deployments()[target]["spec"]
+    alternatives = k8s_documents("alternatives/*.yaml")
+    assert [d["kind"] for d in alternatives] == ["HorizontalPodAutoscaler"]
+    assert alternatives[0]["spec"]["scaleTargetRef"]["name"] == target
+
+
+def _autoscale_bounds(deployment: dict[str, Any]) -> tuple[int, int]:
+    arg = next(a for a in _container(deployment)["args"] if a.startswith("--autoscale="))
+    high, low = arg.split("=", 1)[1].split(",")
+    return int(high), int(low)
+
+
+def test_the_scaling_thresholds_are_the_ones_docs_autoscaling_describes() -> None:
+    """Pods are added for what pools at their --autoscale maximum cannot give, and the age
+    trigger is half the SLO of the ConfigMap."""
+    scaled = next(d for d in k8s_documents() if d["kind"] == "ScaledObject")
+    triggers = {t["name"]: t["metadata"] for t in scaled["spec"]["triggers"]}
+    worker = _deployments()[scaled["spec"]["scaleTargetRef"]["name"]]
+    high, _ = _autoscale_bounds(worker)
+    assert float(triggers["desired-consumers"]["threshold"]) == high
+    config = next(
+        d
+        for d in k8s_documents()
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "reservation-cleanup"
+    )
+    slo = int(config["data"]["CLEANUP_SLO_SECONDS"])
+    assert float(triggers["oldest-eligible-age"]["threshold"]) == slo / 2
+    hpa = k8s_documents("alternatives/*.yaml")[0]
+    targets = {
+        m["external"]["metric"]["name"]: m["external"]["target"] for m in hpa["spec"]["metrics"]
+    }
+    assert float(targets["reservation_cleanup_desired_consumers"]["averageValue"]) == high
+    docs = (ROOT / "docs" / "AUTOSCALING.md").read_text()
+    assert f"ceil(value / {high} consumers per pod)" in docs
+
+
+def test_every_pod_runs_restricted() -> None:
+    for name, deployment in _deployments().items():
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", name
+        container = _container(deployment)["securityContext"]
+        assert container["allowPrivilegeEscalation"] is False, name
+        assert container["readOnlyRootFilesystem"] is True, name
+        assert container["capabilities"]["drop"] == ["ALL"], name
+        mounts = {m["mountPath"] for m in _container(deployment).get("volumeMounts", [])}
+        assert "/tmp" in mounts, f"{name}: a read-only root needs a writable /tmp"
+
+
+def test_the_worker_liveness_does_not_go_through_the_broker() -> None:
+    probe = _container(_deployments()["reservation-cleanup-worker"])["livenessProbe"]
+    assert "exec" not in probe, probe  # manage.py worker_health pings through the broker
+    assert probe["httpGet"]["port"] == "metrics"
+
+
+def test_only_prometheus_reaches_the_worker_metrics_port() -> None:
+    policies = [d for d in k8s_documents() if d["kind"] == "NetworkPolicy"]
+    worker = _deployments()["reservation-cleanup-worker"]
+    labels = worker["spec"]["template"]["metadata"]["labels"]
+    policy = next(p for p in policies if p["spec"]["podSelector"]["matchLabels"] == labels)
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == [9808]
+    (peer,) = rule["from"]
+    assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+
+
+def test_the_web_is_deployed_and_scraped_with_the_component_label() -> None:
+    web = _deployments()["reservation-cleanup-web"]
+    container = _container(web)
+    assert container["args"][:2] == ["gunicorn", "config.wsgi:application"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    env = {e["name"]: e for e in container["env"]}
+    # kubelet's probes and the pod scrape send the pod IP as Host
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert "$(POD_IP)" in env["ALLOWED_HOSTS"]["value"].split(",")
+    scrape = next(
+        d
+        for d in k8s_documents()
+        if d["kind"] == "ConfigMap" and "scrape-configs.yaml" in d["data"]
+    )
+    jobs = yaml.safe_load(scrape["data"]["scrape-configs.yaml"])
+    components = {
+        r["replacement"] for job in jobs for r in job["relabel_configs"]
+        if r.get("target_label") == "component"
+    }  # fmt: skip
+    assert components == {"web", "worker"}
+    web_job = next(j for j in jobs if "web" in j["job_name"])
+    assert "credentials_file" in web_job["authorization"]
+
+
+def test_the_connection_budget_is_written_down_with_the_manifests_numbers() -> None:
+    """Pools times replicas against PostgreSQL's max_connections: the numbers in worker.yaml's
+    note are the manifests' own."""
+    scaled = next(d for d in k8s_documents() if d["kind"] == "ScaledObject")
+    worker = _deployments()["reservation-cleanup-worker"]
+    web = _deployments()["reservation-cleanup-web"]
+    high, _ = _autoscale_bounds(worker)
+    per_pod = high + 1
+    workers = per_pod * scaled["spec"]["maxReplicaCount"]
+    gunicorn = int(
+        next(a for a in _container(web)["args"] if a.startswith("--workers=")).split("=")[1]
+    )
+    webs = web["spec"]["replicas"] * gunicorn
+    total = workers + webs + 2 + 1  # beat (2 replicas) and Flower
+    note = (ROOT / "deploy" / "k8s" / "worker.yaml").read_text()
+    assert f"up to {workers}" in note and f"= {webs})" in note and f": {total}." in note, total
+    assert "max_connections is 100" in note
+    assert "Connection budget" in (ROOT / "docs" / "AUTOSCALING.md").read_text()
