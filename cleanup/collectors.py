@@ -29,8 +29,12 @@ from .schedule import installed_shards
 # its own registry for the /metrics view of the web process. Workers never run these queries.
 #
 # Every DB section runs in its own transaction under ``SET LOCAL statement_timeout``; when a
-# section fails (timeout, database or broker down), its last good values are exported again and
-# ``reservation_cleanup_scrape_errors_total{collector}`` is incremented.
+# section fails (timeout, database or broker down), its last good values are exported again,
+# ``reservation_cleanup_scrape_failed{collector}`` is 1 for that scrape and
+# ``reservation_cleanup_scrape_errors_total{collector}`` is incremented. The counter belongs to one
+# web process: behind gunicorn each process has its own, and successive scrapes reach different
+# processes, so ``increase()`` over it sees resets and jumps that are no errors. Alert on the
+# per-scrape gauge instead (``sum_over_time`` counts failed scrapes whichever process answered).
 
 _log = logging.getLogger("cleanup.metrics")
 
@@ -70,6 +74,7 @@ class BacklogCollector(Collector):
         # section -> metric name -> samples (label values, value): the last good reading.
         self._last: dict[str, dict[str, list[Sample]]] = {}
         self._errors: dict[str, float] = {s: 0.0 for s in self.SECTIONS}
+        self._failed: dict[str, bool] = {s: False for s in self.SECTIONS}
         self._durations: dict[str, float] = {}
         self._previous_backlog: tuple[float, float] | None = None
 
@@ -211,8 +216,10 @@ class BacklogCollector(Collector):
             started = time.perf_counter()
             try:
                 self._last[section] = reader()
+                self._failed[section] = False
             except Exception as exc:  # noqa: BLE001 - keep the last value, count the error
                 self._errors[section] = self._errors.get(section, 0.0) + 1
+                self._failed[section] = True
                 _log.warning(
                     "metrics collector failed; exporting its last values",
                     extra={"collector": section, "error": repr(exc)[:300]},
@@ -251,6 +258,21 @@ class BacklogCollector(Collector):
         for collector, n in sorted(self._errors.items()):
             errors.add_metric([collector], n)
         yield errors
+        failed = GaugeMetricFamily(
+            f"{PREFIX}_scrape_failed",
+            "1 when this scrape's collector failed (its gauges repeat their last good values)",
+            labels=["collector"],
+        )
+        for collector, did_fail in sorted(self._failed.items()):
+            failed.add_metric([collector], 1.0 if did_fail else 0.0)
+        yield failed
+        # The SLO the alert rules and dashboards compare the oldest eligible age with: one
+        # setting (CLEANUP_SLO_SECONDS) for the app, the rules and the panels.
+        yield GaugeMetricFamily(
+            f"{PREFIX}_slo_seconds",
+            "CLEANUP_SLO_SECONDS: the oldest eligible hold must be released within this",
+            value=float(settings.CLEANUP_SLO_SECONDS),
+        )
         duration = GaugeMetricFamily(
             f"{PREFIX}_scrape_duration_seconds",
             "Time each scrape-time collector took in the last scrape",

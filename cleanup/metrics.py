@@ -67,6 +67,37 @@ AUTOSCALE_TARGET = Gauge(
 )
 
 
+# Label values known in advance. A labelled counter has no series until its first increment, so
+# a panel or rule over retries or dead letters would show nothing (not 0) on a healthy fleet;
+# the worker's main process creates these at 0 when it starts serving its metrics.
+KNOWN_TASKS = (
+    "cleanup.release_reservation",
+    "cleanup.release_batch",
+    "cleanup.sweep_shard",
+    "cleanup.relay_outbox",
+    "cleanup.prune",
+    "cleanup.sample_health",
+)
+KNOWN_DEAD_LETTER_REASONS = (
+    "malformed",
+    "unknown_task",
+    "rejected",
+    "retries_exhausted",
+    "deliveries_exhausted",
+    "claims_exhausted",
+    "time_limit",
+    "failed",
+)
+
+
+def initialize_worker_series() -> None:
+    for task in KNOWN_TASKS:
+        DELIVERY_ATTEMPTS.labels(task=task)
+        RETRIES.labels(task=task)
+    for reason in KNOWN_DEAD_LETTER_REASONS:
+        DEAD_LETTERS.labels(reason=reason)
+
+
 def record_autoscale_decision(action: str, reason: str, current: int, target: int) -> None:
     AUTOSCALE_DECISIONS.labels(action=action, reason=reason).inc()
     AUTOSCALE_POOL.set(current)

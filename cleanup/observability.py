@@ -145,7 +145,35 @@ def _compactor(path: str, interval: float) -> None:
             logger.exception("worker metrics compaction failed")
 
 
-def start_metrics_server(port: int, addr: str = "0.0.0.0") -> Any:
+class PoolCollector:
+    """``reservation_cleanup_worker_pool_processes``: the pool processes (consumers) this worker
+    runs now, read at scrape time from the worker's pool. Every worker serves it, autoscaled or
+    not, so "consumers running" is ``sum(...)`` and "no consumer" does not depend on how a
+    deployment names its scrape job."""
+
+    def __init__(self, consumer: Any) -> None:
+        self._consumer = consumer
+
+    def processes(self) -> float | None:
+        pool = getattr(self._consumer, "pool", None)
+        try:
+            return float(pool.num_processes) if pool is not None else None
+        except Exception:  # noqa: BLE001 - a pool being torn down has no size to report
+            return None
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily  # noqa: PLC0415 - prometheus_client chooses its multiprocess mode at first import (docs/LIBRARY-NOTES.md §3)
+
+        size = self.processes()
+        if size is not None:
+            yield GaugeMetricFamily(
+                "reservation_cleanup_worker_pool_processes",
+                "Pool processes (consumers) of this worker at scrape time",
+                value=size,
+            )
+
+
+def start_metrics_server(port: int, addr: str = "0.0.0.0", consumer: Any = None) -> Any:
     from prometheus_client import CollectorRegistry, start_http_server  # noqa: PLC0415 - prometheus_client chooses its multiprocess mode at first import (docs/LIBRARY-NOTES.md §3)
 
     path = multiproc_dir()
@@ -157,6 +185,8 @@ def start_metrics_server(port: int, addr: str = "0.0.0.0") -> Any:
         return None
     registry = CollectorRegistry()
     _collector_class()(registry, path=path)
+    if consumer is not None:
+        registry.register(PoolCollector(consumer))  # type: ignore[arg-type]
     server = start_http_server(port, addr=addr, registry=registry)
 
     interval = float(settings.WORKER_METRICS_COMPACT_INTERVAL)
@@ -171,8 +201,13 @@ def start_metrics_server(port: int, addr: str = "0.0.0.0") -> Any:
 def serve_worker_metrics(sender: Any = None, **_: Any) -> None:
 
     if settings.WORKER_METRICS_PORT > 0:
+        from . import metrics  # noqa: PLC0415 - prometheus_client chooses its multiprocess mode at first import (docs/LIBRARY-NOTES.md §3)
+
+        metrics.initialize_worker_series()
         try:
-            start_metrics_server(settings.WORKER_METRICS_PORT, settings.WORKER_METRICS_ADDR)
+            start_metrics_server(
+                settings.WORKER_METRICS_PORT, settings.WORKER_METRICS_ADDR, consumer=sender
+            )
         except OSError:
             logger.exception(
                 "worker metrics port unavailable", extra={"port": settings.WORKER_METRICS_PORT}

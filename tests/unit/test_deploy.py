@@ -48,7 +48,13 @@ def exported_metrics() -> set[str]:
             names.update(collector_names)
     names.update(f"{metrics.PREFIX}_{name}" for name in collectors.GAUGE_HELP)
     names.update(
-        {f"{metrics.PREFIX}_scrape_errors_total", f"{metrics.PREFIX}_scrape_duration_seconds"}
+        {
+            f"{metrics.PREFIX}_scrape_errors_total",
+            f"{metrics.PREFIX}_scrape_failed",
+            f"{metrics.PREFIX}_scrape_duration_seconds",
+            f"{metrics.PREFIX}_slo_seconds",
+            f"{metrics.PREFIX}_worker_pool_processes",
+        }
     )
     return names
 
@@ -121,9 +127,11 @@ def test_prometheus_scrapes_flower_with_the_configured_user_not_a_hard_coded_one
     assert "__FLOWER_USER__|$${FLOWER_BASIC_AUTH%%:*}" in entrypoint
 
 
-def k8s_documents() -> list[dict[str, Any]]:
+def k8s_documents(pattern: str = "*.yaml") -> list[dict[str, Any]]:
+    """What `kubectl apply -f deploy/k8s/` applies (the directory, not its subdirectories);
+    ``"**/*.yaml"`` adds the documented alternatives."""
     docs: list[dict[str, Any]] = []
-    for path in sorted((ROOT / "deploy" / "k8s").glob("*.yaml")):
+    for path in sorted((ROOT / "deploy" / "k8s").glob(pattern)):
         docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
     return docs
 
@@ -151,7 +159,7 @@ def test_the_keda_scaled_object_targets_the_worker_on_exported_metrics() -> None
 
 
 def test_the_hpa_alternative_uses_exported_metrics() -> None:
-    hpas = [d for d in k8s_documents() if d["kind"] == "HorizontalPodAutoscaler"]
+    hpas = [d for d in k8s_documents("**/*.yaml") if d["kind"] == "HorizontalPodAutoscaler"]
     assert hpas
     names = {m["external"]["metric"]["name"] for h in hpas for m in h["spec"]["metrics"]}
     assert names and sorted(names - exported_metrics()) == []
@@ -163,6 +171,7 @@ def test_the_hpa_alternative_uses_exported_metrics() -> None:
         "deploy/alerts.yml",
         "deploy/grafana/dashboards/reservation-cleanup.json",
         "deploy/k8s/keda-scaledobject.yaml",
+        "deploy/k8s/alternatives/hpa-external-metric.yaml",
     ],
 )
 def test_alerts_and_dashboard_reference_only_exported_metrics(path: str) -> None:
@@ -198,15 +207,15 @@ def _example_env() -> dict[str, str]:
 
 def _start_web_settings(dotenv: dict[str, str], probe: str) -> Any:
     """Python with the web container's environment as docker-compose.yml builds it from
-    ``dotenv``, running ``probe`` under config.settings.production."""
+    ``dotenv`` (the whole file through env_file, then `environment`, which wins), running
+    ``probe`` under config.settings.production."""
     import os
     import subprocess
     import sys
 
-    app_env = {
-        k: _interpolate(str(v), dotenv)
-        for k, v in compose()["services"]["web"]["environment"].items()
-    }
+    web = compose()["services"]["web"]
+    app_env = dict(dotenv) if web.get("env_file") == ".env" else {}
+    app_env.update({k: _interpolate(str(v), dotenv) for k, v in web["environment"].items()})
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
     env.update(app_env)
     return subprocess.run(
@@ -260,3 +269,360 @@ def test_an_example_credential_left_in_the_env_stops_the_app_containers(
     assert message.startswith(f"django.core.exceptions.ImproperlyConfigured: {refused_variable}")
     secret = example.partition(":")[2] if example_variable == "FLOWER_BASIC_AUTH" else example
     assert secret not in message
+
+
+# --- compose wiring an operator meets first (issue 19) ---------------------------------------
+
+
+def test_the_web_answers_prometheus_at_web_8000_under_the_compose_environment() -> None:
+    """Prometheus scrapes web:8000, so that is the Host header; production settings with the
+    environment compose gives the web (quick-start .env) must accept it, and still refuse an
+    unknown Host. Django's test client, the production settings module."""
+    probe = (
+        "import django; django.setup()\n"
+        "from django.test import Client\n"
+        "c = Client()\n"
+        "for host in ('web:8000', 'localhost:8000', 'evil.example'):\n"
+        "    print(host, c.get('/healthz', HTTP_HOST=host).status_code,"
+        " c.get('/metrics', HTTP_HOST=host).status_code)\n"
+    )
+    done = _start_web_settings(_quick_start_env(), probe)
+    assert done.returncode == 0, done.stderr[-2000:]
+    answers = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    # /metrics without the token: 401 means the Host passed and the token check answered.
+    assert answers["web:8000"] == "200 401", done.stdout + done.stderr[-1500:]
+    assert answers["localhost:8000"] == "200 401"
+    assert answers["evil.example"] == "400 400"
+
+
+def test_an_operators_own_allowed_hosts_keep_web() -> None:
+    done = _start_web_settings(
+        {**_quick_start_env(), "ALLOWED_HOSTS": "reservations.example.com"},
+        "import django; django.setup(); from django.conf import settings as s; "
+        "print(','.join(s.ALLOWED_HOSTS))",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "web,reservations.example.com"
+
+
+def test_every_setting_in_dotenv_reaches_the_app_services() -> None:
+    """The README's settings set in .env take effect (compose used to pass only the ~20 it
+    named): every app service reads .env whole."""
+    services = compose()["services"]
+    for name in ("migrate", "web", "worker", "beat", "flower"):
+        assert services[name].get("env_file") == ".env", name
+    dotenv = {
+        **_quick_start_env(),
+        "CLEANUP_MAX_QUEUE_DEPTH": "1234",
+        "METRICS_ALLOW_IPS": "10.9.0.0/16",
+        "CLEANUP_CAPACITY_PER_CONSUMER_PER_S": "42",
+    }
+    probe = (
+        "import django; django.setup(); from django.conf import settings as s; "
+        "print(s.CLEANUP_MAX_QUEUE_DEPTH, s.METRICS_ALLOW_IPS, "
+        "s.CLEANUP_CAPACITY_PER_CONSUMER_PER_S)"
+    )
+    done = _start_web_settings(dotenv, probe)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["1234", "['10.9.0.0/16']", "42.0"]
+
+
+def test_docker_compose_itself_passes_dotenv_to_the_app() -> None:
+    """The same through Debian's docker-compose (its normalized config), when it is installed
+    (scripts/test.sh installs it in CI before pytest)."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    if not shutil.which("docker-compose"):
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("docker-compose is not installed (scripts/test.sh installs it in CI)")
+        pytest.skip("docker-compose is not installed")
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(ROOT / "docker-compose.yml", tmp)
+        dotenv = (ROOT / ".env.example").read_text() + "CLEANUP_MAX_QUEUE_DEPTH=1234\n"
+        Path(tmp, ".env").write_text(dotenv)
+        done = subprocess.run(
+            ["docker-compose", "config"], cwd=tmp, capture_output=True, text=True, timeout=60
+        )
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    for name in ("migrate", "web", "worker", "beat", "flower"):
+        env = services[name]["environment"]
+        assert env["CLEANUP_MAX_QUEUE_DEPTH"] == "1234", name
+        assert env["ALLOWED_HOSTS"].split(",")[0] == "web", name
+        assert env["DJANGO_SETTINGS_MODULE"] == "config.settings.production", name
+
+
+def test_the_readme_says_how_to_create_the_first_admin_user() -> None:
+    readme = (ROOT / "README.md").read_text()
+    deploy = readme.split("### Docker Compose (one host)", 1)[1].split("\n### ", 1)[0]
+    assert "docker compose exec web python manage.py createsuperuser" in deploy
+    assert "DJANGO_SUPERUSER_PASSWORD" in deploy and "--noinput" in deploy
+
+
+def test_flower_forgets_workers_that_went_offline() -> None:
+    flower = command(compose()["services"]["flower"])
+    assert "--persistent=True" in flower
+    assert re.search(r"--purge_offline_workers=\d+", flower), flower
+
+
+def test_alerts_go_to_an_alertmanager_service() -> None:
+    services = compose()["services"]
+    manager = services["alertmanager"]
+    assert "deploy/alertmanager.yml" in " ".join(manager["volumes"])
+    assert "alertmanager" in services["prometheus"]["depends_on"]
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    targets = [
+        t for a in config["alerting"]["alertmanagers"] for s in a["static_configs"]
+        for t in s["targets"]
+    ]  # fmt: skip
+    assert targets == ["alertmanager:9093"]
+    routes = yaml.safe_load((ROOT / "deploy" / "alertmanager.yml").read_text())["route"]
+    assert any(r["matchers"] == ['severity="page"'] for r in routes["routes"])
+
+
+def _alert_rules() -> dict[str, dict[str, Any]]:
+    groups = yaml.safe_load((ROOT / "deploy" / "alerts.yml").read_text())["groups"]
+    return {r["alert"]: r for g in groups for r in g["rules"]}
+
+
+def _dashboard_exprs() -> list[str]:
+    dashboard = json.loads(
+        (ROOT / "deploy" / "grafana" / "dashboards" / "reservation-cleanup.json").read_text()
+    )
+    return [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+
+
+def test_one_slo_setting_drives_the_rules_and_the_dashboard() -> None:
+    """No SLO number in the rules or panels: both compare with the gauge the web exports from
+    CLEANUP_SLO_SECONDS (test_observability checks the gauge's value)."""
+    slo = _alert_rules()["ReservationCleanupSLOBreach"]["expr"]
+    assert "reservation_cleanup_slo_seconds" in slo
+    assert not re.search(r"\b\d{2,}\b", slo), slo
+    exprs = _dashboard_exprs()
+    assert sum("reservation_cleanup_slo_seconds" in e for e in exprs) >= 2
+    text = (ROOT / "deploy" / "grafana" / "dashboards" / "reservation-cleanup.json").read_text()
+    assert "300" not in text
+    assert (
+        "reservation_cleanup_slo_seconds"
+        in _alert_rules()["ReservationCleanupSLOSignalAbsent"]["expr"]
+    )
+
+
+def test_no_rule_or_panel_depends_on_a_scrape_job_name() -> None:
+    """Kubernetes (or any other Prometheus) names its jobs differently: rules and panels select
+    by metric name or by the `component` target label that every scrape config sets."""
+    for name, rule in _alert_rules().items():
+        assert "job=" not in rule["expr"], name
+    for expr in _dashboard_exprs():
+        assert "job=" not in expr, expr
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    components = set()
+    for job in config["scrape_configs"]:
+        for static in job.get("static_configs", []):
+            components.add(static["labels"]["component"])
+        for relabel in job.get("relabel_configs", []):
+            if relabel.get("target_label") == "component":
+                components.add(relabel["replacement"])
+    assert components == {"web", "worker", "flower"}
+    assert _alert_rules()["ReservationCleanupWebDown"]["expr"].startswith('up{component="web"}')
+
+
+def test_consumers_are_compared_with_desired_consumers_in_the_same_unit() -> None:
+    """desired_consumers counts pool processes; the panel sets the running pool processes
+    against it (it used to count worker instances), and no consumer pages on the same gauge."""
+    panel = [e for e in _dashboard_exprs() if "desired_consumers" in e]
+    assert panel
+    exprs = _dashboard_exprs()
+    assert "sum(reservation_cleanup_worker_pool_processes)" in exprs
+    assert not any(e.startswith("sum(up") for e in exprs)
+    rule = _alert_rules()["ReservationCleanupNoConsumers"]["expr"]
+    assert "reservation_cleanup_worker_pool_processes" in rule
+
+
+def test_scrape_errors_are_counted_per_scrape_not_per_process() -> None:
+    rule = _alert_rules()["ReservationCleanupScrapeErrors"]["expr"]
+    assert "scrape_failed" in rule and "increase(" not in rule
+    for expr in _dashboard_exprs():
+        assert "scrape_errors_total" not in expr, expr
+
+
+# --- Kubernetes manifests (issue 19) ---------------------------------------------------------
+
+
+def _deployments() -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in k8s_documents() if d["kind"] == "Deployment"}
+
+
+def _container(deployment: dict[str, Any]) -> dict[str, Any]:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return dict(containers[0])
+
+
+def test_the_manifests_validate_against_the_kubernetes_and_keda_schemas() -> None:
+    """Offline: kubernetes-validate's API schemas (strict: unknown fields refused) for every
+    built-in kind, the alternatives included; the ScaledObject against the schema in
+    tests/unit/schemas (its HPA behavior part against the HPA's own API schema)."""
+    import jsonschema
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version()
+    kinds = []
+    for doc in k8s_documents("**/*.yaml"):
+        kinds.append(doc["kind"])
+        if doc["kind"] == "ScaledObject":
+            schema = json.loads(
+                (ROOT / "tests/unit/schemas/keda-scaledobject.schema.json").read_text()
+            )
+            jsonschema.validate(doc, schema)
+            behavior = doc["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+            hpa = {
+                "apiVersion": "autoscaling/v2",
+                "kind": "HorizontalPodAutoscaler",
+                "metadata": {"name": "keda-hpa-behavior"},
+                "spec": {
+                    "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "x"},
+                    "maxReplicas": doc["spec"]["maxReplicaCount"],
+                    "behavior": behavior,
+                },
+            }
+            kubernetes_validate.validate(hpa, version, strict=True)
+        else:
+            kubernetes_validate.validate(doc, version, strict=True)
+    assert {"Deployment", "ScaledObject", "NetworkPolicy", "Service", "ConfigMap"} <= set(kinds)
+
+
+def test_the_schema_check_refuses_a_broken_manifest() -> None:
+    import jsonschema
+    import kubernetes_validate
+
+    worker = _deployments()["reservation-cleanup-worker"]
+    broken = json.loads(json.dumps(worker))
+    broken["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGet"]["prot"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, kubernetes_validate.latest_version(), strict=True)
+    scaled = next(d for d in k8s_documents() if d["kind"] == "ScaledObject")
+    unquoted = json.loads(json.dumps(scaled))
+    unquoted["spec"]["triggers"][0]["metadata"]["threshold"] = 8  # KEDA takes strings only
+    schema = json.loads((ROOT / "tests/unit/schemas/keda-scaledobject.schema.json").read_text())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(unquoted, schema)
+
+
+def test_kubectl_apply_of_the_directory_applies_one_autoscaler_and_no_replica_count() -> None:
+    applied = k8s_documents()
+    autoscalers = [d for d in applied if d["kind"] in ("ScaledObject", "HorizontalPodAutoscaler")]
+    assert [d["kind"] for d in autoscalers] == ["ScaledObject"]
+    target = autoscalers[0]["spec"]["scaleTargetRef"]["name"]
+    assert "replicas" not in _deployments()[target]["spec"]
+    alternatives = k8s_documents("alternatives/*.yaml")
+    assert [d["kind"] for d in alternatives] == ["HorizontalPodAutoscaler"]
+    assert alternatives[0]["spec"]["scaleTargetRef"]["name"] == target
+
+
+def _autoscale_bounds(deployment: dict[str, Any]) -> tuple[int, int]:
+    arg = next(a for a in _container(deployment)["args"] if a.startswith("--autoscale="))
+    high, low = arg.split("=", 1)[1].split(",")
+    return int(high), int(low)
+
+
+def test_the_scaling_thresholds_are_the_ones_docs_autoscaling_describes() -> None:
+    """Pods are added for what pools at their --autoscale maximum cannot give, and the age
+    trigger is half the SLO of the ConfigMap."""
+    scaled = next(d for d in k8s_documents() if d["kind"] == "ScaledObject")
+    triggers = {t["name"]: t["metadata"] for t in scaled["spec"]["triggers"]}
+    worker = _deployments()[scaled["spec"]["scaleTargetRef"]["name"]]
+    high, _ = _autoscale_bounds(worker)
+    assert float(triggers["desired-consumers"]["threshold"]) == high
+    config = next(
+        d
+        for d in k8s_documents()
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "reservation-cleanup"
+    )
+    slo = int(config["data"]["CLEANUP_SLO_SECONDS"])
+    assert float(triggers["oldest-eligible-age"]["threshold"]) == slo / 2
+    hpa = k8s_documents("alternatives/*.yaml")[0]
+    targets = {
+        m["external"]["metric"]["name"]: m["external"]["target"] for m in hpa["spec"]["metrics"]
+    }
+    assert float(targets["reservation_cleanup_desired_consumers"]["averageValue"]) == high
+    docs = (ROOT / "docs" / "AUTOSCALING.md").read_text()
+    assert f"ceil(value / {high} consumers per pod)" in docs
+
+
+def test_every_pod_runs_restricted() -> None:
+    for name, deployment in _deployments().items():
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", name
+        container = _container(deployment)["securityContext"]
+        assert container["allowPrivilegeEscalation"] is False, name
+        assert container["readOnlyRootFilesystem"] is True, name
+        assert container["capabilities"]["drop"] == ["ALL"], name
+        mounts = {m["mountPath"] for m in _container(deployment).get("volumeMounts", [])}
+        assert "/tmp" in mounts, f"{name}: a read-only root needs a writable /tmp"
+
+
+def test_the_worker_liveness_does_not_go_through_the_broker() -> None:
+    probe = _container(_deployments()["reservation-cleanup-worker"])["livenessProbe"]
+    assert "exec" not in probe, probe  # manage.py worker_health pings through the broker
+    assert probe["httpGet"]["port"] == "metrics"
+
+
+def test_only_prometheus_reaches_the_worker_metrics_port() -> None:
+    policies = [d for d in k8s_documents() if d["kind"] == "NetworkPolicy"]
+    worker = _deployments()["reservation-cleanup-worker"]
+    labels = worker["spec"]["template"]["metadata"]["labels"]
+    policy = next(p for p in policies if p["spec"]["podSelector"]["matchLabels"] == labels)
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == [9808]
+    (peer,) = rule["from"]
+    assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+
+
+def test_the_web_is_deployed_and_scraped_with_the_component_label() -> None:
+    web = _deployments()["reservation-cleanup-web"]
+    container = _container(web)
+    assert container["args"][:2] == ["gunicorn", "config.wsgi:application"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    env = {e["name"]: e for e in container["env"]}
+    # kubelet's probes and the pod scrape send the pod IP as Host
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert "$(POD_IP)" in env["ALLOWED_HOSTS"]["value"].split(",")
+    scrape = next(
+        d
+        for d in k8s_documents()
+        if d["kind"] == "ConfigMap" and "scrape-configs.yaml" in d["data"]
+    )
+    jobs = yaml.safe_load(scrape["data"]["scrape-configs.yaml"])
+    components = {
+        r["replacement"] for job in jobs for r in job["relabel_configs"]
+        if r.get("target_label") == "component"
+    }  # fmt: skip
+    assert components == {"web", "worker"}
+    web_job = next(j for j in jobs if "web" in j["job_name"])
+    assert "credentials_file" in web_job["authorization"]
+
+
+def test_the_connection_budget_is_written_down_with_the_manifests_numbers() -> None:
+    """Pools times replicas against PostgreSQL's max_connections: the numbers in worker.yaml's
+    note are the manifests' own."""
+    scaled = next(d for d in k8s_documents() if d["kind"] == "ScaledObject")
+    worker = _deployments()["reservation-cleanup-worker"]
+    web = _deployments()["reservation-cleanup-web"]
+    high, _ = _autoscale_bounds(worker)
+    per_pod = high + 1
+    workers = per_pod * scaled["spec"]["maxReplicaCount"]
+    gunicorn = int(
+        next(a for a in _container(web)["args"] if a.startswith("--workers=")).split("=")[1]
+    )
+    webs = web["spec"]["replicas"] * gunicorn
+    total = workers + webs + 2 + 1  # beat (2 replicas) and Flower
+    note = (ROOT / "deploy" / "k8s" / "worker.yaml").read_text()
+    assert f"up to {workers}" in note and f"= {webs})" in note and f": {total}." in note, total
+    assert "max_connections is 100" in note
+    assert "Connection budget" in (ROOT / "docs" / "AUTOSCALING.md").read_text()

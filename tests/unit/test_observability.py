@@ -207,6 +207,64 @@ def test_a_failing_section_keeps_its_last_value_and_counts_an_error(settings) ->
         s.labels["collector"]: s.value for s in second["reservation_cleanup_scrape_errors"].samples
     }
     assert errors["eligible"] == 1 and errors["queues"] == 0
+    # The per-scrape gauge (what the alert counts): 1 for the failed section in this scrape,
+    # back to 0 in the next good scrape.
+    failed = {
+        s.labels["collector"]: s.value for s in second["reservation_cleanup_scrape_failed"].samples
+    }
+    assert failed["eligible"] == 1 and failed["queues"] == 0
+    settings.METRICS_STATEMENT_TIMEOUT_MS = 2000
+    third = {m.name: m for m in collector.collect()}
+    failed = {
+        s.labels["collector"]: s.value for s in third["reservation_cleanup_scrape_failed"].samples
+    }
+    assert set(failed.values()) == {0.0}
+
+
+@pytest.mark.django_db
+def test_the_slo_setting_is_exported_for_the_rules_and_dashboards(client: Client, settings) -> None:
+    settings.METRICS_TOKEN = "t" * 40
+    settings.CLEANUP_SLO_SECONDS = 45
+    metrics = scrape(client, "t" * 40)
+    assert metrics[("reservation_cleanup_slo_seconds", ())] == 45
+
+
+def test_every_worker_serves_its_pool_size() -> None:
+    """The no-consumer rule and the consumers panel read this gauge from every worker,
+    autoscaled or not."""
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from cleanup.observability import PoolCollector
+
+    consumer = SimpleNamespace(pool=SimpleNamespace(num_processes=3))
+    registry = CollectorRegistry()
+    registry.register(PoolCollector(consumer))  # type: ignore[arg-type]
+    assert "reservation_cleanup_worker_pool_processes 3.0" in generate_latest(registry).decode()
+    consumer.pool = None  # type: ignore[assignment]
+    assert "pool_processes" not in generate_latest(registry).decode()
+
+
+def test_known_label_values_cover_the_dead_letter_reasons_and_tasks() -> None:
+    """Counters created at 0 when a worker starts: every dead-letter reason and every cleanup
+    task, so retries and dead letters show 0, not nothing, on a healthy fleet."""
+    import cleanup.tasks  # noqa: F401 - registers the tasks
+    from cleanup import metrics
+    from cleanup.models import DeadLetter
+    from config.celery_app import app as current_app
+
+    assert set(metrics.KNOWN_DEAD_LETTER_REASONS) == set(DeadLetter.Reason.values)
+    registered = {name for name in current_app.tasks if name.startswith("cleanup.")}
+    assert set(metrics.KNOWN_TASKS) == registered
+    metrics.initialize_worker_series()
+    samples = {
+        (s.name, s.labels.get("reason") or s.labels.get("task"))
+        for family in [*metrics.RETRIES.collect(), *metrics.DEAD_LETTERS.collect()]
+        for s in family.samples
+    }
+    assert ("reservation_cleanup_retries_total", "cleanup.release_reservation") in samples
+    assert ("reservation_cleanup_dead_letters_total", "deliveries_exhausted") in samples
 
 
 def test_collector_is_not_registered_at_import() -> None:
