@@ -346,7 +346,7 @@ class Service:
     def wrapper(self, argv: list[str], extra: str = "") -> list[str]:
         """`ip netns exec` (network namespace, hosts file, a mount namespace), then a private
         /tmp and the bind mounts, then the command."""
-        steps = [PRIVATE_TMP]
+        steps = self.stack.private_tmp()
         steps += [f"mount --rbind {shlex.quote(s)} {shlex.quote(t)}" for s, t in self.mounts]
         if extra:
             steps.append(extra)
@@ -466,6 +466,26 @@ class Stack:
         self.dns: DnsResponder | None = None
         self.timeline: list[tuple[float, str]] = []
         self.t0 = time.monotonic()
+
+    def private_tmp(self) -> list[str]:
+        """Mount a private /tmp in a service's mount namespace, keeping the checkout and the
+        virtualenv where they are when they live under /tmp (a clean clone in a `mktemp -d`
+        directory, as CI may make): each is bind-mounted aside (under the stack's directory,
+        outside /tmp) before the tmpfs hides it, and back at its own path after."""
+        kept = [p for p in (ROOT, VENV_BIN.parent) if p.is_relative_to("/tmp")]
+        kept = [p for p in kept if not any(p != q and p.is_relative_to(q) for q in kept)]
+        aside = [self.dir / "kept" / str(i) for i in range(len(kept))]
+        for directory in aside:
+            directory.mkdir(parents=True, exist_ok=True)
+        q = shlex.quote
+        return [
+            *(f"mount --rbind {q(str(p))} {q(str(a))}" for p, a in zip(kept, aside, strict=True)),
+            PRIVATE_TMP,
+            *(
+                f"mkdir -p {q(str(p))} && mount --rbind {q(str(a))} {q(str(p))}"
+                for p, a in zip(kept, aside, strict=True)
+            ),
+        ]
 
     def note(self, what: str) -> None:
         elapsed = time.monotonic() - self.t0
