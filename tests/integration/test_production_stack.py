@@ -9,7 +9,10 @@ deploy/alertmanager.yml unchanged. Checks what an operator looks at first:
    Alertmanager's API shows it; workers back, it resolves. A poison message (its delivery count
    at the cap) fires the dead-letter alert; requeueing the letter clears it;
 3. the web answers behind gunicorn with production settings: /readyz, and the admin login with
-   the user the README's first-user step creates.
+   the user the README's first-user step creates;
+4. the backlog autoscaler grows the worker's pool to its maximum when the workers come back to
+   holds older than the SLO ("slo_at_risk"), and shrinks it to its minimum once the backlog is
+   gone and the cooldown has passed (docs/AUTOSCALING.md), as Prometheus sees it.
 
 Runs as root with iproute2 (network namespaces) and Debian's prometheus,
 prometheus-alertmanager, postgresql, redis-server and docker-compose; scripts/test.sh installs
@@ -42,6 +45,7 @@ pytestmark = [pytest.mark.prodstack, pytest.mark.slow, pytest.mark.timeout(420)]
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SLO_SECONDS = 60
+POOL_MIN, POOL_MAX = 1, 3
 # The operator's .env: scripts/make_env.py's output (fresh secrets) with a few settings of the
 # README's table, set the way an operator would set them, to keep the drill short and small.
 DRILL_SETTINGS = {
@@ -49,8 +53,10 @@ DRILL_SETTINGS = {
     "CLEANUP_SHARDS": "2",
     "CLEANUP_SWEEP_EVERY": "2",
     "WEB_CONCURRENCY": "2",
-    "WORKER_AUTOSCALE_MIN": "1",
-    "WORKER_AUTOSCALE_MAX": "3",
+    "WORKER_AUTOSCALE_MIN": str(POOL_MIN),
+    "WORKER_AUTOSCALE_MAX": str(POOL_MAX),
+    # The shrink waits this long after the backlog is gone (60 s by default).
+    "CLEANUP_AUTOSCALE_COOLDOWN": "20",
     "LOG_FORMAT": "text",
     # The measured per-consumer rate (README: from a burst report). Without it the desired
     # consumers gauge needs receipts of the last minute, and an idle fleet exports none.
@@ -288,6 +294,17 @@ def test_the_compose_stack_serves_alerts_and_the_admin_as_deployed(stack: Stack)
     assert requeued.returncode == 0 and "republished: 1" in requeued.stdout, requeued
     stack.note("worker started again; dead letter requeued (requeue_dead_letters)")
 
+    # --- 4. the autoscaler grows the pool at once: the holds waiting are older than the SLO ---
+    def pool_processes() -> float | None:
+        found = stack.query("max(reservation_cleanup_worker_pool_processes)")
+        return float(found[0]["value"][1]) if found else None
+
+    stack.wait(lambda: pool_processes() == POOL_MAX, 90, f"the pool to grow to {POOL_MAX}")
+    times.setdefault("pool grown", time.monotonic() - stack.t0)
+    grown = stack.query('sum(reservation_cleanup_autoscale_decisions_total{action="grow"})')
+    assert grown and float(grown[0]["value"][1]) >= 1, grown
+    stack.note(f"autoscaler: pool grown to {POOL_MAX} (Prometheus)")
+
     def resolved(name: str) -> bool:
         if name not in stack.alerts():
             times.setdefault(f"{name} resolved", time.monotonic() - stack.t0)
@@ -307,12 +324,20 @@ def test_the_compose_stack_serves_alerts_and_the_admin_as_deployed(stack: Stack)
         "Alertmanager to drop the resolved alerts",
     )
     stack.note("both alerts resolved in Prometheus and gone from Alertmanager's active alerts")
+
+    # --- 4. ... and shrinks it to the minimum once the backlog is gone and the cooldown passed ---
+    stack.wait(lambda: pool_processes() == POOL_MIN, 120, f"the pool to shrink to {POOL_MIN}")
+    times.setdefault("pool shrunk", time.monotonic() - stack.t0)
+    shrunk = stack.query('sum(reservation_cleanup_autoscale_decisions_total{action="shrink"})')
+    assert shrunk and float(shrunk[0]["value"][1]) >= 1, shrunk
+    stack.note(f"autoscaler: pool shrunk to {POOL_MIN} after the cooldown (Prometheus)")
     print("\nalert timeline (seconds since the drill started):")
     for what, at in sorted(times.items(), key=lambda kv: kv[1]):
         print(f"  {at:6.1f}  {what}")
     print(f"drill run time: {time.monotonic() - started:.0f} s")
     assert times[f"{SLO_ALERT} pending"] < times[f"{SLO_ALERT} firing"]
     assert times[f"{SLO_ALERT} firing"] < times[f"{SLO_ALERT} resolved"]
+    assert times["pool grown"] < times["pool shrunk"]
     (Path(stack.dir) / "timeline.txt").write_text(
         "\n".join(f"{at:.1f} {what}" for at, what in stack.timeline)
     )
