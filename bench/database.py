@@ -12,7 +12,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from bench.paths import RESULTS, ROOT, STAMP
-from cleanup.broker import redis_client
+from cleanup.broker.readers import redis_client
 from reservations import services
 from reservations.seed import seed_holds
 

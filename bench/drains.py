@@ -11,7 +11,7 @@ from typing import Any
 from bench import profile
 from bench.database import check, create_holds, released_count, reset, sql
 from bench.paths import LOGS
-from cleanup.broker import redis_client
+from cleanup.broker.readers import redis_client
 from cleanup.drills.workers import WorkerProcess
 
 

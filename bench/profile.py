@@ -26,12 +26,12 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("sweep: publish fan-out", r"publish_release_messages "),
         ("sweep: waiting for the publish lock", r"_acquire_publish_lock "),
         ("sweep: claim and the rest", r"sweep_shard "),
-        ("delivery counter (Redis)", r"\(cleanup/deliveries\.py"),
+        ("delivery counter (Redis)", r"\(cleanup/telemetry/deliveries\.py"),
         ("argument check (signature bind)", r"^bind \(inspect\.py"),
-        ("release statement + receipts", r"^release_batch \(cleanup/release\.py"),
+        ("release statement + receipts", r"^release_batch \(cleanup/pipeline/release\.py"),
         ("attempt log line", r"^_log_attempt "),
-        ("metrics", r"\(cleanup/metrics\.py"),
-        ("dead letters", r"\(cleanup/deadletters\.py"),
+        ("metrics", r"\(cleanup/telemetry/metrics\.py"),
+        ("dead letters", r"\(cleanup/pipeline/deadletters\.py"),
         ("waiting for a task", r"recv_bytes \(billiard/connection\.py"),
     )
 )

@@ -26,15 +26,15 @@ from django.utils.text import capfirst
 from django_celery_beat.admin import PeriodicTaskAdmin
 from django_celery_beat.models import PeriodicTask
 
+from cleanup.console.story import explain
+from cleanup.models import CleanupReceipt, CleanupSchedule, DeadLetter
+from cleanup.pipeline import deadletters
+from cleanup.pipeline.messages import idempotency_key
+from cleanup.pipeline.schedule import MANAGED_NOTE, SWEEP_PREFIX, apply_schedule, is_managed
+from cleanup.telemetry import deliveries
 from reservations import admin_guard
 from reservations.admin import EMPTY, ReservationAdmin
 from reservations.models import OutboxEvent, Reservation
-
-from . import deadletters, deliveries
-from .messages import idempotency_key
-from .models import CleanupReceipt, CleanupSchedule, DeadLetter
-from .schedule import MANAGED_NOTE, SWEEP_PREFIX, apply_schedule, is_managed
-from .story import explain
 
 # Dead letters one requeue may send (the confirmation page says so when more match).
 REQUEUE_LIMIT = 1000
@@ -372,7 +372,7 @@ class CleanupReceiptAdmin(HoldRecordAdmin):
 
 def _deliveries(key: str) -> str:
     """The redelivery counter of a message key (kept for CLEANUP_DELIVERY_COUNTER_TTL). A first
-    delivery is not counted (cleanup.deliveries), so 0 means none came back."""
+    delivery is not counted (cleanup.telemetry.deliveries), so 0 means none came back."""
     try:
         n = deliveries.current(key)
     except Exception:  # noqa: BLE001 - the counter is informative here

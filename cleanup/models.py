@@ -111,7 +111,7 @@ class DeliveryCount(models.Model):
 class CleanupSchedule(models.Model):
     """The one "Cleanup schedule": it drives the per-shard sweep entries of the beat schedule.
 
-    Saving it (admin or ``cleanup.schedule.apply_schedule``) rewrites the managed
+    Saving it (admin or ``cleanup.pipeline.schedule.apply_schedule``) rewrites the managed
     ``PeriodicTask`` rows in one transaction. ``install_cleanup_schedule`` creates it only when
     none exists, so a restart never reverts an operator's edit (``--force`` resets it).
     """

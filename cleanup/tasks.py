@@ -20,14 +20,15 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
+from cleanup.console import health
+from cleanup.models import DeadLetter
+from cleanup.pipeline import deadletters, outbox
+from cleanup.pipeline.messages import BATCH_KIND, MalformedMessage, validate, validate_batch
+from cleanup.pipeline.publish import RELEASE_BATCH_TASK, RELEASE_TASK, SWEEP_TASK
+from cleanup.pipeline.release import Attempt, release, release_batch
+from cleanup.pipeline.sweep import sweep_shard
+from cleanup.telemetry import deliveries, metrics
 from reservations.services import TransientConflict
-
-from . import deadletters, deliveries, health, metrics, outbox
-from .messages import BATCH_KIND, MalformedMessage, validate, validate_batch
-from .models import DeadLetter
-from .publish import RELEASE_BATCH_TASK, RELEASE_TASK, SWEEP_TASK
-from .release import Attempt, release, release_batch
-from .sweep import sweep_shard
 
 logger = logging.getLogger("cleanup.tasks")
 
@@ -76,7 +77,7 @@ class CleanupTask(Task):  # type: ignore[misc]
         """This delivery's number among its key's deliveries (1 for a first delivery).
 
         Only a redelivery (the broker's flag) or a retry can be part of a loop, so only those
-        are counted (cleanup.deliveries); a first delivery costs no round trip. The count
+        are counted (cleanup.telemetry.deliveries); a first delivery costs no round trip. The count
         then includes the first delivery, which was not counted."""
         redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
         if not redelivered and not self.request.retries:

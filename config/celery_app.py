@@ -5,7 +5,7 @@ import os
 from celery import Celery  # (celery does not import prometheus_client)
 
 # Before any project module: sets PROMETHEUS_MULTIPROC_DIR for a worker (docs/LIBRARY-NOTES.md §3).
-import cleanup.worker_boot  # noqa: F401
+import cleanup.telemetry.worker_boot  # noqa: F401
 
 # Without the variable, production: it refuses to start without real secrets, where a
 # development default would run with DEBUG and public keys.

@@ -103,7 +103,7 @@ class Reservation(models.Model):
                 condition=Q(status="held"),
             ),
             # The SLO gauge, per bucket: WHERE status='held' AND bucket = b
-            #   AND expires_at <= now() ORDER BY expires_at LIMIT 1  (cleanup.metrics)
+            #   AND expires_at <= now() ORDER BY expires_at LIMIT 1  (cleanup.telemetry.metrics)
             models.Index(
                 fields=["bucket", "expires_at"],
                 name="reservations_held_bucket_idx",

@@ -3,10 +3,11 @@ invariants, and write a report (JSON, Markdown, and a PNG plot when matplotlib i
 
 Samples every second, from the sources the metrics use: the oldest eligible hold's age per shard
 (SQL), the eligible count, the release queue's depth and oldest message age
-(``cleanup.broker.queue_stats``), delivery attempts (the delivery counters), transitions (holds
-released), outcomes and retries (receipts), dead letters. Optionally renews a fraction of the
-holds before they expire, re-publishes a fraction of already published release messages, and —
-when it started the workers itself — drains one worker (SIGTERM) and SIGKILLs another.
+(``cleanup.broker.readers.queue_stats``), delivery attempts (the delivery counters),
+transitions (holds released), outcomes and retries (receipts), dead letters. Optionally
+renews a fraction of the holds before they expire, re-publishes a fraction of already published
+release messages, and — when it started the workers itself — drains one worker (SIGTERM) and
+SIGKILLs another.
 """
 
 from __future__ import annotations
@@ -23,17 +24,17 @@ from typing import Any, TextIO
 from django.conf import settings
 from django.db import connection
 
+from cleanup.broker import readers as broker
+from cleanup.drills.invariants import invariant_violations
+from cleanup.drills.report import write_outputs
+from cleanup.drills.state import BurstConfig, BurstState, Sample
+from cleanup.drills.workers import WorkerProcess
+from cleanup.pipeline.messages import build, idempotency_key
+from cleanup.pipeline.publish import publish_release_messages, send_sweep
+from cleanup.telemetry import deliveries
 from reservations import services
 from reservations.errors import HoldExpired, NotHeld, StaleVersion
 from reservations.seed import seed_holds
-
-from .. import broker, deliveries
-from ..messages import build, idempotency_key
-from ..publish import publish_release_messages, send_sweep
-from .invariants import invariant_violations
-from .report import write_outputs
-from .state import BurstConfig, BurstState, Sample
-from .workers import WorkerProcess
 
 R = "reservations_reservation"
 RENEW_TTL_SECONDS = 3600  # renewed holds outlive the drill: they must stay held

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .state import BurstConfig, BurstState
+from cleanup.drills.state import BurstConfig, BurstState
 
 NO_MATPLOTLIB = (
     "plot.png not written: matplotlib is not installed here (it is a dev requirement, not a "

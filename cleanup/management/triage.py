@@ -16,8 +16,8 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError, CommandParser
 
-from cleanup import deadletters
 from cleanup.models import DeadLetter
+from cleanup.pipeline import deadletters
 from reservations import admin_guard
 
 CLI_USERNAME = "manage.py"

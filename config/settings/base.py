@@ -198,10 +198,10 @@ if BROKER_IS_REDIS:
     }
 if CELERY_BROKER_URL.startswith("redis://"):
     # kombu's Redis transport with every list entry screened before kombu decodes it.
-    CELERY_BROKER_TRANSPORT = "cleanup.redis_transport:Transport"
+    CELERY_BROKER_TRANSPORT = "cleanup.worker.redis_transport:Transport"
 elif CELERY_BROKER_URL.startswith(("amqp://", "pyamqp://", "amqps://")):
     # kombu's py-amqp transport with every content header screened before py-amqp decodes it.
-    CELERY_BROKER_TRANSPORT = "cleanup.amqp_transport:" + (
+    CELERY_BROKER_TRANSPORT = "cleanup.worker.amqp_transport:" + (
         "SSLTransport" if CELERY_BROKER_URL.startswith("amqps://") else "Transport"
     )
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
@@ -243,7 +243,7 @@ CELERY_TASK_ROUTES = {
 CELERY_WORKER_SEND_TASK_EVENTS = env_bool("CELERY_TASK_EVENTS", True)
 CELERY_TASK_SEND_SENT_EVENT = CELERY_WORKER_SEND_TASK_EVENTS
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-CELERY_BEAT_SCHEDULER = "cleanup.schedule:LeaderDatabaseScheduler"
+CELERY_BEAT_SCHEDULER = "cleanup.pipeline.schedule:LeaderDatabaseScheduler"
 # Persist last_run_at after every send so a new beat leader does not re-send
 # (docs/LIBRARY-NOTES.md §4).
 CELERY_BEAT_SYNC_EVERY = 1
@@ -260,17 +260,18 @@ WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0, minimum=0)
 WORKER_METRICS_ADDR = env_str("WORKER_METRICS_ADDR", "127.0.0.1")
 # How often a worker's main process folds dead pool children's metric files into an archive.
 WORKER_METRICS_COMPACT_INTERVAL = env_float("WORKER_METRICS_COMPACT_INTERVAL", 30, minimum=0.1)
-# Inputs of cleanup.capacity.desired_consumers (the desired_consumers gauge, the autoscaler):
-# a planned peak arrival rate (a floor under the measured one), the measured per-consumer rate
-# from a burst report (else the receipts' mean duration is used), and retry headroom.
+# Inputs of cleanup.scaling.capacity.desired_consumers (the desired_consumers gauge, the
+# autoscaler): a planned peak arrival rate (a floor under the measured one), the measured
+# per-consumer rate from a burst report (else the receipts' mean duration is used), and retry
+# headroom.
 CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S = env_float(
     "CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S", 0, minimum=0
 )
 CLEANUP_CAPACITY_PER_CONSUMER_PER_S = env_float("CLEANUP_CAPACITY_PER_CONSUMER_PER_S", 0, minimum=0)
 CLEANUP_CAPACITY_HEADROOM = env_float("CLEANUP_CAPACITY_HEADROOM", 0.5, minimum=0)
-# The pool autoscaler (cleanup.autoscale, used with `celery worker --autoscale=MAX,MIN`): how
-# often it reads the backlog, the window its rates are measured over, the fraction of the SLO the
-# oldest eligible hold may reach before the backlog must be drained, the utilization target,
+# The pool autoscaler (cleanup.scaling.autoscale, used with `celery worker --autoscale=MAX,MIN`):
+# how often it reads the backlog, the window its rates are measured over, the fraction of the SLO
+# the oldest eligible hold may reach before the backlog must be drained, the utilization target,
 # how long a lower target must persist before the pool shrinks, and the service time per pool
 # process assumed until one is measured (CLEANUP_CAPACITY_PER_CONSUMER_PER_S overrides both).
 CLEANUP_AUTOSCALE_INTERVAL = env_float("CLEANUP_AUTOSCALE_INTERVAL", 5, minimum=0.2)
@@ -287,7 +288,7 @@ if CLEANUP_AUTOSCALE_SLO_TARGET > 1 or CLEANUP_AUTOSCALE_UTILIZATION > 1:
         "CLEANUP_AUTOSCALE_SLO_TARGET and CLEANUP_AUTOSCALE_UTILIZATION must be <= 1"
     )
 # Only used when a worker runs with --autoscale; without it the pool has a fixed size.
-CELERY_WORKER_AUTOSCALER = "cleanup.autoscale:BacklogAutoscaler"
+CELERY_WORKER_AUTOSCALER = "cleanup.scaling.autoscale:BacklogAutoscaler"
 LOG_FORMAT = env_str("LOG_FORMAT", "text")
 if LOG_FORMAT not in {"text", "json"}:
     raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r}: expected 'text' or 'json'")
@@ -311,12 +312,13 @@ LOGGING = {
     },
 }
 
-# Undecodable messages are dead-lettered before Celery acks them (cleanup.consumer).
-CELERY_WORKER_CONSUMER = "cleanup.consumer:DeadLetteringConsumer"
+# Undecodable messages are dead-lettered before Celery acks them (cleanup.worker.consumer).
+CELERY_WORKER_CONSUMER = "cleanup.worker.consumer:DeadLetteringConsumer"
 # Remote control (the pidbox broadcast channel): anyone who can write to the broker can send a
 # command, so a worker runs only these and drops the rest with a log line and a counted metric
-# (cleanup.remote_control). The default is what `manage.py worker_health`, `celery inspect` and
-# Flower's read-only pages use; add e.g. pool_grow or shutdown only with a broker you trust.
+# (cleanup.worker.remote_control). The default is what `manage.py worker_health`,
+# `celery inspect` and Flower's read-only pages use; add e.g. pool_grow or shutdown only
+# with a broker you trust.
 CELERY_WORKER_ENABLE_REMOTE_CONTROL = env_bool("CELERY_WORKER_ENABLE_REMOTE_CONTROL", True)
 CLEANUP_REMOTE_CONTROL_COMMANDS = env_list(
     "CLEANUP_REMOTE_CONTROL_COMMANDS",

@@ -99,7 +99,7 @@ def purge_broker() -> None:
     and kombu's unacked bookkeeping); on RabbitMQ the tests' queues in the tests' own vhost
     (messages a running worker holds unacked are not purgeable and come back to it)."""
     if broker_is_redis():
-        from cleanup.broker import redis_client
+        from cleanup.broker.readers import redis_client
 
         redis_client().flushdb()
         return
@@ -131,7 +131,7 @@ def unacked(queue: str) -> int | None:
     unacked hash. RabbitMQ: ``rabbitmqctl list_queues`` for the tests' vhost (AMQP itself does
     not report it); None when rabbitmqctl is not usable."""
     if broker_is_redis():
-        from cleanup.broker import unacked_count
+        from cleanup.broker.readers import unacked_count
 
         return unacked_count(queue)
     import shutil
@@ -157,14 +157,15 @@ def unacked(queue: str) -> int | None:
 
 def queue_settled(queue: str) -> bool:
     """Nothing waiting in ``queue`` and nothing delivered and unacknowledged."""
-    from cleanup.broker import queue_depth
+    from cleanup.broker.readers import queue_depth
 
     return queue_depth(queue) == 0 and (unacked(queue) or 0) == 0
 
 
 def delivery_totals(keys: list[str]) -> list[int]:
     """Delivery counters of many keys at once (Redis MGET, or the PostgreSQL table)."""
-    from cleanup import deliveries, redis_clients
+    from cleanup import redis_clients
+    from cleanup.telemetry import deliveries
 
     if settings.CLEANUP_COUNTER_REDIS_URL:
         client = redis_clients.client(settings.CLEANUP_COUNTER_REDIS_URL)
@@ -265,8 +266,8 @@ def one_eligible_hold() -> tuple[int, int]:
 
 def publish_for(hold_id: int) -> dict[str, Any]:
     """Publish the release message of a hold at version 1, as a sweep would."""
-    from cleanup.messages import build
-    from cleanup.publish import publish_release_messages
+    from cleanup.pipeline.messages import build
+    from cleanup.pipeline.publish import publish_release_messages
 
     expires_at = scalar("SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id])
     message = build(hold_id, 1, expires_at, 0, f"trace-{uuid.uuid4().hex[:8]}")
@@ -389,7 +390,7 @@ def hold_messages(
     ids: list[int], *, shard: int = 0, trace_id: str = "scenario"
 ) -> list[dict[str, Any]]:
     """Release messages for the holds as they are now (id, version, expires_at)."""
-    from cleanup.messages import build
+    from cleanup.pipeline.messages import build
 
     rows = sql(
         "SELECT id, version, expires_at FROM reservations_reservation WHERE id = ANY(%s) "
@@ -400,8 +401,8 @@ def hold_messages(
 
 
 def delivery_counts(keys: list[str]) -> list[int]:
-    """The delivery counter of each idempotency key (cleanup.deliveries), in order."""
-    from cleanup import deliveries
+    """The delivery counter of each idempotency key (cleanup.telemetry.deliveries), in order."""
+    from cleanup.telemetry import deliveries
 
     return [deliveries.current(key) for key in keys]
 
@@ -419,7 +420,7 @@ def send_installed_sweeps() -> int:
 
     from django_celery_beat.models import PeriodicTask
 
-    from cleanup.schedule import SWEEP_PREFIX
+    from cleanup.pipeline.schedule import SWEEP_PREFIX
     from cleanup.tasks import sweep_shard_task
 
     sent = 0

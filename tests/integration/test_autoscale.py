@@ -1,6 +1,6 @@
-"""The backlog-driven pool autoscaler (cleanup.autoscale) in real ``celery worker --autoscale``
-processes: the pool size is read from /proc (the worker's pool children), the decisions from the
-worker's log.
+"""The backlog-driven pool autoscaler (cleanup.scaling.autoscale) in real
+``celery worker --autoscale`` processes: the pool size is read from /proc (the worker's pool
+children), the decisions from the worker's log.
 
 Each test runs one worker of its own (the shared fleet is paused), with a short decision
 interval and cooldown so the scenarios finish in tens of seconds.
@@ -250,7 +250,7 @@ def test_a_database_read_error_keeps_the_current_size(tmp_path: Path) -> None:
 def test_a_broker_read_error_is_a_failed_reading(settings: object) -> None:
     """The reader reports an unreachable broker as an error (so ``decide`` holds), never as an
     empty queue. The database part reads the real test database."""
-    from cleanup.autoscale import Policy, Reader, decide
+    from cleanup.scaling.autoscale import Policy, Reader, decide
 
     # given: a broker URL where nothing listens (port 1 on this host), of the broker's kind
     redis = settings.BROKER_IS_REDIS  # type: ignore[attr-defined]

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from cleanup.messages import build_batch, validate_batch
 from cleanup.models import DeadLetter
-from cleanup.publish import publish_release_messages
+from cleanup.pipeline.messages import build_batch, validate_batch
+from cleanup.pipeline.publish import publish_release_messages
 from reservations import services
 from tests.wire import publish_raw
 
@@ -122,7 +122,7 @@ def _batch_attempts(workers: list[Worker], trace: str) -> list[dict[str, int]]:
 
 def _drained(queue: str = "cleanup") -> bool:
     """Nothing waiting and nothing fetched but unacknowledged."""
-    from cleanup.broker import queue_depth, unacked_count
+    from cleanup.broker.readers import queue_depth, unacked_count
 
     return queue_depth(queue) == 0 and unacked_count(queue) == 0
 

@@ -1,5 +1,5 @@
-"""Real ``celery beat`` processes (cleanup.schedule:LeaderDatabaseScheduler) sending sweeps to
-real workers.
+"""Real ``celery beat`` processes (cleanup.pipeline.schedule:LeaderDatabaseScheduler) sending
+sweeps to real workers.
 
 6. Beat stopped for several intervals while holds expire → the next runs catch up completely;
    edits saved on the schedule's models (as the admin change form saves them) take effect
@@ -31,9 +31,9 @@ from django.test import Client
 from django.urls import reverse
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-from cleanup import broker
+from cleanup.broker import readers as broker
 from cleanup.models import CleanupSchedule
-from cleanup.schedule import SWEEP_PREFIX, install_schedule, sweep_entry_name
+from cleanup.pipeline.schedule import SWEEP_PREFIX, install_schedule, sweep_entry_name
 
 from .fleet import (
     Beat,

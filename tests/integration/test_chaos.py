@@ -28,7 +28,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cleanup.schedule import install_schedule
+from cleanup.pipeline.schedule import install_schedule
 
 from .fleet import (
     Worker,

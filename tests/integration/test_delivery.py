@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from cleanup import deliveries
 from cleanup.models import DeadLetter
+from cleanup.telemetry import deliveries
 from tests.wire import GOOD, publish_raw
 from tests.wire import task_body as _body
 

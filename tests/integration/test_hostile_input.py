@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from cleanup.messages import build
 from cleanup.models import DeadLetter
-from cleanup.publish import publish_release_messages
+from cleanup.pipeline.messages import build
+from cleanup.pipeline.publish import publish_release_messages
 from tests.wire import RELEASE_TASK, publish_raw
 from tests.wire import release_message as _good
 from tests.wire import task_body as _body
@@ -54,7 +54,7 @@ def _nested(depth: int) -> str:
 def push_redis_entry(entry: bytes | str) -> str:
     """LPUSH a raw entry onto the release queue's Redis list, as anything that can write to
     Redis could: no kombu envelope at all, or a broken one."""
-    from cleanup.broker import redis_client
+    from cleanup.broker.readers import redis_client
 
     redis_client().lpush(settings.CLEANUP_RELEASE_QUEUE, entry)
     return ""
@@ -312,7 +312,7 @@ def _publish_control(body: Any) -> None:
 
 
 def _redis_publish(channel: str, data: bytes | str) -> None:
-    from cleanup.broker import redis_client
+    from cleanup.broker.readers import redis_client
 
     redis_client().publish(channel, data)
 

@@ -11,10 +11,10 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from cleanup.messages import build
-from cleanup.publish import publish_release_messages
-from cleanup.schedule import install_schedule
-from cleanup.sweep import sweep_shard
+from cleanup.pipeline.messages import build
+from cleanup.pipeline.publish import publish_release_messages
+from cleanup.pipeline.schedule import install_schedule
+from cleanup.pipeline.sweep import sweep_shard
 
 from .fleet import (
     Samples,

@@ -20,11 +20,11 @@ from collections.abc import Iterator
 import pytest
 from django.db import connection, transaction
 
-from cleanup import broker
-from cleanup.messages import build
-from cleanup.publish import publish_release_messages
-from cleanup.schedule import install_schedule, installed_shards
-from cleanup.sweep import SweepResult, sweep_shard
+from cleanup.broker import readers as broker
+from cleanup.pipeline.messages import build
+from cleanup.pipeline.publish import publish_release_messages
+from cleanup.pipeline.schedule import install_schedule, installed_shards
+from cleanup.pipeline.sweep import SweepResult, sweep_shard
 from cleanup.tasks import sweep_shard_task
 from reservations import services
 

@@ -13,7 +13,7 @@ import time
 import pytest
 from django.conf import settings
 
-from cleanup.broker import redis_client
+from cleanup.broker.readers import redis_client
 from cleanup.models import DeadLetter
 
 from .fleet import (

@@ -104,9 +104,10 @@ def _seed(stack: Stack, count: int, expires_in: float, name: str) -> None:
 
 POISON = """
 from django.conf import settings
-from cleanup import deliveries, redis_clients
-from cleanup.messages import build, validate
-from cleanup.publish import RELEASE_TASK
+from cleanup import redis_clients
+from cleanup.telemetry import deliveries
+from cleanup.pipeline.messages import build, validate
+from cleanup.pipeline.publish import RELEASE_TASK
 from config.celery_app import app
 from reservations.models import Reservation
 from reservations.seed import seed_holds

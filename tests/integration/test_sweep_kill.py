@@ -1,6 +1,6 @@
 """A worker killed in the middle of a sweep, with real workers: the sweep publishes a batch
 before its claim commits, so a sweep that dies inside that transaction leases nothing without
-a message (cleanup/sweep.py; docs/PIPELINE.md, invariant 5).
+a message (cleanup/pipeline/sweep.py; docs/PIPELINE.md, invariant 5).
 
 The sweep is parked deterministically inside its claim's transaction: the test locks the
 dead-letter table, and the batch holds a hold that this claim sets aside, whose dead letter

@@ -17,10 +17,10 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from cleanup import deadletters
-from cleanup.messages import build
 from cleanup.models import DeadLetter
-from cleanup.publish import RELEASE_TASK
+from cleanup.pipeline import deadletters
+from cleanup.pipeline.messages import build
+from cleanup.pipeline.publish import RELEASE_TASK
 from config.celery_app import app
 
 from . import fleet

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from cleanup.broker import redis_client
+from cleanup.broker.readers import redis_client
 
 
 @pytest.fixture

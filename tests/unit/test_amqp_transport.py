@@ -22,9 +22,9 @@ from amqp import spec
 from amqp.exceptions import FrameSyntaxError, UnexpectedFrame
 from amqp.serialization import dumps as _dumps
 
-from cleanup import amqp_transport
-from cleanup.amqp_transport import MAX_DEPTH, check_content_header
 from cleanup.models import DeadLetter
+from cleanup.worker import amqp_transport
+from cleanup.worker.amqp_transport import MAX_DEPTH, check_content_header
 
 ROOT = Path(__file__).resolve().parents[2]
 # py-amqp's type stubs lack the message's frame (de)serialization methods used here.
@@ -354,9 +354,9 @@ def test_connections_of_both_transports_read_through_the_screened_handler() -> N
 @pytest.mark.parametrize(
     ("url", "transport"),
     [
-        ("amqp://guest:guest@127.0.0.1:5672/x", "cleanup.amqp_transport:Transport"),
-        ("pyamqp://guest:guest@127.0.0.1:5672/x", "cleanup.amqp_transport:Transport"),
-        ("amqps://guest:guest@127.0.0.1:5671/x", "cleanup.amqp_transport:SSLTransport"),
+        ("amqp://guest:guest@127.0.0.1:5672/x", "cleanup.worker.amqp_transport:Transport"),
+        ("pyamqp://guest:guest@127.0.0.1:5672/x", "cleanup.worker.amqp_transport:Transport"),
+        ("amqps://guest:guest@127.0.0.1:5671/x", "cleanup.worker.amqp_transport:SSLTransport"),
     ],
 )
 def test_the_settings_select_the_screened_transport_for_amqp_urls(url: str, transport: str) -> None:

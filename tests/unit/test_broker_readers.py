@@ -18,12 +18,12 @@ import redis
 from django.conf import settings
 from prometheus_client import REGISTRY
 
-from cleanup import broker as broker_module
-from cleanup import health
-from cleanup.autoscale import Reader
-from cleanup.collectors import BacklogCollector
+from cleanup.broker import readers as broker_module
+from cleanup.console import health
+from cleanup.console.gauges import BacklogCollector
 from cleanup.models import DeadLetter
-from cleanup.redis_transport import ScreenedQoS
+from cleanup.scaling.autoscale import Reader
+from cleanup.worker.redis_transport import ScreenedQoS
 from config.celery_app import app
 from tests.wire import GOOD, RELEASE_TASK, task_body
 

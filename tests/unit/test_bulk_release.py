@@ -4,7 +4,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from cleanup.messages import MalformedMessage, build_batch, validate_batch
+from cleanup.pipeline.messages import MalformedMessage, build_batch, validate_batch
 from reservations import services
 from reservations.services import ReleaseOutcome
 from reservations.services import release_holds as release_many_if_expired

@@ -24,10 +24,10 @@ from django.urls import reverse
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from cleanup import deadletters, outbox
-from cleanup.broker import queue_depth
-from cleanup.messages import build
+from cleanup.broker.readers import queue_depth
 from cleanup.models import CleanupReceipt, DeadLetter
+from cleanup.pipeline import deadletters, outbox
+from cleanup.pipeline.messages import build
 from tests.integration.fleet import service_env
 
 ROOT = Path(__file__).resolve().parents[2]

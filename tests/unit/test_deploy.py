@@ -40,7 +40,8 @@ def exported_metrics() -> set[str]:
     suffixes Prometheus gives them) and the web's scrape-time gauges."""
     from prometheus_client import REGISTRY
 
-    from cleanup import collectors, metrics
+    from cleanup.console import gauges as collectors
+    from cleanup.telemetry import metrics
 
     names: set[str] = set()
     for collector_names in REGISTRY._collector_to_names.values():
@@ -71,7 +72,7 @@ def test_compose_runs_every_service_the_system_needs() -> None:
     assert "--autoscale=" in command(services["worker"])
     from django.conf import settings
 
-    assert settings.CELERY_WORKER_AUTOSCALER == "cleanup.autoscale:BacklogAutoscaler"
+    assert settings.CELERY_WORKER_AUTOSCALER == "cleanup.scaling.autoscale:BacklogAutoscaler"
     # every long-running service has a health check
     for name in ("postgres", "redis", "web", "worker", "beat", "flower"):
         assert healthcheck(services[name]), f"{name} has no health check"

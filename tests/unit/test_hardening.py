@@ -17,10 +17,12 @@ from django.db import connection
 from django.utils import timezone
 from kombu.exceptions import ContentDisallowed
 
-from cleanup import deadletters, redis_transport, remote_control, screening
-from cleanup.messages import MalformedMessage, build, validate
+from cleanup.broker import screening
 from cleanup.models import CleanupReceipt, DeadLetter
-from cleanup.release import Attempt, release, release_batch
+from cleanup.pipeline import deadletters
+from cleanup.pipeline.messages import MalformedMessage, build, validate
+from cleanup.pipeline.release import Attempt, release, release_batch
+from cleanup.worker import redis_transport, remote_control
 from reservations import services
 from reservations.models import Reservation
 from tests.wire import GOOD
@@ -168,8 +170,8 @@ def test_a_redis_entry_that_is_not_an_envelope_is_refused(entry: object, words: 
 
 
 def test_our_redis_read_is_still_kombus_own_with_screening_added() -> None:
-    """cleanup.redis_transport copies kombu 5.7's ``Channel._brpop_read`` and ``_get`` and adds
-    the screening; when kombu changes them this fails, and the copy must be redone."""
+    """cleanup.worker.redis_transport copies kombu 5.7's ``Channel._brpop_read`` and ``_get`` and
+    adds the screening; when kombu changes them this fails, and the copy must be redone."""
     from kombu.transport import redis
 
     channel: Any = redis.Channel
@@ -182,7 +184,7 @@ def test_our_redis_read_is_still_kombus_own_with_screening_added() -> None:
 
 
 def test_our_unacked_restore_is_still_kombus_own_with_screening_added() -> None:
-    """cleanup.redis_transport.ScreenedQoS copies kombu 5.7's ``QoS.restore_by_tag`` with the
+    """cleanup.worker.redis_transport.ScreenedQoS copies kombu 5.7's ``QoS.restore_by_tag`` with the
     screening in place of the bare decode, and relies on every restore (the visibility scan, a
     requeue, the restore at shutdown) going through it; when kombu changes any of that this
     fails, and the copy must be redone."""
@@ -340,7 +342,7 @@ def test_a_broadcast_that_is_not_an_envelope_is_dropped_by_the_redis_transport(
 
 
 def test_kombu_passes_over_a_pub_sub_reply_whose_type_is_not_a_message() -> None:
-    """cleanup.redis_transport drops a broadcast by renaming its type in ``_handle_message``;
+    """cleanup.worker.redis_transport drops a broadcast by renaming its type in ``_handle_message``;
     kombu's ``_receive_one`` must still deliver only types ending in 'message'."""
     from kombu.transport import redis
 
@@ -407,8 +409,8 @@ def test_a_command_celery_does_not_have_fails_the_worker_start(settings: Any) ->
 
 
 def test_our_amqp_header_scan_still_matches_py_amqps_decoder() -> None:
-    """cleanup.amqp_transport scans content headers with its own table of py-amqp's field types
-    and property layout, and hands py-amqp's frame handler a stand-in header for a refused
+    """cleanup.worker.amqp_transport scans content headers with its own table of py-amqp's field
+    types and property layout, and hands py-amqp's frame handler a stand-in header for a refused
     delivery. When py-amqp changes its table decoder, its basic properties or where its frame
     handler decodes a header, this fails, and the scan (and tests/unit/test_amqp_transport.py)
     must be checked against the new version."""
@@ -419,7 +421,7 @@ def test_our_amqp_header_scan_still_matches_py_amqps_decoder() -> None:
     from amqp import method_framing
     from amqp import serialization as _serialization
 
-    from cleanup import amqp_transport
+    from cleanup.worker import amqp_transport
 
     serialization: Any = _serialization  # its type stubs lack the private decoder
     message: Any = amqp.Message

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from cleanup import deliveries
-from cleanup.messages import build, validate
-from cleanup.release import Attempt, release
+from cleanup.pipeline.messages import build, validate
+from cleanup.pipeline.release import Attempt, release
 from cleanup.tasks import release_reservation_task
+from cleanup.telemetry import deliveries
 from reservations.seed import seed_holds
 
 pytestmark = pytest.mark.django_db(transaction=True)

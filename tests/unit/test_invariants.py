@@ -9,9 +9,9 @@ import pytest
 from django.db.models.functions import Now
 
 from cleanup.drills.invariants import invariant_violations
-from cleanup.messages import build, validate
 from cleanup.models import CleanupReceipt
-from cleanup.release import Attempt, release
+from cleanup.pipeline.messages import build, validate
+from cleanup.pipeline.release import Attempt, release
 from reservations import services
 from reservations.models import Offering, Reservation
 

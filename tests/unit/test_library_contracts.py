@@ -11,7 +11,7 @@ from typing import Any
 
 
 def test_beat_reload_still_works_through_initial_read_and_heap() -> None:
-    # cleanup.schedule.LeaderDatabaseScheduler._reload_from_database sets these two.
+    # cleanup.pipeline.schedule.LeaderDatabaseScheduler._reload_from_database sets these two.
     from celery.beat import Scheduler
     from django_celery_beat.schedulers import DatabaseScheduler
 
@@ -21,8 +21,8 @@ def test_beat_reload_still_works_through_initial_read_and_heap() -> None:
 
 
 def test_beat_still_keeps_its_entries_in_the_schedule_dict() -> None:
-    # cleanup.schedule.LeaderDatabaseScheduler.reserve writes the sent entry into _schedule,
-    # the dict the schedule property returns and the heap is rebuilt from.
+    # cleanup.pipeline.schedule.LeaderDatabaseScheduler.reserve writes the sent entry into
+    # _schedule, the dict the schedule property returns and the heap is rebuilt from.
     from django_celery_beat.schedulers import DatabaseScheduler
 
     scheduler: Any = DatabaseScheduler
@@ -30,7 +30,8 @@ def test_beat_still_keeps_its_entries_in_the_schedule_dict() -> None:
 
 
 def test_the_metrics_compactor_can_still_read_and_write_mmap_files() -> None:
-    # cleanup.observability.compact reads and writes prometheus_client's multiprocess files.
+    # cleanup.telemetry.worker_metrics.compact reads and writes prometheus_client's multiprocess
+    # files.
     from prometheus_client.mmap_dict import MmapedDict
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -43,7 +44,7 @@ def test_the_metrics_compactor_can_still_read_and_write_mmap_files() -> None:
 
 
 def test_kombu_still_pipelines_a_producer_batch_on_redis() -> None:
-    # cleanup.publish.publish_release_messages publishes a fan-out inside Producer.batch().
+    # cleanup.pipeline.publish.publish_release_messages publishes a fan-out inside Producer.batch().
     from kombu import Producer
     from kombu.transport.redis import Channel, Transport
 

@@ -14,8 +14,8 @@ from django.db import connection
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from cleanup.collectors import BacklogCollector
-from cleanup.views import metrics_registry
+from cleanup.console.endpoints import metrics_registry
+from cleanup.console.gauges import BacklogCollector
 from tests.integration.fleet import create_eligible_holds
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +81,7 @@ def test_readyz_reports_dependencies_with_timings_to_a_metrics_reader(
     def down() -> None:
         raise ConnectionError("broker down at 10.0.0.5:6379")
 
-    monkeypatch.setattr("cleanup.views._check_broker", down)
+    monkeypatch.setattr("cleanup.console.endpoints._check_broker", down)
     response = client.get("/readyz", HTTP_AUTHORIZATION=auth)
     assert response.status_code == 503
     assert response.json()["checks"]["broker"]["error"] == (
@@ -99,7 +99,7 @@ def test_readyz_tells_anyone_the_status_but_not_hosts_or_errors(
     def down() -> None:
         raise ConnectionError("broker down at 10.0.0.5:6379")
 
-    monkeypatch.setattr("cleanup.views._check_broker", down)
+    monkeypatch.setattr("cleanup.console.endpoints._check_broker", down)
     response = client.get("/readyz")
     assert response.status_code == 503
     assert response.json() == {
@@ -137,7 +137,7 @@ def truth_count(shards: int, k: int) -> int:
 
 @pytest.mark.django_db(transaction=True)
 def test_gauges_equal_sql_ground_truth_and_count_caps(client: Client, settings) -> None:
-    from cleanup.schedule import install_schedule
+    from cleanup.pipeline.schedule import install_schedule
 
     settings.METRICS_TOKEN = "t"
     install_schedule(4, 10)
@@ -236,7 +236,7 @@ def test_every_worker_serves_its_pool_size() -> None:
 
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from cleanup.observability import PoolCollector
+    from cleanup.telemetry.worker_metrics import PoolCollector
 
     consumer = SimpleNamespace(pool=SimpleNamespace(num_processes=3))
     registry = CollectorRegistry()
@@ -250,8 +250,8 @@ def test_known_label_values_cover_the_dead_letter_reasons_and_tasks() -> None:
     """Counters created at 0 when a worker starts: every dead-letter reason and every cleanup
     task, so retries and dead letters show 0, not nothing, on a healthy fleet."""
     import cleanup.tasks  # noqa: F401 - registers the tasks
-    from cleanup import metrics
     from cleanup.models import DeadLetter
+    from cleanup.telemetry import metrics
     from config.celery_app import app as current_app
 
     assert set(metrics.KNOWN_DEAD_LETTER_REASONS) == set(DeadLetter.Reason.values)
@@ -297,7 +297,7 @@ def total():
     return {{(s.name, tuple(sorted(s.labels.items()))): s.value
             for m in r.collect() for s in m.samples}}
 before = total()
-from cleanup.observability import compact
+from cleanup.telemetry.worker_metrics import compact
 print(compact({str(tmp_path)!r}))
 after = total()
 assert before == after, (before, after)
@@ -316,7 +316,7 @@ print(before[("t_events_total", (("k", "a"),))], before[("t_dur_count", ())])
 
 
 def test_worker_boot_sets_and_wipes_a_directory_per_worker(tmp_path: Path, monkeypatch) -> None:
-    from cleanup import worker_boot
+    from cleanup.telemetry import worker_boot
 
     monkeypatch.setenv("WORKER_METRICS_PORT", "9999")
     monkeypatch.setenv("WORKER_METRICS_DIR", str(tmp_path))

@@ -19,12 +19,12 @@ from django.urls import reverse
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
-from cleanup import health
-from cleanup.broker import PEEK_ENTRIES, QueueStats
-from cleanup.messages import build, idempotency_key
+from cleanup.broker.readers import PEEK_ENTRIES, QueueStats
+from cleanup.console import health
 from cleanup.models import CleanupReceipt, CleanupSchedule, DeadLetter, SweepRecord
-from cleanup.schedule import PRUNE_NAME, RELAY_NAME, install_schedule, sweep_entry_name
-from cleanup.sweep import SweepResult
+from cleanup.pipeline.messages import build, idempotency_key
+from cleanup.pipeline.schedule import PRUNE_NAME, RELAY_NAME, install_schedule, sweep_entry_name
+from cleanup.pipeline.sweep import SweepResult
 from reservations import services
 from reservations.models import Reservation
 
@@ -145,7 +145,7 @@ def test_the_health_page_numbers_equal_sql_and_the_broker(admin_client_, broker,
     CleanupReceipt.objects.create(
         idempotency_key="release:2:1", reservation_id=2, version=1, outcome="renewed"
     )
-    from cleanup.publish import publish_release_messages
+    from cleanup.pipeline.publish import publish_release_messages
 
     publish_release_messages([build(900_000 + i, 1, timezone.now(), 0, "t") for i in range(7)])
     # when
@@ -443,7 +443,7 @@ def test_hold_receipt_and_dead_letter_pages_link_to_each_other(admin_client_, br
         idempotency_key=key,
         delivery_count=4,
     )
-    from cleanup import deliveries
+    from cleanup.telemetry import deliveries
 
     deliveries.increment(key)
     deliveries.increment(key)

@@ -12,12 +12,12 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from cleanup import deadletters, outbox
-from cleanup.broker import priority_keys, queue_depth
-from cleanup.messages import build, build_batch, validate
+from cleanup.broker.readers import priority_keys, queue_depth
 from cleanup.models import CleanupReceipt, DeadLetter
-from cleanup.release import Attempt, release
-from cleanup.sweep import sweep_shard
+from cleanup.pipeline import deadletters, outbox
+from cleanup.pipeline.messages import build, build_batch, validate
+from cleanup.pipeline.release import Attempt, release
+from cleanup.pipeline.sweep import sweep_shard
 from reservations import services
 from reservations.models import OutboxEvent, Reservation
 from reservations.seed import seed_holds

@@ -14,7 +14,7 @@ from typing import Any
 def test_a_child_forked_while_a_thread_holds_the_redis_pool_lock_still_reads_the_queue(
     settings: Any,
 ) -> None:
-    from cleanup import broker
+    from cleanup.broker import readers as broker
 
     assert settings.BROKER_IS_REDIS, "this test reads a Redis queue"
     # given: the parent has used the shared client, and another thread holds its pool's lock

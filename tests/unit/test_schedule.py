@@ -16,7 +16,7 @@ from django.utils import timezone
 from django_celery_beat.models import IntervalSchedule, PeriodicTask, PeriodicTasks
 
 from cleanup.models import CleanupSchedule
-from cleanup.schedule import (
+from cleanup.pipeline.schedule import (
     PRUNE_NAME,
     RELAY_NAME,
     SAMPLE_NAME,
@@ -238,7 +238,7 @@ def test_beats_run_record_never_overwrites_an_edit_committed_meanwhile(monkeypat
     commits between the two was lost (seen with a real beat). Ours writes two columns only."""
     from django_celery_beat.schedulers import ModelEntry
 
-    from cleanup.schedule import RunRecordingEntry
+    from cleanup.pipeline.schedule import RunRecordingEntry
 
     manager = PeriodicTask._default_manager
     real_get = manager.get
@@ -265,7 +265,7 @@ def test_beats_run_record_never_overwrites_an_edit_committed_meanwhile(monkeypat
 
 def test_entries_installed_before_the_schedule_object_existed_are_adopted_not_reset():
     # given: sweep entries as an older release installed them, then edited in beat's admin
-    from cleanup.schedule import _ensure
+    from cleanup.pipeline.schedule import _ensure
 
     for k in range(3):
         _ensure(
@@ -284,14 +284,14 @@ def test_entries_installed_before_the_schedule_object_existed_are_adopted_not_re
 
 
 def test_beat_still_builds_entries_from_scheduler_entry_and_records_runs_through_save():
-    """cleanup.schedule.RunRecordingEntry relies on django-celery-beat building entries with
-    ``self.Entry`` and recording a run by calling the entry's ``save()`` from ``sync``; an
+    """cleanup.pipeline.schedule.RunRecordingEntry relies on django-celery-beat building entries
+    with ``self.Entry`` and recording a run by calling the entry's ``save()`` from ``sync``; an
     upgrade that changes either would silently bring back the whole-row write."""
     import inspect
 
     from django_celery_beat.schedulers import DatabaseScheduler
 
-    from cleanup.schedule import LeaderDatabaseScheduler, RunRecordingEntry
+    from cleanup.pipeline.schedule import LeaderDatabaseScheduler, RunRecordingEntry
 
     assert "self.Entry(" in inspect.getsource(DatabaseScheduler.all_as_schedule)
     assert ".save()" in inspect.getsource(DatabaseScheduler.sync)

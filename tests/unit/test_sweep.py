@@ -21,12 +21,12 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.functions import Now
 from prometheus_client import REGISTRY
 
-from cleanup import locks
-from cleanup import sweep as sweep_module
-from cleanup.broker import queue_depth, redis_client
-from cleanup.messages import build
-from cleanup.publish import publish_release_messages
-from cleanup.sweep import SweepResult, sweep_shard
+from cleanup.broker.readers import queue_depth, redis_client
+from cleanup.pipeline import locks
+from cleanup.pipeline import sweep as sweep_module
+from cleanup.pipeline.messages import build
+from cleanup.pipeline.publish import publish_release_messages
+from cleanup.pipeline.sweep import SweepResult, sweep_shard
 from reservations import services
 from reservations.models import Reservation
 
@@ -190,7 +190,9 @@ def test_a_sweep_stops_between_batches_when_its_time_budget_is_spent(settings, m
 
     clock_skip = [0.0]
     real_monotonic = time.monotonic
-    monkeypatch.setattr("cleanup.sweep.publish_release_messages", publish_then_spend_the_budget)
+    monkeypatch.setattr(
+        "cleanup.pipeline.sweep.publish_release_messages", publish_then_spend_the_budget
+    )
     # the sweep's own clock jumps an hour once the first batch is published
     monkeypatch.setattr(
         sweep_module,
@@ -221,7 +223,7 @@ def test_a_sweep_interrupted_by_its_soft_time_limit_lets_go_of_its_locks(
     def soft_limit(messages: list[dict[str, Any]]) -> None:
         raise SoftTimeLimitExceeded()
 
-    monkeypatch.setattr("cleanup.sweep.publish_release_messages", soft_limit)
+    monkeypatch.setattr("cleanup.pipeline.sweep.publish_release_messages", soft_limit)
     # when
     result = sweep_shard(0, 1)
     # then: the sweep reports it and returns (a periodic task, not poison)
@@ -243,7 +245,7 @@ def test_a_publish_that_fails_leaves_the_batch_due_at_once_not_leased(monkeypatc
     def broker_down(messages: list[dict[str, Any]]) -> None:
         raise ConnectionError("broker unreachable")
 
-    monkeypatch.setattr("cleanup.sweep.publish_release_messages", broker_down)
+    monkeypatch.setattr("cleanup.pipeline.sweep.publish_release_messages", broker_down)
     # when
     with pytest.raises(ConnectionError):
         sweep_shard(0, 1)

@@ -4,7 +4,7 @@ being scheduled), 1 otherwise. For docker-compose and Kubernetes probes of the b
     healthcheck: {test: ["CMD", "python", "manage.py", "beat_health"]}
 
 The lock is the PostgreSQL session advisory lock
-``cleanup.locks.beat_lease(CLEANUP_BEAT_LOCK_ID)`` that ``cleanup.schedule.
+``cleanup.pipeline.locks.beat_lease(CLEANUP_BEAT_LOCK_ID)`` that ``cleanup.pipeline.schedule.
 LeaderDatabaseScheduler`` takes before it sends anything; ``pg_locks`` shows it as an advisory
 lock with classid/objid = the two keys (objsubid 2: the two-key form). A standby beat is healthy
 while a leader exists; when no beat holds the lock, nothing is being scheduled and every beat
@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
-from cleanup import locks
+from cleanup.pipeline import locks
 from config.commands import ProjectCommand
 
 LEADER_SQL = (

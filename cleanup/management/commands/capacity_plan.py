@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from cleanup import capacity
+from cleanup.scaling import capacity
 from config.commands import ProjectCommand
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from cleanup.deadletters import DISCARDED, by_reason, clean_why, discard
 from cleanup.management import triage
+from cleanup.pipeline.deadletters import DISCARDED, by_reason, clean_why, discard
 from config.commands import ProjectCommand
 
 COMMAND = "discard_dead_letters"

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from cleanup.story import explain
+from cleanup.console.story import explain
 from config.commands import ProjectCommand
 
 

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from cleanup.schedule import ensure_schedule, install_schedule
+from cleanup.pipeline.schedule import ensure_schedule, install_schedule
 from config.commands import ProjectCommand
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from cleanup.deadletters import by_reason, requeue
 from cleanup.management import triage
 from cleanup.models import DeadLetter
+from cleanup.pipeline.deadletters import by_reason, requeue
 from config.commands import ProjectCommand
 
 COMMAND = "requeue_dead_letters"

@@ -13,11 +13,11 @@ from django.contrib.admin.models import LogEntry
 from django.urls import reverse
 from django.utils import timezone
 
-from cleanup import health
-from cleanup.messages import build
+from cleanup.console import health
 from cleanup.models import CleanupSchedule, DeadLetter
-from cleanup.publish import publish_release_messages
-from cleanup.schedule import install_schedule
+from cleanup.pipeline.messages import build
+from cleanup.pipeline.publish import publish_release_messages
+from cleanup.pipeline.schedule import install_schedule
 
 from ..fleet import (
     beats,
@@ -97,7 +97,7 @@ def test_the_health_page_shows_a_real_backlog_as_sql_and_the_broker_see_it(
         state = row.locator('[data-metric="oldest-age"]').get_attribute("class") or ""
         assert "state-red" in state  # 420 s > the 300 s SLO
     assert page.inner_text("#overall-state") == "red"
-    from cleanup.broker import queue_depth
+    from cleanup.broker.readers import queue_depth
 
     assert number(page.inner_text('[data-metric="queue-depth"]')) == queue_depth("cleanup") == 25
     assert number(page.inner_text('[data-metric="queue-age"]')) >= 0
@@ -183,7 +183,7 @@ def test_requeue_shows_what_will_be_sent_and_leaves_an_audit_entry(
     page.click("#confirm-yes")
     page.wait_for_selector(".messagelist")
     assert "requeue: republished: 3" in page.text_content(".messagelist").lower()
-    from cleanup.broker import queue_depth
+    from cleanup.broker.readers import queue_depth
 
     assert queue_depth("cleanup") == 3
     # the audit entry, on the letter's own history page

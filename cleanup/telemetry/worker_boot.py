@@ -14,8 +14,8 @@ prometheus_client, so by the time this module runs under ``celery worker`` the v
 already been chosen. prometheus_client picks it per metric through ``values.ValueClass`` ("chosen
 before the first metric is constructed"), so ``prepare`` re-selects it once the variable is set;
 the cleanup's metrics are constructed later (when the tasks are imported). For a launcher that
-sets everything before any import, run ``python -m cleanup.worker_boot -A config worker …``
-(same arguments as ``celery``).
+sets everything before any import, run
+``python -m cleanup.telemetry.worker_boot -A config worker …`` (same arguments as ``celery``).
 
 Outside prometheus_client's re-selection, this module imports nothing but the standard library.
 """
@@ -29,7 +29,7 @@ import socket
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the project (manage.py, var/)
 ENV_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 
@@ -85,15 +85,15 @@ def _reselect_value_class() -> None:
     from prometheus_client import values  # noqa: PLC0415 - only after PROMETHEUS_MULTIPROC_DIR is set above (docs/LIBRARY-NOTES.md §3)
 
     values.ValueClass = values.get_value_class()
-    if "cleanup.metrics" in sys.modules:  # pragma: no cover - import order broke
+    if "cleanup.telemetry.metrics" in sys.modules:  # pragma: no cover - import order broke
         sys.stderr.write(
-            "worker_boot: cleanup.metrics was imported before the multiprocess directory was "
-            "set; worker metrics will not aggregate across pool processes\n"
+            "worker_boot: cleanup.telemetry.metrics was imported before the multiprocess directory "
+            "was set; worker metrics will not aggregate across pool processes\n"
         )
 
 
 def main() -> None:
-    """``python -m cleanup.worker_boot <celery arguments>``: prepare, then run celery."""
+    """``python -m cleanup.telemetry.worker_boot <celery arguments>``: prepare, then run celery."""
     argv = ["celery", *sys.argv[1:]]
     prepare(argv)
     sys.argv = argv

@@ -4,7 +4,7 @@ A Redis queue is a list of JSON envelopes that kombu writes and reads. Anything 
 to Redis can push an entry that is not JSON, is JSON nested deep enough to exhaust the
 recursion limit, or is JSON without the envelope's fields; kombu then raises inside its event
 loop, before Celery sees a message, and the worker stops. The entry has already been popped, so
-nothing would even keep it. This transport screens each popped entry (``cleanup.screening``);
+nothing would even keep it. This transport screens each popped entry (``cleanup.broker.screening``);
 one that fails becomes a dead letter with the raw entry (bounded) and the reason, and the
 worker reads on. Selected by the ``broker_transport`` setting when the broker is Redis.
 
@@ -26,7 +26,9 @@ from kombu.transport import redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
-from . import metrics, screening
+from cleanup.broker import screening
+from cleanup.broker.screening import ENVELOPE_SLACK, parse_unacked
+from cleanup.telemetry import metrics
 
 logger = logging.getLogger("cleanup.redis_transport")
 
@@ -35,15 +37,10 @@ _RedisChannel: Any = redis.Channel
 _RedisTransport: Any = redis.Transport
 _RedisQoS: Any = redis.QoS
 
-# An envelope carries the body base64-encoded (4/3 of its size) plus headers and properties.
-ENVELOPE_SLACK = 1.5
-# An unacked entry is ``[envelope, exchange, routing_key]``: the envelope plus two names.
-UNACKED_SLACK = ENVELOPE_SLACK + 0.01
-
 
 def dead_letter_entry(item: bytes | str, queue: str, problem: str) -> None:
-    from . import deadletters  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
-    from .models import DeadLetter  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
+    from cleanup.models import DeadLetter  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
+    from cleanup.pipeline import deadletters  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
 
     raw = item if isinstance(item, bytes) else item.encode("utf-8", "surrogatepass")
     logger.error("broker entry set aside", extra={"queue": queue, "error": problem})
@@ -91,33 +88,6 @@ def screen_broadcast(data: bytes | str) -> str | None:
     except Exception as exc:  # noqa: BLE001 - whatever the decoder raises, drop the payload
         return f"not JSON ({type(exc).__name__})"
     return screening.check_envelope(payload)
-
-
-UnackedEntry = tuple[dict[str, Any], str, str]
-
-
-def parse_unacked(raw: bytes | str) -> tuple[UnackedEntry | None, str | None]:
-    """An entry of kombu's ``unacked`` hash as ``(envelope, exchange, routing_key)``, or
-    ``(None, problem)``. Size and nesting are checked before anything is decoded, and the
-    envelope must pass the same check as a list entry (kombu would restore it to a list)."""
-    problem = screening.check_raw(raw, "unacked entry", slack=UNACKED_SLACK)
-    if problem is not None:
-        return None, problem
-    try:
-        value = loads(bytes_to_str(raw))
-    except Exception as exc:  # noqa: BLE001 - whatever the decoder raises, the entry is bad
-        return None, f"unacked entry is not JSON ({type(exc).__name__}: {str(exc)[:200]})"
-    if not isinstance(value, list) or len(value) != 3:
-        return None, "unacked entry is not [message, exchange, routing_key]"
-    message, exchange, routing_key = value
-    if not isinstance(exchange, str) or not isinstance(routing_key, str):
-        return None, "unacked entry's exchange and routing key are not strings"
-    if not exchange and not routing_key:
-        return None, "unacked entry names no exchange and no routing key"
-    problem = screening.check_envelope(message)
-    if problem is not None:
-        return None, "unacked entry: " + problem.removeprefix("not a broker envelope: ")
-    return (message, exchange, routing_key), None
 
 
 def set_aside_unacked(raw: bytes | str, where: str, problem: str) -> None:

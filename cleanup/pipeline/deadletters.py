@@ -26,14 +26,14 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
+from cleanup.models import CleanupReceipt, DeadLetter
+from cleanup.pipeline import locks
+from cleanup.pipeline.messages import BATCH_KIND, MalformedMessage, validate, validate_batch
+from cleanup.pipeline.publish import publish_release_messages
+from cleanup.telemetry import metrics
 from reservations import services as reservation_services
 
-from . import locks, metrics
-from .messages import BATCH_KIND, MalformedMessage, validate, validate_batch
-from .models import CleanupReceipt, DeadLetter
-from .publish import publish_release_messages
-
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("cleanup.deadletters")
 
 # Reasons a later release settles: the failure was slowness or a transient error, not the
 # message. (Malformed, poison and unexpected-error letters stay open: they are evidence.)

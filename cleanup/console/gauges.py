@@ -15,18 +15,19 @@ from django.db import connection, transaction
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cleanup.broker.readers import queue_stats
+from cleanup.models import CleanupReceipt, DeadLetter
+from cleanup.pipeline.schedule import installed_shards
+from cleanup.scaling.capacity import DESIRED_WINDOW_S, desired_consumers
+from cleanup.telemetry.metrics import PREFIX
+from reservations.eligibility import ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL
 from reservations.services import shard_buckets
-
-from .broker import queue_stats
-from .capacity import DESIRED_WINDOW_S, desired_consumers
-from .metrics import PREFIX
-from .models import CleanupReceipt, DeadLetter
-from .schedule import installed_shards
 
 # --- Scrape-time gauges (web process only) ---------------------------------------------------
 #
-# ``BacklogCollector`` is NOT registered at import: ``cleanup.views`` registers one instance in
-# its own registry for the /metrics view of the web process. Workers never run these queries.
+# ``BacklogCollector`` is NOT registered at import: ``cleanup.console.endpoints`` registers one
+# instance in its own registry for the /metrics view of the web process. Workers never run these
+# queries.
 #
 # Every DB section runs in its own transaction under ``SET LOCAL statement_timeout``; when a
 # section fails (timeout, database or broker down), its last good values are exported again,
@@ -38,24 +39,8 @@ from .schedule import installed_shards
 
 _log = logging.getLogger("cleanup.metrics")
 
-RESERVATION_TABLE = "reservations_reservation"
 OUTBOX_TABLE = "reservations_outboxevent"
 
-# Index-ordered, per bucket of the shard (reservations_held_bucket_idx: bucket, expires_at
-# WHERE status='held'): one probe per bucket, the minimum of those. Never an aggregate over the
-# backlog, and an empty shard beside a large backlog elsewhere stays cheap.
-OLDEST_ELIGIBLE_SQL = (
-    f"SELECT EXTRACT(EPOCH FROM (now() - min(o.expires_at)))::float8 "
-    f"FROM unnest(%s::smallint[]) AS b(bucket) CROSS JOIN LATERAL ("
-    f"SELECT expires_at FROM {RESERVATION_TABLE} WHERE status = 'held' AND bucket = b.bucket "
-    f"AND expires_at <= now() ORDER BY expires_at LIMIT 1) o"
-)
-# Counts at most cap + 1 rows: the answer is exact below the cap and "capped" above it.
-ELIGIBLE_COUNT_SQL = (
-    f"SELECT count(*) FROM (SELECT 1 FROM {RESERVATION_TABLE} "
-    f"WHERE status = 'held' AND bucket = ANY(%s::smallint[]) AND expires_at <= now() "
-    f"LIMIT %s) AS capped"
-)
 OUTBOX_OLDEST_SQL = (
     f"SELECT EXTRACT(EPOCH FROM (now() - created_at))::float8 FROM {OUTBOX_TABLE} "
     f"WHERE published_at IS NULL ORDER BY id LIMIT 1"
@@ -141,7 +126,7 @@ class BacklogCollector(Collector):
             elif settings.BROKER_IS_REDIS and stats.depth == 0:  # empty on Redis: nothing waits
                 age.append(((queue,), 0.0))
             # RabbitMQ cannot peek, and on Redis the oldest entries may all have been skipped as
-            # unreadable (cleanup.broker): the age is not exported rather than faked.
+            # unreadable (cleanup.broker.readers): the age is not exported rather than faked.
             if stats.unacked is not None:
                 unacked.append(((queue,), float(stats.unacked)))
         return {

@@ -13,8 +13,9 @@ from celery.signals import (
     worker_process_shutdown,
 )
 
-from . import deadletters, deliveries
-from .models import DeadLetter
+from cleanup.models import DeadLetter
+from cleanup.pipeline import deadletters
+from cleanup.telemetry import deliveries
 
 
 @before_task_publish.connect
@@ -77,7 +78,7 @@ def dead_letter_message(message: Any, reason: str, error: str) -> None:
 
 @worker_process_shutdown.connect
 def flush_attempt_tally(**_: Any) -> None:
-    """A pool process that stops adds what it has tallied (cleanup.deliveries)."""
+    """A pool process that stops adds what it has tallied (cleanup.telemetry.deliveries)."""
     deliveries.flush_tally()
 
 

@@ -21,10 +21,11 @@ from typing import Any
 import redis
 from django.conf import settings
 
+from cleanup import redis_clients
+from cleanup.broker import screening
+from cleanup.broker.screening import ENVELOPE_SLACK, parse_unacked
+from cleanup.telemetry import metrics
 from config.celery_app import app
-
-from . import metrics, redis_clients, screening
-from .redis_transport import ENVELOPE_SLACK, parse_unacked
 
 _log = logging.getLogger("cleanup.broker")
 
@@ -193,7 +194,7 @@ def unacked_count(queue: str, skips: list[str] | None = None) -> int:
     """Messages of ``queue`` fetched by workers and not yet acknowledged (kombu's hash).
 
     Scans the hash's values; bounded by prefetch × consumers, so small. An entry kombu's
-    restore would refuse (``cleanup.redis_transport.parse_unacked``) is skipped and counted.
+    restore would refuse (``cleanup.broker.screening.parse_unacked``) is skipped and counted.
     """
     client = redis_client()
     count = 0

@@ -13,11 +13,10 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
+from cleanup.models import CleanupReceipt, DeadLetter
+from cleanup.pipeline.messages import idempotency_key
+from cleanup.telemetry import deliveries
 from reservations.models import OutboxEvent, Reservation
-
-from . import deliveries
-from .messages import idempotency_key
-from .models import CleanupReceipt, DeadLetter
 
 
 @dataclass

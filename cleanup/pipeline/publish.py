@@ -2,7 +2,7 @@
 drills publish without importing the task module (which imports them).
 
 Messages are sent by task name on one producer connection; routing follows settings
-(``CLEANUP_*_QUEUE``). The ``before_task_publish`` handler (``cleanup.signals``) stamps
+(``CLEANUP_*_QUEUE``). The ``before_task_publish`` handler (``cleanup.worker.signals``) stamps
 ``enqueued_at`` on each, as for any task.
 """
 
@@ -12,9 +12,8 @@ from typing import Any
 
 from django.conf import settings
 
+from cleanup.pipeline.messages import BATCH_KIND
 from config.celery_app import app
-
-from .messages import BATCH_KIND
 
 RELEASE_TASK = "cleanup.release_reservation"
 RELEASE_BATCH_TASK = "cleanup.release_batch"

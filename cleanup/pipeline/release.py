@@ -20,10 +20,9 @@ from typing import Any
 
 from django.db import connection
 
+from cleanup.models import CleanupReceipt
+from cleanup.pipeline.messages import ReleaseMessage
 from reservations.services import RELEASED_ROWS, AttachedWrite, ReleaseOutcome, release_holds
-
-from .messages import ReleaseMessage
-from .models import CleanupReceipt
 
 logger = logging.getLogger("cleanup.release")
 

@@ -20,15 +20,20 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
+from cleanup.broker.readers import QueueStats, queue_stats
+from cleanup.models import CleanupReceipt, DeadLetter, HealthSample, SweepRecord
+from cleanup.pipeline import locks
+from cleanup.pipeline.schedule import (
+    LEASE_APP_PREFIX,
+    SWEEP_PREFIX,
+    current_schedule,
+    installed_shards,
+)
+from cleanup.scaling.capacity import DESIRED_WINDOW_S, desired_consumers
+from cleanup.telemetry import deliveries
 from config.celery_app import app
+from reservations.eligibility import ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL
 from reservations.services import shard_buckets
-
-from . import deliveries, locks
-from .broker import QueueStats, queue_stats
-from .capacity import DESIRED_WINDOW_S, desired_consumers
-from .collectors import ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL
-from .models import CleanupReceipt, DeadLetter, HealthSample, SweepRecord
-from .schedule import LEASE_APP_PREFIX, SWEEP_PREFIX, current_schedule, installed_shards
 
 logger = logging.getLogger("cleanup.health")
 

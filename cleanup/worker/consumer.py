@@ -5,7 +5,7 @@ and the hand-off to a pool child in the worker's *main* process. An exception an
 stops the worker ("Unrecoverable error"), the message is restored, and it stops the next worker
 the same way: one message can take down a fleet. This subclass:
 
-1. screens the message before anything decodes it deeply (``cleanup.screening``): body size,
+1. screens the message before anything decodes it deeply (``cleanup.broker.screening``): body size,
    JSON nesting, the types of the headers Celery reads, an unknown task name, the body's shape;
 2. runs Celery's own handler inside a catch-all, so anything else a single message raises
    (decode errors, ``RecursionError``, ``MemoryError``, a bug) is contained too;
@@ -28,9 +28,9 @@ from django.conf import settings
 from kombu.exceptions import ContentDisallowed, DecodeError
 from vine import promise
 
-from . import screening
-from .models import DeadLetter
-from .signals import dead_letter_message, dead_letter_undecodable
+from cleanup.broker import screening
+from cleanup.models import DeadLetter
+from cleanup.worker.signals import dead_letter_message, dead_letter_undecodable
 
 logger = logging.getLogger("cleanup.consumer")
 
@@ -44,9 +44,9 @@ _Consumer: Any = Consumer
 
 class DeadLetteringConsumer(_Consumer):
     class Blueprint(_Consumer.Blueprint):  # type: ignore[misc,name-defined]
-        # Remote control runs the screened pidbox (cleanup.remote_control).
+        # Remote control runs the screened pidbox (cleanup.worker.remote_control).
         default_steps = [
-            "cleanup.remote_control:ScreenedControl"
+            "cleanup.worker.remote_control:ScreenedControl"
             if step == "celery.worker.consumer.control:Control"
             else step
             for step in Consumer.Blueprint.default_steps

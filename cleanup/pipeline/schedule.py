@@ -26,8 +26,8 @@ from django.db import transaction
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
-from . import locks
-from .models import CleanupSchedule
+from cleanup.models import CleanupSchedule
+from cleanup.pipeline import locks
 
 logger = logging.getLogger("cleanup.schedule")
 

@@ -35,10 +35,9 @@ from prometheus_client import (
 )
 from prometheus_client.registry import Collector
 
+from cleanup.broker.readers import redis_client
+from cleanup.console.gauges import BacklogCollector
 from config.celery_app import app
-
-from .broker import redis_client
-from .collectors import BacklogCollector
 
 logger = logging.getLogger("cleanup.views")
 

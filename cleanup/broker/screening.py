@@ -4,9 +4,10 @@ A worker's main process decodes a message, builds a request and hands it to a po
 Several of those steps raise *outside* any task when the message is hostile (an over-deep JSON
 document, a garbage ``timelimit`` header, a body that is not ``[args, kwargs, embed]``), and an
 exception there stops the whole worker; the message then comes back and stops the next one. The
-consumer (``cleanup.consumer``) and the Redis transport (``cleanup.redis_transport``) call these
-checks first; each returns ``None`` for a message that may go on, or the reason it may not,
-which becomes the dead letter's error text. Docs: docs/HARDENING.md.
+consumer (``cleanup.worker.consumer``) and the Redis transport
+(``cleanup.worker.redis_transport``) call these checks first; each returns ``None`` for a message
+that may go on, or the reason it may not, which becomes the dead letter's error text. Docs:
+docs/HARDENING.md.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any
 from django.conf import settings
 from kombu import compression
 from kombu.exceptions import ContentDisallowed
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import loads
 
 # Release messages nest 3 levels ([args, kwargs, embed] → message), batches 5. Well below
 # what json and pickle recurse through (~1,000 levels raise RecursionError).
@@ -308,3 +311,38 @@ def check_envelope(payload: Any) -> str | None:
 def _preview(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+# --- Redis entries (kombu's list entries and its ``unacked`` hash) ------------------------------
+
+# An envelope carries the body base64-encoded (4/3 of its size) plus headers and properties.
+ENVELOPE_SLACK = 1.5
+# An unacked entry is ``[envelope, exchange, routing_key]``: the envelope plus two names.
+UNACKED_SLACK = ENVELOPE_SLACK + 0.01
+
+
+UnackedEntry = tuple[dict[str, Any], str, str]
+
+
+def parse_unacked(raw: bytes | str) -> tuple[UnackedEntry | None, str | None]:
+    """An entry of kombu's ``unacked`` hash as ``(envelope, exchange, routing_key)``, or
+    ``(None, problem)``. Size and nesting are checked before anything is decoded, and the
+    envelope must pass the same check as a list entry (kombu would restore it to a list)."""
+    problem = check_raw(raw, "unacked entry", slack=UNACKED_SLACK)
+    if problem is not None:
+        return None, problem
+    try:
+        value = loads(bytes_to_str(raw))
+    except Exception as exc:  # noqa: BLE001 - whatever the decoder raises, the entry is bad
+        return None, f"unacked entry is not JSON ({type(exc).__name__}: {str(exc)[:200]})"
+    if not isinstance(value, list) or len(value) != 3:
+        return None, "unacked entry is not [message, exchange, routing_key]"
+    message, exchange, routing_key = value
+    if not isinstance(exchange, str) or not isinstance(routing_key, str):
+        return None, "unacked entry's exchange and routing key are not strings"
+    if not exchange and not routing_key:
+        return None, "unacked entry names no exchange and no routing key"
+    problem = check_envelope(message)
+    if problem is not None:
+        return None, "unacked entry: " + problem.removeprefix("not a broker envelope: ")
+    return (message, exchange, routing_key), None

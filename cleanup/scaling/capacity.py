@@ -200,7 +200,7 @@ def desired_consumers(
     backlog_growth_per_s: float,
 ) -> float | None:
     """``reservation_cleanup_desired_consumers``: consumers = arrival rate × service time ÷
-    utilization (``cleanup.capacity.compute_desired_consumers``), with
+    utilization (``cleanup.scaling.capacity.compute_desired_consumers``), with
     - arrival rate = holds processed per second over the window + the growth of the eligible
       backlog per second (what arrives is either processed or waiting), or the planned peak
       ``CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S`` when that is higher;

@@ -8,7 +8,7 @@ from datetime import datetime
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from .models import HealthSample
+from cleanup.models import HealthSample
 
 WIDTH, HEIGHT, PAD = 560, 120, 34
 

@@ -23,12 +23,13 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import connection, transaction
 
+from cleanup.broker import readers as broker
+from cleanup.models import DeadLetter
+from cleanup.pipeline import deadletters, locks
+from cleanup.pipeline.messages import build, build_batch
+from cleanup.pipeline.publish import publish_release_messages
+from cleanup.telemetry import metrics
 from reservations.services import ClaimedHold, claim_expired
-
-from . import broker, deadletters, locks, metrics
-from .messages import build, build_batch
-from .models import DeadLetter
-from .publish import publish_release_messages
 
 logger = logging.getLogger("cleanup.sweep")
 

@@ -9,11 +9,10 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from cleanup.console import health
+from cleanup.console.charts import chart_svg
 from reservations.admin import _as_id
 from reservations.models import Reservation
-
-from . import health
-from .charts import chart_svg
 
 
 def health_view(request: HttpRequest) -> HttpResponse:

@@ -26,8 +26,8 @@ import time
 from django.conf import settings
 from django.db import connection, models
 
-from . import redis_clients
-from .models import DeliveryCount
+from cleanup import redis_clients
+from cleanup.models import DeliveryCount
 
 logger = logging.getLogger("cleanup.deliveries")
 

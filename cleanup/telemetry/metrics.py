@@ -1,6 +1,6 @@
 """The pipeline's Prometheus counters and histograms, and the small functions that record them
-(workers and web alike). The web process's scrape-time gauges are in ``cleanup.collectors``;
-the sizing policy behind ``desired_consumers`` is in ``cleanup.capacity``.
+(workers and web alike). The web process's scrape-time gauges are in ``cleanup.console.gauges``;
+the sizing policy behind ``desired_consumers`` is in ``cleanup.scaling.capacity``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ CONTROL_DROPS = Counter(
 
 AUTOSCALE_DECISIONS = Counter(
     f"{PREFIX}_autoscale_decisions",
-    "Pool autoscaler decisions (cleanup.autoscale), by action and reason",
+    "Pool autoscaler decisions (cleanup.scaling.autoscale), by action and reason",
     ["action", "reason"],
 )
 # Written by the worker's main process only; "livemax" keeps one series per worker instance

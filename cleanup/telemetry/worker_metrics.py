@@ -1,6 +1,6 @@
 """Worker-side metrics serving: prometheus_client multiprocess mode under prefork.
 
-- ``cleanup.worker_boot`` (imported first by ``config/celery_app.py``) has set
+- ``cleanup.telemetry.worker_boot`` (imported first by ``config/celery_app.py``) has set
   ``PROMETHEUS_MULTIPROC_DIR`` to this worker instance's own, freshly wiped directory.
 - ``worker_ready`` (MainProcess, once per start): serve a ``CollectorRegistry`` with a
   ``MultiProcessCollector`` on ``WORKER_METRICS_PORT`` and start the compactor thread.
@@ -201,7 +201,7 @@ def start_metrics_server(port: int, addr: str = "0.0.0.0", consumer: Any = None)
 def serve_worker_metrics(sender: Any = None, **_: Any) -> None:
 
     if settings.WORKER_METRICS_PORT > 0:
-        from . import metrics  # noqa: PLC0415 - prometheus_client chooses its multiprocess mode at first import (docs/LIBRARY-NOTES.md §3)
+        from cleanup.telemetry import metrics  # noqa: PLC0415 - prometheus_client chooses its multiprocess mode at first import (docs/LIBRARY-NOTES.md §3)
 
         metrics.initialize_worker_series()
         try:

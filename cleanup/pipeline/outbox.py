@@ -20,11 +20,10 @@ from django.db import connection, transaction
 from django.utils import timezone
 from kombu import Exchange, Queue
 
+from cleanup.models import CleanupReceipt, DeadLetter
+from cleanup.pipeline import locks
 from config.celery_app import app
 from reservations.models import OutboxEvent
-
-from . import locks
-from .models import CleanupReceipt, DeadLetter
 
 logger = logging.getLogger("cleanup.outbox")
 

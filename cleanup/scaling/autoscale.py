@@ -9,9 +9,10 @@ sizes the pool from what the SLO cares about:
 - the release queue's depth and the age of its oldest waiting message (Redis; RabbitMQ cannot
   peek, so there the age is absent and the eligible hold's age stands in),
 - the measured service time per pool process and the measured arrival rate, through the same
-  ``cleanup.capacity.compute_desired_consumers`` arithmetic as the ``desired_consumers`` gauge.
+  ``cleanup.scaling.capacity.compute_desired_consumers`` arithmetic as the ``desired_consumers``
+  gauge.
 
-Enable it with ``CELERY_WORKER_AUTOSCALER = "cleanup.autoscale:BacklogAutoscaler"`` (set in
+Enable it with ``CELERY_WORKER_AUTOSCALER = "cleanup.scaling.autoscale:BacklogAutoscaler"`` (set in
 base settings) and ``celery worker --autoscale=MAX,MIN``. The policy (``decide``) is a pure
 function; docs/AUTOSCALING.md explains it with numbers.
 
@@ -36,12 +37,11 @@ from celery.worker.autoscale import Autoscaler
 from django.conf import settings
 from django.db import connection, transaction
 
+from cleanup.broker.readers import queue_stats
+from cleanup.scaling.capacity import ceil_consumers, compute_desired_consumers
+from cleanup.telemetry import metrics
+from reservations.eligibility import ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL
 from reservations.models import BUCKETS
-
-from . import metrics
-from .broker import queue_stats
-from .capacity import ceil_consumers, compute_desired_consumers
-from .collectors import ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL
 
 log = logging.getLogger("cleanup.autoscale")
 
@@ -443,6 +443,6 @@ class BacklogAutoscaler(Autoscaler):
         info: dict[str, Any] = super().info()
         with self._reading_lock:
             reading = self._reading
-        info["policy"] = "cleanup.autoscale:BacklogAutoscaler"
+        info["policy"] = "cleanup.scaling.autoscale:BacklogAutoscaler"
         info["reading"] = asdict(reading) if reading is not None else None
         return info

@@ -35,7 +35,7 @@ from amqp.method_framing import frame_handler
 from amqp.serialization import dumps, loads
 from kombu.transport import pyamqp
 
-from .screening import MAX_NESTING
+from cleanup.broker.screening import MAX_NESTING
 
 logger = logging.getLogger("cleanup.amqp_transport")
 
@@ -241,8 +241,8 @@ def refuse_delivery(
 def dead_letter_delivery(
     info: dict[str, Any], channel_id: int, header: Buffer, problem: str
 ) -> None:
-    from . import deadletters  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
-    from .models import DeadLetter  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
+    from cleanup.models import DeadLetter  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
+    from cleanup.pipeline import deadletters  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
 
     where = info.get("routing_key", "?")
     deadletters.record(

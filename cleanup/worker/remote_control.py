@@ -11,7 +11,7 @@ bodies of the shape kombu's ``Mailbox`` sends, and drops everything else with a 
 not a dead letter: it names no hold and asks a person for nothing.
 
 Garbage that is not even a broker envelope never gets here on Redis: the screened transport
-drops it (``cleanup.redis_transport``). Docs: docs/HARDENING.md, "Remote control".
+drops it (``cleanup.worker.redis_transport``). Docs: docs/HARDENING.md, "Remote control".
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from celery.worker.consumer.control import Control
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from . import metrics
+from cleanup.telemetry import metrics
 
 logger = logging.getLogger("cleanup.remote_control")
 

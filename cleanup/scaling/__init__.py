@@ -1,0 +1,1 @@
+"""Scaling: capacity arithmetic and the pool autoscaler built on it."""
