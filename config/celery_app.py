@@ -2,16 +2,17 @@
 
 import os
 
-from celery import Celery  # (celery does not import prometheus_client)
-
-# Before any project module: sets PROMETHEUS_MULTIPROC_DIR for a worker (docs/LIBRARY-NOTES.md §3).
-import cleanup.telemetry.worker_boot  # noqa: F401
+from celery import Celery
 
 # Without the variable, production: it refuses to start without real secrets, where a
 # development default would run with DEBUG and public keys.
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 
 app = Celery("reservations")
+# The app of every thread of this process: cleanup's modules reach it as ``celery.current_app``
+# (they never import config), and a thread other than this one (runserver's request threads,
+# gunicorn's) would otherwise get Celery's unconfigured fallback app.
+app.set_default()
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # Celery's Django fixup closes every database connection before and after *each task* unless
 # this is set (celery/fixups/django.py: close_database), so each release would open a new

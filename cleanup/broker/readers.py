@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from celery import current_app as app
 from django.conf import settings
 
 from cleanup import redis_clients
 from cleanup.broker import screening
 from cleanup.broker.screening import ENVELOPE_SLACK, parse_unacked
 from cleanup.telemetry import metrics
-from config.celery_app import app
 
 _log = logging.getLogger("cleanup.broker")
 

@@ -23,6 +23,7 @@ import time
 from functools import lru_cache
 from typing import Any
 
+from celery import current_app as app
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -37,7 +38,6 @@ from prometheus_client.registry import Collector
 
 from cleanup.broker.readers import redis_client
 from cleanup.console.gauges import BacklogCollector
-from config.celery_app import app
 
 logger = logging.getLogger("cleanup.views")
 

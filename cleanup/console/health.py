@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from celery import current_app as app
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
@@ -31,7 +32,6 @@ from cleanup.pipeline.schedule import (
 )
 from cleanup.scaling.capacity import DESIRED_WINDOW_S, desired_consumers
 from cleanup.telemetry import deliveries
-from config.celery_app import app
 from reservations.eligibility import ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL
 from reservations.services import shard_buckets
 

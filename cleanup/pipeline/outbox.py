@@ -15,6 +15,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
+from celery import current_app as app
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
@@ -22,7 +23,6 @@ from kombu import Exchange, Queue
 
 from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.pipeline import locks
-from config.celery_app import app
 from reservations.models import OutboxEvent
 
 logger = logging.getLogger("cleanup.outbox")

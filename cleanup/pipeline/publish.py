@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery import current_app as app
 from django.conf import settings
 
 from cleanup.pipeline.messages import BATCH_KIND
-from config.celery_app import app
 
 RELEASE_TASK = "cleanup.release_reservation"
 RELEASE_BATCH_TASK = "cleanup.release_batch"

@@ -7,6 +7,13 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from cleanup.telemetry import worker_boot
+
+# In a celery worker, PROMETHEUS_MULTIPROC_DIR and prometheus_client's value class must be set
+# before the first metric below is constructed (docs/LIBRARY-NOTES.md §3), whoever imports this
+# module first.
+worker_boot.ensure_prepared()
+
 PREFIX = "reservation_cleanup"
 
 DELIVERY_ATTEMPTS = Counter(

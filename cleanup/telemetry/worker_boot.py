@@ -2,18 +2,21 @@
 imports prometheus_client.
 
 The mode is chosen when prometheus_client is imported (docs/LIBRARY-NOTES.md §3): the variable
-``PROMETHEUS_MULTIPROC_DIR`` must already be set then. ``config/celery_app.py`` imports this
-module first. When the process is a celery worker (detected from ``sys.argv``) and
-``WORKER_METRICS_PORT`` > 0, it points the variable at ``<WORKER_METRICS_DIR>/<worker name>``
-(default ``var/prometheus/<name>``, one directory per worker instance, the name from ``-n``/
-``--hostname`` with ``%h``/``%n``/``%d`` expanded, else the pid) and wipes that directory:
-a restarted process would otherwise read its pid's old values, and container pids are reused.
+``PROMETHEUS_MULTIPROC_DIR`` must already be set then. ``cleanup.telemetry.metrics`` calls
+``ensure_prepared`` before it constructs a metric, and ``cleanup.telemetry.worker_metrics`` at its
+import (from the app's ``ready``, in the worker's main process before the pool forks), so the
+order in which modules are imported does not matter. When the process is a celery worker
+(detected from ``sys.argv``) and ``WORKER_METRICS_PORT`` > 0, it points the variable at
+``<WORKER_METRICS_DIR>/<worker name>`` (default ``var/prometheus/<name>`` under the project, one
+directory per worker instance, the name from ``-n``/``--hostname`` with ``%h``/``%n``/``%d``
+expanded, else the pid) and wipes that directory: a restarted process would otherwise read its
+pid's old values, and container pids are reused.
 
 Celery's CLI loads command plugins before it imports ``-A config``, and Flower's plugin imports
 prometheus_client, so by the time this module runs under ``celery worker`` the value class has
 already been chosen. prometheus_client picks it per metric through ``values.ValueClass`` ("chosen
 before the first metric is constructed"), so ``prepare`` re-selects it once the variable is set;
-the cleanup's metrics are constructed later (when the tasks are imported). For a launcher that
+the cleanup's metrics are constructed right after, in the same import. For a launcher that
 sets everything before any import, run
 ``python -m cleanup.telemetry.worker_boot -A config worker …`` (same arguments as ``celery``).
 
@@ -85,17 +88,23 @@ def _reselect_value_class() -> None:
     from prometheus_client import values  # noqa: PLC0415 - only after PROMETHEUS_MULTIPROC_DIR is set above (docs/LIBRARY-NOTES.md §3)
 
     values.ValueClass = values.get_value_class()
-    if "cleanup.telemetry.metrics" in sys.modules:  # pragma: no cover - import order broke
-        sys.stderr.write(
-            "worker_boot: cleanup.telemetry.metrics was imported before the multiprocess directory "
-            "was set; worker metrics will not aggregate across pool processes\n"
-        )
+
+
+_prepared: list[Path | None] = []  # [the result] once this process has been prepared
+
+
+def ensure_prepared() -> Path | None:
+    """``prepare`` once per process (a forked pool child inherits the parent's preparation and
+    must not wipe the directory again); what the first call returned."""
+    if not _prepared:
+        _prepared.append(prepare())
+    return _prepared[0]
 
 
 def main() -> None:
     """``python -m cleanup.telemetry.worker_boot <celery arguments>``: prepare, then run celery."""
     argv = ["celery", *sys.argv[1:]]
-    prepare(argv)
+    _prepared.append(prepare(argv))
     sys.argv = argv
     from celery.__main__ import main as celery_main  # noqa: PLC0415 - only when run as a script
 
@@ -104,5 +113,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-else:
-    prepare()

@@ -1,7 +1,9 @@
 """Worker-side metrics serving: prometheus_client multiprocess mode under prefork.
 
-- ``cleanup.telemetry.worker_boot`` (imported first by ``config/celery_app.py``) has set
-  ``PROMETHEUS_MULTIPROC_DIR`` to this worker instance's own, freshly wiped directory.
+- ``cleanup.telemetry.worker_boot.ensure_prepared`` (called at this module's import, from the
+  app's ``ready`` in the worker's main process before the pool forks, and by
+  ``cleanup.telemetry.metrics``) has set ``PROMETHEUS_MULTIPROC_DIR`` to this worker instance's
+  own, freshly wiped directory.
 - ``worker_ready`` (MainProcess, once per start): serve a ``CollectorRegistry`` with a
   ``MultiProcessCollector`` on ``WORKER_METRICS_PORT`` and start the compactor thread.
 - ``worker_process_shutdown`` (inside the exiting pool child): ``mark_process_dead``.
@@ -28,7 +30,12 @@ from typing import Any
 from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
 from django.conf import settings
 
+from cleanup.telemetry import worker_boot
+
 logger = logging.getLogger("cleanup.observability")
+
+# Imported from the app's ``ready``: in a worker, before the pool forks (docs/LIBRARY-NOTES.md §3).
+worker_boot.ensure_prepared()
 
 _lock = threading.Lock()
 _stop = threading.Event()

@@ -3,6 +3,7 @@ errors, the compactor's arithmetic, production settings' FLOWER_BASIC_AUTH, the 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -330,6 +331,75 @@ def test_worker_boot_sets_and_wipes_a_directory_per_worker(tmp_path: Path, monke
     assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(path)
     assert worker_boot.prepare(["/venv/bin/celery", "-A", "config", "beat"]) is None
     assert worker_boot.worker_name(["celery", "worker", "--hostname=a@%h"]).startswith("a@")
+
+
+# Whoever imports the metrics first, in a worker they are constructed in multiprocess mode: here
+# before config and before anything else of the project, after prometheus_client itself (as
+# Flower's CLI plugin imports it before ``-A config`` is loaded). Break: metrics.py without its
+# ``ensure_prepared()`` call (the value files are never written).
+STARTUP_ORDERS = {
+    "metrics first": "from cleanup.telemetry import metrics",
+    "app first": "import config.celery_app\nfrom cleanup.telemetry import metrics",
+}
+
+
+@pytest.mark.parametrize("order", sorted(STARTUP_ORDERS))
+def test_worker_metrics_are_multiprocess_whatever_the_import_order(
+    order: str, tmp_path: Path
+) -> None:
+    script = f"""
+import json, os, sys
+os.environ["WORKER_METRICS_PORT"] = "9999"
+os.environ["WORKER_METRICS_DIR"] = {str(tmp_path)!r}
+os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+sys.argv = ["/venv/bin/celery", "-A", "config", "worker", "-n", "order@box"]
+import prometheus_client
+{STARTUP_ORDERS[order]}
+metrics.TRANSITIONS.inc()
+print(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+print(json.dumps(sorted(os.listdir(os.environ["PROMETHEUS_MULTIPROC_DIR"]))))
+"""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    directory, files = out.stdout.splitlines()
+    assert directory == str(tmp_path / "order@box")
+    assert any(name.startswith("counter_") for name in json.loads(files)), files
+
+
+def test_a_worker_prepares_once_and_under_the_project_by_default(monkeypatch) -> None:
+    from cleanup.telemetry import worker_boot
+
+    monkeypatch.setenv("WORKER_METRICS_PORT", "9999")
+    monkeypatch.delenv("WORKER_METRICS_DIR", raising=False)
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    argv = ["/venv/bin/celery", "-A", "config", "worker", "-n", "default-dir-test@box"]
+    path = worker_boot.prepare(argv)
+    try:
+        assert path == ROOT / "var" / "prometheus" / "default-dir-test@box"
+    finally:
+        if path is not None:
+            path.rmdir()
+    # in this (test) process: prepared once, at the first import of the metrics, as no worker
+    assert worker_boot.ensure_prepared() is None and worker_boot._prepared == [None]
+
+
+def test_cleanup_reaches_the_configured_app_from_any_thread() -> None:
+    """cleanup's modules use ``celery.current_app`` (they never import config): in a thread
+    other than the one that created the app, it must still be the configured app."""
+    import threading
+
+    from celery import current_app
+
+    from config.celery_app import app
+
+    seen: list[str] = []
+    thread = threading.Thread(target=lambda: seen.append(current_app.main))
+    thread.start()
+    thread.join()
+    assert seen == [app.main] == ["reservations"]
 
 
 # --- settings and logs ----------------------------------------------------------------------

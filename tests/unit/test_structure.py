@@ -98,6 +98,20 @@ def test_the_domain_never_imports_the_cleanup_machinery() -> None:
     assert leaks == set()
 
 
+def test_no_cleanup_module_imports_config() -> None:
+    """The project (config) wires cleanup in; cleanup reaches the Celery app as
+    ``celery.current_app`` and never imports the project's wiring."""
+    graph = import_graph()
+    leaks = {
+        (name, target)
+        for name, targets in graph.items()
+        if name.startswith("cleanup")
+        for target in targets
+        if target.startswith("config")
+    }
+    assert leaks == set()
+
+
 def test_no_runtime_module_imports_the_drill_tooling() -> None:
     graph = import_graph()
     runtime = [

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import connection
 
 from cleanup.pipeline import locks
-from config.commands import ProjectCommand
+from reservations.management.base import ProjectCommand
 
 LEADER_SQL = (
     "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "

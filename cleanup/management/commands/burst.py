@@ -15,7 +15,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from cleanup.drills.burst import run
 from cleanup.drills.state import BurstConfig
-from config.commands import ProjectCommand
+from reservations.management.base import ProjectCommand
 
 
 class Command(ProjectCommand):

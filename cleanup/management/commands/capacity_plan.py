@@ -14,7 +14,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from cleanup.scaling import capacity
-from config.commands import ProjectCommand
+from reservations.management.base import ProjectCommand
 
 
 class Command(ProjectCommand):

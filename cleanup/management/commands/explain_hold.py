@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from cleanup.console.story import explain
-from config.commands import ProjectCommand
+from reservations.management.base import ProjectCommand
 
 
 class Command(ProjectCommand):

@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from cleanup.pipeline.schedule import ensure_schedule, install_schedule
-from config.commands import ProjectCommand
+from reservations.management.base import ProjectCommand
 
 
 class Command(ProjectCommand):

@@ -12,10 +12,10 @@ import os
 import socket
 from typing import Any
 
+from celery import current_app as app
 from django.core.management.base import CommandParser
 
-from config.celery_app import app
-from config.commands import ProjectCommand
+from reservations.management.base import ProjectCommand
 
 
 class Command(ProjectCommand):
