@@ -14,6 +14,8 @@ from django.db import connection, transaction
 from bench.paths import RESULTS, ROOT, STAMP
 from cleanup.broker.readers import redis_client
 from reservations import services
+from reservations.db import rows as sql
+from reservations.eligibility import eligible_sql
 from reservations.seed import seed_holds
 
 BENCH_DB = "reservations_bench"
@@ -22,12 +24,6 @@ TABLES = (
     "cleanup_cleanupreceipt, cleanup_deadletter, cleanup_deliverycount, "
     "reservations_outboxevent, reservations_reservation, reservations_offering"
 )
-
-
-def sql(query: str, params: Any = None) -> list[tuple[Any, ...]]:
-    with connection.cursor() as cur:
-        cur.execute(query, params)
-        return list(cur.fetchall()) if cur.description else []
 
 
 def reset() -> None:
@@ -73,12 +69,7 @@ def create_holds(eligible: int, *, offerings: int = 8, other: int = 0) -> None:
 
 
 def eligible_count() -> int:
-    return int(
-        sql(
-            "SELECT count(*) FROM reservations_reservation WHERE status = 'held' "
-            "AND expires_at <= now()"
-        )[0][0]
-    )
+    return int(sql(f"SELECT count(*) FROM reservations_reservation WHERE {eligible_sql()}")[0][0])
 
 
 def released_count() -> int:
@@ -113,12 +104,12 @@ def commit_latency(n: int = 300) -> dict[str, Any]:
     }
 
 
-SET_BASED_SQL = """
+SET_BASED_SQL = f"""
 WITH rel AS (
     UPDATE reservations_reservation r
     SET status = 'released', released_version = r.version, released_at = now(),
         release_reason = 'expired', updated_at = now()
-    WHERE r.status = 'held' AND r.expires_at <= now()
+    WHERE {eligible_sql("r")}
     RETURNING r.id, r.offering_id, r.version, r.expires_at
 ), rc AS (
     INSERT INTO cleanup_cleanupreceipt (idempotency_key, reservation_id, version, outcome,

@@ -36,7 +36,7 @@ from django.template.response import TemplateResponse
 
 from . import admin_guard, services
 from .errors import ReservationError
-from .models import Offering, OutboxEvent, Reservation
+from .models import ELIGIBLE, Offering, OutboxEvent, Reservation
 from .retry import call_with_retries, is_transient_db_error
 
 logger = logging.getLogger(__name__)
@@ -223,8 +223,7 @@ class ReservationAdmin(admin_guard.ReadOnly, admin.ModelAdmin):
         # the age is computed there.
         expired_for = Case(
             When(
-                status=Reservation.Status.HELD,
-                expires_at__lte=Now(),
+                ELIGIBLE,
                 then=ExpressionWrapper(Now() - F("expires_at"), output_field=DurationField()),
             ),
             default=None,

@@ -68,6 +68,20 @@ def install() -> None:
 NEVER_AUTOMATICALLY = 2**31 - 1
 
 
+def rows(query: str, params: Any = None) -> list[tuple[Any, ...]]:
+    """Run ``query`` on Django's connection (its transaction, if any); its rows, or ``[]`` for
+    a statement that returns none. The one cursor helper of the project's raw SQL readers."""
+    with connection.cursor() as cur:
+        cur.execute(query, params)
+        return list(cur.fetchall()) if cur.description else []
+
+
+def scalar(query: str, params: Any = None) -> Any:
+    """The first column of the first row of ``query``, or ``None`` when it returns no row."""
+    found = rows(query, params)
+    return found[0][0] if found else None
+
+
 def fetch_prepared(sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """Run ``sql`` on Django's connection (its transaction, if any) as a prepared statement and
     return its rows. Errors are Django's, as from ``connection.cursor()``. Every placeholder

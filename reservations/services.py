@@ -23,6 +23,7 @@ from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from .db import fetch_prepared
+from .eligibility import eligible_sql
 from .errors import (
     HoldExpired,
     InvalidTtl,
@@ -152,8 +153,8 @@ def hold_seat(
             if seats == 0:
                 # Offering is locked first; the holds follow in ascending id (lock order).
                 cur.execute(
-                    f"SELECT id, version FROM {R} WHERE offering_id = %(o)s AND status = 'held' "
-                    f"AND expires_at <= {_NOW} ORDER BY id LIMIT %(lim)s",
+                    f"SELECT id, version FROM {R} WHERE offering_id = %(o)s "
+                    f"AND {eligible_sql(now=_NOW)} ORDER BY id LIMIT %(lim)s",
                     {"o": offering_id, "now": now, "lim": RECLAIM_LIMIT},
                 )
                 for reservation_id, version in cur.fetchall():
@@ -318,7 +319,7 @@ WITH wanted AS (
     FROM wanted
     WHERE r.id = wanted.id AND r.version = wanted.version
       AND r.offering_id = ANY((SELECT array_agg(id) FROM off)::bigint[])
-      AND (r.status = 'held') IS TRUE AND r.expires_at <= {_NOW}
+      AND {eligible_sql("r", _NOW, off_the_held_index=True)}
     RETURNING r.id, r.offering_id, r.version, r.expires_at
 ), seat AS (
     UPDATE {O} o SET seats_available = o.seats_available + g.n
@@ -459,7 +460,7 @@ WITH cand AS (
     ) c
 ), due AS (
     SELECT r.id FROM {R} r JOIN cand ON cand.id = r.id
-    WHERE r.status = 'held' AND r.next_attempt_at <= {_NOW} AND r.expires_at <= {_NOW}
+    WHERE {eligible_sql("r", _NOW)} AND r.next_attempt_at <= {_NOW}
     ORDER BY cand.next_attempt_at, r.id
     LIMIT %(batch)s
     FOR UPDATE OF r SKIP LOCKED
@@ -565,7 +566,7 @@ def availability(offering_id: int) -> dict[str, int]:
         cur.execute(
             f"SELECT o.capacity, o.seats_available, "
             f"count(r.id) FILTER (WHERE r.status = 'held'), "
-            f"count(r.id) FILTER (WHERE r.status = 'held' AND r.expires_at <= now()), "
+            f"count(r.id) FILTER (WHERE {eligible_sql('r')}), "
             f"count(r.id) FILTER (WHERE r.status = 'confirmed') "
             f"FROM {O} o LEFT JOIN {R} r "
             f"ON r.offering_id = o.id AND r.status IN ('held', 'confirmed') "

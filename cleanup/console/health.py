@@ -32,6 +32,7 @@ from cleanup.pipeline.schedule import (
 )
 from cleanup.scaling.capacity import DESIRED_WINDOW_S, desired_consumers
 from cleanup.telemetry import deliveries
+from reservations import db
 from reservations.eligibility import ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL
 from reservations.services import shard_buckets
 
@@ -132,12 +133,6 @@ class Health:
         return max((s.state for s in self.shard_rows), key=order.index, default="green")
 
 
-def _cursor_rows(sql: str, params: Any = None) -> list[tuple[Any, ...]]:
-    with connection.cursor() as cur:
-        cur.execute(sql, params)
-        return list(cur.fetchall())
-
-
 def read_shards(shards: int, cap: int) -> list[tuple[float, int, bool]]:
     """(oldest eligible age, eligible count up to cap, capped) per shard, as /metrics reads
     them: one bounded statement each."""
@@ -166,13 +161,13 @@ def read_window(minutes: int, now: float) -> WindowCounts:
     since = window_start(minutes, now)
     receipts = CleanupReceipt._meta.db_table
     outcomes = dict(
-        _cursor_rows(
+        db.rows(
             f"SELECT outcome, count(*) FROM {receipts} WHERE created_at >= %s "
             f"GROUP BY outcome ORDER BY outcome",
             [since],
         )
     )
-    retries = _cursor_rows(
+    retries = db.rows(
         f"SELECT coalesce(sum(attempt - 1), 0) FROM {receipts} WHERE created_at >= %s", [since]
     )[0][0]
     dead = DeadLetter.objects.filter(created_at__gte=since).count()
@@ -194,7 +189,7 @@ def read_window(minutes: int, now: float) -> WindowCounts:
 
 def read_open_dead_letters() -> list[tuple[str, str, int]]:
     counts = dict(
-        _cursor_rows(
+        db.rows(
             f"SELECT reason, count(*) FROM {DeadLetter._meta.db_table} "
             f"WHERE resolved_at IS NULL GROUP BY reason"
         )
@@ -205,7 +200,7 @@ def read_open_dead_letters() -> list[tuple[str, str, int]]:
 
 def read_lease() -> dict[str, Any] | None:
 
-    rows = _cursor_rows(LEASE_LOCK_SQL, list(locks.beat_lease(settings.CLEANUP_BEAT_LOCK_ID)))
+    rows = db.rows(LEASE_LOCK_SQL, list(locks.beat_lease(settings.CLEANUP_BEAT_LOCK_ID)))
     if not rows:
         return None
     app_name, client, pid, since = rows[0]
@@ -259,7 +254,7 @@ def read_desired(samples: list[HealthSample]) -> float | None:
         seconds = (b.taken_at - a.taken_at).total_seconds()
         if seconds > 0:
             growth = (b.eligible - a.eligible) / seconds
-    processed, mean_ms = _cursor_rows(
+    processed, mean_ms = db.rows(
         f"SELECT count(*), avg(duration_ms) FROM {CleanupReceipt._meta.db_table} "
         f"WHERE created_at > now() - make_interval(secs => %s)",
         [DESIRED_WINDOW_S],

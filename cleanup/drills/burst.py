@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from django.conf import settings
-from django.db import connection
 
 from cleanup.broker import readers as broker
 from cleanup.drills.invariants import invariant_violations
@@ -33,17 +32,13 @@ from cleanup.pipeline.messages import build, idempotency_key
 from cleanup.pipeline.publish import publish_release_messages, send_sweep
 from cleanup.telemetry import deliveries
 from reservations import services
+from reservations.db import rows
+from reservations.eligibility import eligible_sql
 from reservations.errors import HoldExpired, NotHeld, StaleVersion
 from reservations.seed import seed_holds
 
 R = "reservations_reservation"
 RENEW_TTL_SECONDS = 3600  # renewed holds outlive the drill: they must stay held
-
-
-def _rows(query: str, params: Any = None) -> list[tuple[Any, ...]]:
-    with connection.cursor() as cur:
-        cur.execute(query, params)
-        return list(cur.fetchall()) if cur.description else []
 
 
 def create_holds(cfg: BurstConfig) -> list[int]:
@@ -65,7 +60,7 @@ def _renew_due(cfg: BurstConfig, state: BurstState) -> None:
     """Renew renew-set holds that expire within the next 2.5 s (before they expire)."""
     if not state.renew_set:
         return
-    due = _rows(
+    due = rows(
         f"SELECT id, version FROM {R} WHERE id = ANY(%s) AND status = 'held' AND version = 1 "
         f"AND expires_at > now() AND expires_at <= now() + interval '2.5 s'",
         [list(state.renew_set)],
@@ -78,7 +73,7 @@ def _renew_due(cfg: BurstConfig, state: BurstState) -> None:
             state.renew_missed += 1
         state.renew_set.discard(rid)
     # Those that expired before we got to them are ordinary eligible holds now.
-    gone = _rows(
+    gone = rows(
         f"SELECT id FROM {R} WHERE id = ANY(%s) AND expires_at <= now()", [list(state.renew_set)]
     )
     for (rid,) in gone:
@@ -91,16 +86,19 @@ def _publish_duplicates(cfg: BurstConfig, state: BurstState) -> None:
     todo = list(state.dup_candidates - state.duplicated)
     if not todo:
         return
-    rows = _rows(
+    dupes = rows(
         f"SELECT id, version, expires_at, bucket FROM {R} WHERE id = ANY(%s) AND claim_count > 0",
         [todo],
     )
-    if not rows:
+    if not dupes:
         return
     publish_release_messages(
-        [build(rid, v, exp, bucket % cfg.shards, "burst-duplicate") for rid, v, exp, bucket in rows]
+        [
+            build(rid, v, exp, bucket % cfg.shards, "burst-duplicate")
+            for rid, v, exp, bucket in dupes
+        ]
     )
-    state.duplicated.update(r[0] for r in rows)
+    state.duplicated.update(r[0] for r in dupes)
 
 
 def _send_sweeps(cfg: BurstConfig) -> None:
@@ -112,24 +110,24 @@ def sample(
     cfg: BurstConfig, state: BurstState, t: float, keys: list[str], workers: list[WorkerProcess]
 ) -> Sample:
     lo, hi = state.ids[0], state.ids[-1]
-    shards = _rows(
+    shards = rows(
         f"SELECT bucket %% %s, count(*), EXTRACT(EPOCH FROM now() - min(expires_at))::float8 "
-        f"FROM {R} WHERE id BETWEEN %s AND %s AND status = 'held' AND expires_at <= now() "
+        f"FROM {R} WHERE id BETWEEN %s AND %s AND {eligible_sql()} "
         f"GROUP BY 1",
         [cfg.shards, lo, hi],  # only the drill's own holds: other rows never pollute it
     )
     by_shard = {str(s): round(float(age), 2) for s, _c, age in shards}
     eligible = sum(int(c) for _s, c, _a in shards)
-    released = _rows(
+    released = rows(
         f"SELECT count(*) FROM {R} WHERE id BETWEEN %s AND %s AND status = 'released'", [lo, hi]
     )[0][0]
-    receipts = _rows(
+    receipts = rows(
         "SELECT outcome, count(*), coalesce(sum(attempt - 1), 0) FROM cleanup_cleanupreceipt "
         "WHERE reservation_id BETWEEN %s AND %s GROUP BY outcome",
         [lo, hi],
     )
     outcomes = {o: int(c) for o, c, _r in receipts}
-    dead = _rows(
+    dead = rows(
         "SELECT count(*) FROM cleanup_deadletter WHERE created_at > now() - "
         "make_interval(secs => %s)",
         [t + 60],
@@ -315,7 +313,7 @@ def build_report(
     workers: list[WorkerProcess],
 ) -> dict[str, Any]:
     lo, hi = state.ids[0], state.ids[-1]
-    stats = _rows(
+    stats = rows(
         "SELECT count(*), avg(duration_ms), percentile_cont(0.5) WITHIN GROUP (ORDER BY "
         "duration_ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY queue_age_seconds), "
         "EXTRACT(EPOCH FROM max(created_at) - min(created_at))::float8 "
@@ -323,7 +321,7 @@ def build_report(
         [lo, hi],
     )[0]
     receipts, mean_ms, median_ms, p99_queue_age, busy_s = stats
-    lateness = _rows(
+    lateness = rows(
         f"SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY "
         f"EXTRACT(EPOCH FROM released_at - expires_at)), "
         f"max(EXTRACT(EPOCH FROM released_at - expires_at))::float8 "

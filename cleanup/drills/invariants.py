@@ -6,20 +6,7 @@ An empty list from ``invariant_violations`` means every invariant holds.
 
 from __future__ import annotations
 
-from typing import Any
-
-from django.db import connection
-
-
-def _rows(query: str, params: Any = None) -> list[tuple[Any, ...]]:
-    with connection.cursor() as cur:
-        cur.execute(query, params)
-        return list(cur.fetchall()) if cur.description else []
-
-
-def _scalar(query: str, params: Any = None) -> Any:
-    rows = _rows(query, params)
-    return rows[0][0] if rows else None
+from reservations.db import rows, scalar
 
 
 def invariant_violations(
@@ -31,26 +18,26 @@ def invariant_violations(
     or cancelled hold is never released by an older message); the ``expected_released`` holds
     released; none of ``expected_not_released`` released."""
     problems: list[str] = []
-    bad_seats = _rows(
+    bad_seats = rows(
         "SELECT o.id FROM reservations_offering o LEFT JOIN reservations_reservation r "
         "ON r.offering_id = o.id GROUP BY o.id HAVING o.capacity <> o.seats_available "
         "+ count(*) FILTER (WHERE r.status IN ('held', 'confirmed'))"
     )
     if bad_seats:
         problems.append(f"seats not conserved for offerings {bad_seats[:10]}")
-    multi = _rows(
+    multi = rows(
         "SELECT reservation_id, count(*) FROM reservations_outboxevent "
         "WHERE kind = 'reservation.released' GROUP BY reservation_id HAVING count(*) > 1"
     )
     if multi:
         problems.append(f"holds with more than one released event: {multi[:10]}")
-    multi_receipts = _rows(
+    multi_receipts = rows(
         "SELECT reservation_id, count(*) FROM cleanup_cleanupreceipt "
         "WHERE outcome = 'released' GROUP BY reservation_id HAVING count(*) > 1"
     )
     if multi_receipts:
         problems.append(f"holds with more than one 'released' receipt: {multi_receipts[:10]}")
-    no_event = _scalar(
+    no_event = scalar(
         "SELECT count(*) FROM reservations_reservation r WHERE r.status = 'released' AND NOT "
         "EXISTS (SELECT 1 FROM reservations_outboxevent e WHERE e.reservation_id = r.id "
         "AND e.kind = 'reservation.released')"
@@ -62,7 +49,7 @@ def invariant_violations(
     # confirmed or cancelled in between) shows as a receipt version other than the version
     # the hold was released at. (Holds released without a message — reclaimed by hold_seat,
     # released by an operator — have no 'released' receipt and are not checked here.)
-    wrong_version = _rows(
+    wrong_version = rows(
         "SELECT r.id, c.version, r.released_version FROM reservations_reservation r "
         "JOIN cleanup_cleanupreceipt c ON c.reservation_id = r.id AND c.outcome = 'released' "
         "WHERE r.released_version IS DISTINCT FROM c.version ORDER BY r.id"
@@ -73,7 +60,7 @@ def invariant_violations(
             f"(id, message version, released version): {wrong_version[:10]}"
         )
     if expected_released is not None:
-        not_released = _scalar(
+        not_released = scalar(
             "SELECT count(*) FROM reservations_reservation WHERE id = ANY(%s) "
             "AND status <> 'released'",
             [expected_released],
@@ -81,7 +68,7 @@ def invariant_violations(
         if not_released:
             problems.append(f"{not_released} of {len(expected_released)} holds not released")
     if expected_not_released:
-        released = _scalar(
+        released = scalar(
             "SELECT count(*) FROM reservations_reservation WHERE id = ANY(%s) "
             "AND status = 'released'",
             [expected_not_released],

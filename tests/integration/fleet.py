@@ -21,12 +21,13 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
 # The invariants moved to the product (the burst drill checks them too); re-exported here.
 from cleanup.drills.invariants import invariant_violations as invariant_violations
 from cleanup.drills.workers import CeleryProcess, WorkerProcess
+from reservations.db import rows as sql
+from reservations.db import scalar as scalar
 from reservations.seed import seed_holds
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -193,19 +194,6 @@ def wait_until(
             return last
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what or predicate}: last={last!r}")
-
-
-def sql(
-    query: str, params: list[Any] | tuple[Any, ...] | dict[str, Any] | None = None
-) -> list[tuple[Any, ...]]:
-    with connection.cursor() as cur:
-        cur.execute(query, params)
-        return list(cur.fetchall()) if cur.description else []
-
-
-def scalar(query: str, params: Any = None) -> Any:
-    rows = sql(query, params)
-    return rows[0][0] if rows else None
 
 
 def conninfo() -> str:

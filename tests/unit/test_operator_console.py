@@ -13,7 +13,6 @@ import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
-from django.db import connection
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -26,6 +25,7 @@ from cleanup.pipeline.messages import build, idempotency_key
 from cleanup.pipeline.schedule import PRUNE_NAME, RELAY_NAME, install_schedule, sweep_entry_name
 from cleanup.pipeline.sweep import SweepResult
 from reservations import services
+from reservations.db import rows as sql
 from reservations.models import Reservation
 
 HEALTH = "cleanup-health"
@@ -39,12 +39,6 @@ def admin_client_(db: None) -> Client:
     client = Client()
     client.force_login(user)
     return client
-
-
-def sql(query: str, params: Any = None) -> list[tuple[Any, ...]]:
-    with connection.cursor() as cur:
-        cur.execute(query, params)
-        return list(cur.fetchall())
 
 
 def expired_holds(offering_id: int, n: int, seconds_ago: int) -> list[int]:
