@@ -11,7 +11,9 @@ The clock is PostgreSQL's ``now()``. The ``now`` parameters exist for unit tests
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -337,19 +339,44 @@ WITH wanted AS (
 )"""
 
 
+# The release statement's side of its contract with an ``AttachedWrite``: the CTE it reads,
+# that CTE's columns, and the placeholders the release itself uses.
+RELEASED_COLUMNS = ("id", "offering_id", "version", "expires_at")
+RELEASE_PARAMS = frozenset({"ids", "versions", "reason", "now"})
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
+
+
+@functools.lru_cache(maxsize=64)
+def _attached_write_problem(sql: str, params: frozenset[str]) -> str | None:
+    if not re.search(rf"\bFROM\s+{RELEASED_ROWS}\b", sql):
+        return f"it does not read FROM {RELEASED_ROWS}"
+    used = set(_PLACEHOLDER.findall(sql))
+    if used & RELEASE_PARAMS:
+        return f"its placeholders {sorted(used & RELEASE_PARAMS)} are the release's own"
+    if used - params:
+        return f"its placeholders {sorted(used - params)} have no value"
+    return None
+
+
 @dataclass(frozen=True)
 class AttachedWrite:
     """A write the caller commits atomically with a release, in the same statement.
 
     ``sql`` is one data-modifying statement that reads the CTE named by ``RELEASED_ROWS``
-    (columns ``id``, ``offering_id``, ``version``, ``expires_at``: one row per hold this call
-    released), e.g. ``INSERT … SELECT … FROM released_rows``. Its placeholders are named
-    (``%(name)s``) and must not collide with the release's own: ``ids``, ``versions``,
-    ``reason``, ``now``. The domain runs it and knows nothing else of it.
+    (columns ``RELEASED_COLUMNS``: one row per hold this call released), e.g.
+    ``INSERT … SELECT … FROM released_rows``. Its placeholders are named (``%(name)s``), each
+    with a value in ``params``, and none is one of the release's own (``RELEASE_PARAMS``). The
+    domain runs it and knows nothing else of it; a write that breaks this contract is refused
+    when it is made (ValueError), not when the statement first runs.
     """
 
     sql: str
     params: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        problem = _attached_write_problem(self.sql, frozenset(self.params))
+        if problem is not None:
+            raise ValueError(f"not an attached write: {problem}")
 
 
 def release_holds(
