@@ -58,6 +58,23 @@ def add_filter_arguments(parser: CommandParser) -> None:
     )
 
 
+def add_batch_arguments(parser: CommandParser, *, verb: str, limit: int, shows: str) -> None:
+    """``--limit`` and ``--dry-run``, as both dead-letter commands take them."""
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=limit,
+        metavar="N",
+        help=f"{verb} at most N letters, lowest ids first; says how many more match "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help=f"show what would be done ({shows}) and change nothing (default: off)",
+    )
+
+
 def add_operator_arguments(parser: CommandParser, *, why_required: bool) -> None:
     parser.add_argument(
         "--by",

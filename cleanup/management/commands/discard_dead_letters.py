@@ -30,19 +30,8 @@ class Command(ProjectCommand):
             help="every open letter, when no filter is given (default: off; without a filter "
             "or --all the command refuses)",
         )
-        parser.add_argument(
-            "--limit",
-            type=int,
-            default=10_000,
-            metavar="N",
-            help="discard at most N letters, lowest ids first; says how many more match "
-            "(default: %(default)s)",
-        )
-        parser.add_argument(
-            "--dry-run",
-            action="store_true",
-            help="show what would be done (how many, by reason, the first ids) and change "
-            "nothing (default: off)",
+        triage.add_batch_arguments(
+            parser, verb="discard", limit=10_000, shows="how many, by reason, the first ids"
         )
         triage.add_operator_arguments(parser, why_required=True)
 

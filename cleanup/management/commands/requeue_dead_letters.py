@@ -28,19 +28,11 @@ class Command(ProjectCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         triage.add_filter_arguments(parser)
-        parser.add_argument(
-            "--limit",
-            type=int,
-            default=1000,
-            metavar="N",
-            help="requeue at most N letters, lowest ids first; says how many more match "
-            "(default: %(default)s)",
-        )
-        parser.add_argument(
-            "--dry-run",
-            action="store_true",
-            help="show what would be done (how many, by reason, what each would become, the "
-            "first ids) and change nothing (default: off)",
+        triage.add_batch_arguments(
+            parser,
+            verb="requeue",
+            limit=1000,
+            shows="how many, by reason, what each would become, the first ids",
         )
         triage.add_operator_arguments(parser, why_required=False)
 
