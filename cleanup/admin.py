@@ -199,12 +199,9 @@ class DeadLetterAdmin(HoldRecordAdmin):
         self, request: HttpRequest, queryset: QuerySet[DeadLetter]
     ) -> TemplateResponse | None:
         ids, matching = admin_guard.bounded_ids(queryset, REQUEUE_LIMIT, request)
-        if matching is not None and not admin_guard.select_across(request):
-            self.message_user(
-                request,
-                f"Select at most {REQUEUE_LIMIT} dead letters at a time; nothing was requeued.",
-                messages.ERROR,
-            )
+        if admin_guard.refuse_oversized_selection(
+            self, request, matching, REQUEUE_LIMIT, what="dead letters", done="requeued"
+        ):
             return None
         letters = list(DeadLetter.objects.filter(pk__in=ids).order_by("pk"))
         if not admin_guard.confirmed(request):
@@ -253,12 +250,9 @@ class DeadLetterAdmin(HoldRecordAdmin):
         """Resolve the selected letters as ``discarded``, with the operator's name and why;
         nothing is sent. A confirmation page first says how many, by reason, and asks why."""
         ids, matching = admin_guard.bounded_ids(queryset, DISCARD_LIMIT, request)
-        if matching is not None and not admin_guard.select_across(request):
-            self.message_user(
-                request,
-                f"Select at most {DISCARD_LIMIT} dead letters at a time; nothing was discarded.",
-                messages.ERROR,
-            )
+        if admin_guard.refuse_oversized_selection(
+            self, request, matching, DISCARD_LIMIT, what="dead letters", done="discarded"
+        ):
             return None
         letters = list(DeadLetter.objects.filter(pk__in=ids).order_by("pk"))
         if not letters:

@@ -257,16 +257,10 @@ class ReservationAdmin(admin_guard.ReadOnly, admin.ModelAdmin):
         self, request: HttpRequest, queryset: QuerySet[Reservation]
     ) -> TemplateResponse | None:
         ids, matching = admin_guard.bounded_ids(queryset, ADMIN_RELEASE_LIMIT, request)
-        # "All N matching the filter" is bounded (the page says so); an explicit selection
-        # larger than the bound is refused.
-        if not admin_guard.select_across(request):
-            if matching is not None:
-                self.message_user(
-                    request,
-                    f"Select at most {ADMIN_RELEASE_LIMIT} holds at a time; nothing was released.",
-                    messages.ERROR,
-                )
-                return None
+        if admin_guard.refuse_oversized_selection(
+            self, request, matching, ADMIN_RELEASE_LIMIT, what="holds", done="released"
+        ):
+            return None
         if not admin_guard.confirmed(request):
             eligible = set(
                 Reservation.objects.eligible().filter(pk__in=ids).values_list("pk", flat=True)

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -71,6 +71,26 @@ def bounded_ids(
     if len(ids) <= limit:
         return ids, None
     return ids[:limit], queryset.count()
+
+
+def refuse_oversized_selection(
+    modeladmin: admin.ModelAdmin,
+    request: HttpRequest,
+    matching: int | None,
+    limit: int,
+    *,
+    what: str,
+    done: str,
+) -> bool:
+    """True, after telling the user, when an explicit selection exceeds ``limit``: "all N
+    matching the filter" is bounded (the confirmation page says so), a larger hand-made
+    selection is refused."""
+    if matching is None or select_across(request):
+        return False
+    modeladmin.message_user(
+        request, f"Select at most {limit} {what} at a time; nothing was {done}.", messages.ERROR
+    )
+    return True
 
 
 def confirmation(
