@@ -22,10 +22,10 @@ lock:
 
 # The private embedded PostgreSQL/Redis under .embedded/ (only used when nothing else is there).
 embedded-status:
-	.venv/bin/python scripts/services.py status
+	.venv/bin/python scripts/backing_servers.py status
 
 embedded-stop:
-	.venv/bin/python scripts/services.py stop
+	.venv/bin/python scripts/backing_servers.py stop
 
 # Benchmarks (private DB reservations_bench, Redis DB 5): prints a table, writes bench/results/.
 bench:

@@ -1,7 +1,7 @@
 """Run the whole system in the foreground for local development: `make run`.
 
-1. find or start PostgreSQL and Redis (scripts/services.py: configured URLs, else local servers,
-   else embedded private servers under ./.embedded/);
+1. find or start PostgreSQL and Redis (scripts/backing_servers.py: configured URLs, else local
+   servers, else embedded private servers under ./.embedded/);
 2. migrate; create a dev superuser admin/admin when there is no superuser (local settings only);
    install the cleanup beat schedule when that management command exists;
 3. start web (runserver), one Celery worker, Celery beat and Flower, each in its own process
@@ -30,10 +30,10 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-import services
+import backing_servers
 import tryit
 
-ROOT = services.ROOT
+ROOT = backing_servers.ROOT
 PYTHON = sys.executable
 VENV_BIN = Path(PYTHON).parent
 CELERY = str(VENV_BIN / "celery")
@@ -255,7 +255,11 @@ def web_ready(port: int) -> bool:
 
 
 def banner(
-    port: int, flower_port: int, flower_auth: str, superuser: str | None, svc: services.Services
+    port: int,
+    flower_port: int,
+    flower_auth: str,
+    superuser: str | None,
+    svc: backing_servers.Services,
 ) -> str:
     base = f"http://{HOST}:{port}"
     user, password = DEV_SUPERUSER
@@ -303,14 +307,14 @@ def main() -> int:
     supervisor = Supervisor(dict(os.environ))
     signal.signal(signal.SIGINT, supervisor.on_signal)
     signal.signal(signal.SIGTERM, supervisor.on_signal)
-    svc: services.Services | None = None
+    svc: backing_servers.Services | None = None
     exit_code = 0
     embedded_before = {
-        "pg": services.embedded_pg_pid() is not None,
-        "redis": services.embedded_redis_pid() is not None,
+        "pg": backing_servers.embedded_pg_pid() is not None,
+        "redis": backing_servers.embedded_redis_pid() is not None,
     }
     try:
-        svc = services.resolve("run")
+        svc = backing_servers.resolve("run")
         env = dict(os.environ)
         env.update(svc.env)
         env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
@@ -383,13 +387,13 @@ def main() -> int:
         started = set(svc.started) if svc is not None else set()
         if svc is None:  # interrupted while finding services: stop what came up meanwhile
             now = {
-                "pg": services.embedded_pg_pid() is not None,
-                "redis": services.embedded_redis_pid() is not None,
+                "pg": backing_servers.embedded_pg_pid() is not None,
+                "redis": backing_servers.embedded_redis_pid() is not None,
             }
             started = {name for name, up in now.items() if up and not embedded_before[name]}
         if started:
             say(f"stopping embedded servers started by this run: {', '.join(sorted(started))}")
-            services.stop_embedded(started)
+            backing_servers.stop_embedded(started)
         reap_orphans(None)
         say("stopped")
     return exit_code

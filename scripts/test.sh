@@ -25,7 +25,7 @@ phase() {
   fi
 }
 
-# Stop only the embedded servers that services.py started for this run (never a shared server,
+# Stop only the embedded servers that backing_servers.py started for this run (never a shared server,
 # never an embedded server that was already running, e.g. for `make run`).
 RESERVATIONS_EMBEDDED_STARTED=""
 stop_embedded() {
@@ -33,7 +33,7 @@ stop_embedded() {
   trap - EXIT INT TERM
   if [ -n "${RESERVATIONS_EMBEDDED_STARTED:-}" ]; then
     echo "==> stopping embedded servers: $RESERVATIONS_EMBEDDED_STARTED"
-    .venv/bin/python scripts/services.py stop --only "$RESERVATIONS_EMBEDDED_STARTED" || rc=1
+    .venv/bin/python scripts/backing_servers.py stop --only "$RESERVATIONS_EMBEDDED_STARTED" || rc=1
   fi
   exit "$rc"
 }
@@ -41,11 +41,11 @@ trap stop_embedded EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# services.py prints export lines (starting embedded servers if nothing is reachable); its
+# backing_servers.py prints export lines (starting embedded servers if nothing is reachable); its
 # messages go to stderr.
 services_up() {
   local exports
-  exports=$(.venv/bin/python scripts/services.py env --purpose test) || return $?
+  exports=$(.venv/bin/python scripts/backing_servers.py env --purpose test) || return $?
   eval "$exports"
 }
 

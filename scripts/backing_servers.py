@@ -17,9 +17,9 @@ Tests use Redis database 13 and pytest-django's own ``test_`` database.
 
 Commands::
 
-    services.py env --purpose run|test   # print `export ...` lines (for eval); may start embedded
-    services.py stop [--only pg,redis]   # stop the embedded servers (only ours, under .embedded/)
-    services.py status                   # what is running under .embedded/
+    backing_servers.py env --purpose run|test  # print `export ...` lines; may start embedded
+    backing_servers.py stop [--only pg,redis]  # stop the embedded servers (ours, in .embedded/)
+    backing_servers.py status                  # what is running under .embedded/
 
 ``env`` adds ``RESERVATIONS_EMBEDDED_STARTED=pg,redis`` naming the embedded servers *it* started,
 so the caller stops exactly those (an embedded server already running, e.g. for ``make run``, is
@@ -286,7 +286,7 @@ def start_embedded_pg() -> bool:
             f"{PG_DATA} and of its bundled binaries"
         )
     log(f"{'using running' if already else 'starting'} embedded PostgreSQL in {PG_DATA}")
-    # cleanup_mode=None: the server outlives this process; `services.py stop` stops it.
+    # cleanup_mode=None: the server outlives this process; `backing_servers.py stop` stops it.
     server = pgserver.get_server(PG_DATA, cleanup_mode=None)
     socket_dir = server.get_postmaster_info().socket_dir
     if socket_dir is not None and Path(socket_dir) != PG_DATA:
