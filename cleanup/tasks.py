@@ -109,7 +109,7 @@ class CleanupTask(Task):  # type: ignore[misc]
         self.request.delivery_count = count  # type: ignore[attr-defined]
         if count > settings.CLEANUP_MAX_DELIVERIES:
             message = args[0] if args and isinstance(args[0], dict) else None
-            deadletters.record(
+            _dead_letter_each_hold(
                 DeadLetter.Reason.DELIVERIES_EXHAUSTED,
                 error=f"delivered {count} times (limit {settings.CLEANUP_MAX_DELIVERIES})",
                 task_name=self.name,
@@ -118,7 +118,6 @@ class CleanupTask(Task):  # type: ignore[misc]
                 payload=None if message else {"args": args, "kwargs": kwargs},
                 delivery_count=count,
             )
-            metrics.record_outcome("dead_lettered", None, None)
             return {"outcome": "dead_lettered"}
         return super().__call__(*args, **kwargs)
 
@@ -146,7 +145,7 @@ class CleanupTask(Task):  # type: ignore[misc]
         close_old_connections()
         if isinstance(exc, TRANSIENT_ERRORS):
             connection.close()
-        deadletters.record(
+        _dead_letter_each_hold(
             reason,
             error=repr(exc)[:4000],
             task_name=self.name,
@@ -155,6 +154,25 @@ class CleanupTask(Task):  # type: ignore[misc]
             payload=None if message else {"args": args, "kwargs": kwargs},
             delivery_count=getattr(self.request, "delivery_count", 0) or 0,
         )
+
+
+def _dead_letter_each_hold(reason: str, *, message: dict[str, Any] | None, **fields: Any) -> None:
+    """Dead-letter a message that failed as a whole. A release batch becomes one letter per
+    hold, each naming its hold and carrying that hold's own release message, so each is
+    settled by its key's later release, or requeued, on its own (as in the per-reservation
+    mode); its malformed items were lettered when it was read. Anything else is one letter."""
+    items: tuple[Any, ...] = ()
+    if isinstance(message, dict) and message.get("kind") == BATCH_KIND:
+        try:
+            items = validate_batch(message).items
+        except MalformedMessage:
+            items = ()
+    if not items:
+        deadletters.record(reason, message=message, **fields)
+        metrics.record_outcome("dead_lettered", None, None)
+        return
+    for item in items:
+        deadletters.record(reason, message=item.as_dict(), **fields)
         metrics.record_outcome("dead_lettered", None, None)
 
 

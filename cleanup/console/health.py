@@ -81,6 +81,7 @@ class WindowCounts:
     attempts: int | None  # release-message deliveries (None: not tallied, no Redis counter)
     retries: int
     dead_lettered: int
+    messages: int = 0  # release messages that wrote these receipts (a batch is one)
 
     @property
     def terminal(self) -> int:
@@ -167,9 +168,11 @@ def read_window(minutes: int, now: float) -> WindowCounts:
             [since],
         )
     )
-    retries = db.rows(
-        f"SELECT coalesce(sum(attempt - 1), 0) FROM {receipts} WHERE created_at >= %s", [since]
-    )[0][0]
+    retries, messages = db.rows(
+        f"SELECT coalesce(sum(attempt - 1), 0), count(DISTINCT task_id) FROM {receipts} "
+        f"WHERE created_at >= %s",
+        [since],
+    )[0]
     dead = DeadLetter.objects.filter(created_at__gte=since).count()
     try:
         attempts = deliveries.attempts_since(minutes, now=now)
@@ -184,6 +187,7 @@ def read_window(minutes: int, now: float) -> WindowCounts:
         attempts=attempts,
         retries=int(retries),
         dead_lettered=dead,
+        messages=int(messages),
     )
 
 
@@ -338,11 +342,14 @@ def record_sweep(result: Any) -> None:
         with connection.cursor() as cur:
             cur.execute(
                 f"INSERT INTO {table} (shard, shards, finished_at, claimed, published, "
+                f"messages, largest_message, sizing_reason, "
                 f"set_aside, backpressure, skipped_locked, duration_ms, trace_id) "
-                f"VALUES (%s, %s, now(), %s, %s, %s, %s, %s, %s, %s) "
+                f"VALUES (%s, %s, now(), %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
                 f"ON CONFLICT (shard) DO UPDATE SET shards = EXCLUDED.shards, "
                 f"finished_at = EXCLUDED.finished_at, claimed = EXCLUDED.claimed, "
-                f"published = EXCLUDED.published, set_aside = EXCLUDED.set_aside, "
+                f"published = EXCLUDED.published, messages = EXCLUDED.messages, "
+                f"largest_message = EXCLUDED.largest_message, "
+                f"sizing_reason = EXCLUDED.sizing_reason, set_aside = EXCLUDED.set_aside, "
                 f"backpressure = EXCLUDED.backpressure, "
                 f"skipped_locked = EXCLUDED.skipped_locked, "
                 f"duration_ms = EXCLUDED.duration_ms, trace_id = EXCLUDED.trace_id",
@@ -351,6 +358,9 @@ def record_sweep(result: Any) -> None:
                     result.shards,
                     result.claimed,
                     result.published,
+                    getattr(result, "messages", result.published),
+                    getattr(result, "largest_message", 0),
+                    getattr(result, "sizing_reason", "")[:16],
                     result.set_aside,
                     result.backpressure,
                     result.skipped_locked,

@@ -328,8 +328,21 @@ def build_report(
         f"FROM {R} WHERE id BETWEEN %s AND %s AND status = 'released'",
         [lo, hi],
     )[0]
+    # Release messages that wrote these receipts (a batch message is one task id), and how
+    # many of them carried a single hold.
+    messages, single_hold_messages = rows(
+        "SELECT count(*), count(*) FILTER (WHERE n = 1) FROM (SELECT task_id, count(*) AS n "
+        "FROM cleanup_cleanupreceipt WHERE reservation_id BETWEEN %s AND %s GROUP BY task_id) m",
+        [lo, hi],
+    )[0]
     last = state.samples[-1] if state.samples else None
     ages = [s.oldest_eligible_s or 0.0 for s in state.samples]
+    # When each shard's oldest eligible hold was last seen (its backlog cleared after that).
+    shard_cleared: dict[str, float] = {}
+    for sample in state.samples:
+        for shard, age in sample.oldest_by_shard.items():
+            if age and age > 0:
+                shard_cleared[shard] = sample.t
     above = sum(1 for a in ages if a > cfg.slo)
     consumers = cfg.workers * cfg.concurrency
     processed = int(receipts or 0)
@@ -365,6 +378,12 @@ def build_report(
             "retries": last.retries if last else 0,
             "dead_letters": last.dead_letters if last else 0,
             "receipts": processed,
+            "messages": int(messages or 0),
+            "single_hold_messages": int(single_hold_messages or 0),
+            "single_hold_message_share": (
+                round(int(single_hold_messages) / int(messages), 4) if messages else None
+            ),
+            "shard_backlog_last_seen_s": dict(sorted(shard_cleared.items())),
             "processing_window_s": None if busy_s is None else round(float(busy_s), 2),
             "processing_rate_per_s": round(processed / float(busy_s), 2) if busy_s else None,
             "release_db_ms_mean": None if mean_ms is None else round(float(mean_ms), 2),

@@ -133,13 +133,26 @@ CLEANUP_MAX_CLAIMS = env_int("CLEANUP_MAX_CLAIMS", 10, minimum=1)
 CLEANUP_SWEEP_TIME_BUDGET = env_float("CLEANUP_SWEEP_TIME_BUDGET", 0, minimum=0)
 # Backpressure: a sweep stops publishing while the release queue is deeper than this.
 CLEANUP_MAX_QUEUE_DEPTH = env_int("CLEANUP_MAX_QUEUE_DEPTH", 20000, minimum=1)
-# "single" = one message per hold (default); "batch" = one message per batch of holds.
-CLEANUP_RELEASE_MODE = env_str("CLEANUP_RELEASE_MODE", "single")
-if CLEANUP_RELEASE_MODE not in {"single", "batch"}:
+# "adaptive" (default) = one message per hold at normal load, more holds per message (up to
+# CLEANUP_RELEASE_BATCH_SIZE) when the backlog would push the oldest hold past
+# CLEANUP_RELEASE_TARGET_SECONDS; "single" = always one message per hold; "batch" = always
+# CLEANUP_RELEASE_BATCH_SIZE holds per message (docs/PIPELINE.md, "Release modes").
+RELEASE_MODES = ("adaptive", "single", "batch")
+CLEANUP_RELEASE_MODE = env_str("CLEANUP_RELEASE_MODE", "adaptive")
+if CLEANUP_RELEASE_MODE not in RELEASE_MODES:
     raise ImproperlyConfigured(
-        f"CLEANUP_RELEASE_MODE={CLEANUP_RELEASE_MODE!r}: expected 'single' or 'batch'"
+        f"CLEANUP_RELEASE_MODE={CLEANUP_RELEASE_MODE!r}: expected one of "
+        f"{', '.join(repr(m) for m in RELEASE_MODES)}"
     )
 CLEANUP_RELEASE_BATCH_SIZE = env_int("CLEANUP_RELEASE_BATCH_SIZE", 100, minimum=1)
+if CLEANUP_RELEASE_BATCH_SIZE > 1000:  # what a worker accepts (cleanup.pipeline.messages)
+    raise ImproperlyConfigured(
+        f"CLEANUP_RELEASE_BATCH_SIZE={CLEANUP_RELEASE_BATCH_SIZE} must be <= 1000"
+    )
+CLEANUP_RELEASE_TARGET_SECONDS = env_float("CLEANUP_RELEASE_TARGET_SECONDS", 10, minimum=0.1)
+# How long a sweep waits in line for the publish lock (never past its time budget): a sweep
+# waiting there occupies a pool process that could be releasing.
+CLEANUP_SWEEP_LOCK_WAIT = env_float("CLEANUP_SWEEP_LOCK_WAIT", 2, minimum=0.05)
 # Redis used for the delivery counter; defaults to the broker when the broker is Redis.
 # With RabbitMQ and no Redis, deliveries are counted in PostgreSQL (autocommit upsert).
 CLEANUP_COUNTER_REDIS_URL = env_str(
