@@ -16,9 +16,11 @@ is mostly per message: Celery's fetch, acknowledgment and task trace) gets throu
 When the queue ahead alone outlasts the budget, the size is the cap. A batch whose oldest hold
 is already past the target (held up by an outage, or claimed again after a lost message) is
 sized to be started within half the target: it is late whatever the size, and a handful of
-late holds that the fleet starts at once need no batching. This is the autoscaler's drain term turned around: it asks how many
-consumers clear the waiting work within the budget; here the consumers are given (their
-measured rate) and the message count is what can change.
+late holds that the fleet starts at once need no batching.
+
+This is the autoscaler's drain term turned around: it asks how many consumers clear the waiting
+work within the budget; here the consumers are given (their measured rate) and the message
+count is what can change.
 """
 
 from __future__ import annotations
