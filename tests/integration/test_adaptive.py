@@ -116,9 +116,7 @@ def test_a_renewed_hold_in_a_redelivered_multi_hold_message_is_not_released(
             time.sleep(1)
         # then: everything but the renewed hold is released, once
         expected = [i for i in ids if i != renewed]
-        wait_until(
-            lambda: released_count(expected) == len(expected), timeout=120, what="released"
-        )
+        wait_until(lambda: released_count(expected) == len(expected), timeout=120, what="released")
         wait_until(lambda: sum(outcome_counts().values()) == len(ids), timeout=60)
     assert outcome_counts() == {"released": len(expected), "renewed": 1}
     assert status_of(renewed) == "held"

@@ -346,4 +346,3 @@ def test_the_last_sweep_shows_messages_and_holds_on_the_health_page(adaptive, br
     assert f'data-metric="published">{result.published}<' in page
     assert f'data-metric="messages">{result.messages}<' in page
     assert f"up to {result.largest_message} ({result.sizing_reason})" in page
-
