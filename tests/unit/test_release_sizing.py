@@ -306,33 +306,77 @@ def test_near_the_cap_every_shard_publishes_in_every_round(settings, broker):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_sweep_waits_in_line_for_the_publish_lock_at_most_the_lock_wait(settings, broker):
-    # given: another session holds the publish lock for good; the wait is 0.3 s, the budget 60
-    from django.db import connections
+    # given: another session holds the publish lock; the lock wait is 0.3 s, the budget 600 s
+    import threading
+
+    from django.db import connection, connections
 
     from cleanup.pipeline import locks
 
-    settings.CLEANUP_SWEEP_TIME_BUDGET = 60
+    settings.CLEANUP_SWEEP_TIME_BUDGET = 600
     settings.CLEANUP_SWEEP_LOCK_WAIT = 0.3
     ids = expired(5, seconds_ago=1)
     other = connections.create_connection("default")
+    results: list[Any] = []
+
+    def sweep() -> None:
+        try:
+            results.append(sweep_shard(0, 1))
+            with connection.cursor() as cur:
+                cur.execute("SHOW lock_timeout")
+                results.append(cur.fetchone()[0])
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=sweep)
     try:
         with other.cursor() as cur:
             cur.execute("SELECT pg_advisory_lock(%s, %s)", list(locks.SWEEP_PUBLISH))
-        # when
-        result = sweep_shard(0, 1)
+        # when: a sweep runs while the lock stays taken
+        thread.start()
+        thread.join(60)  # far beyond the lock wait: still running means it waits its budget
+        still_waiting = thread.is_alive()
     finally:
         other.close()
-    # then: it gave its pool process back after the wait, claimed nothing, and its session's
-    # lock_timeout is back to the default (the next statements are not cut short)
+        thread.join(60)
+    # then: it gave its pool process back without the lock, long before its budget, claimed
+    # nothing, and its session's lock_timeout is back to the default
+    assert not still_waiting, "the sweep waited for the publish lock beyond its lock wait"
+    result, lock_timeout = results
     assert result.budget_exhausted is True
     assert (result.claimed, result.published) == (0, 0)
     assert set(Reservation.objects.filter(pk__in=ids).values_list("claim_count", flat=True)) == {0}
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute("SHOW lock_timeout")
-        assert cur.fetchone()[0] == "0"
+    assert lock_timeout == "0"
     assert sweep_shard(0, 1).published == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_batch_is_dead_lettered_hold_by_hold_and_each_letter_settles_alone(broker):
+    # given: a release batch of three holds that ran out of retries
+    from django.db import OperationalError
+    from django.utils import timezone
+
+    from cleanup.models import CleanupReceipt, DeadLetter
+    from cleanup.pipeline import deadletters
+    from cleanup.pipeline.messages import build_batch
+    from cleanup.tasks import release_batch_task
+
+    ids = expired(3, seconds_ago=1, offerings=1)
+    message = build_batch([(rid, 1, timezone.now()) for rid in ids], 0, "failed-batch")
+    # when
+    release_batch_task.on_failure(OperationalError("db gone"), "task-1", (message,), {}, None)
+    # then: one letter per hold, each naming its hold and its key
+    letters = list(DeadLetter.objects.order_by("reservation_id"))
+    assert [(d.reservation_id, d.version, d.idempotency_key, d.reason) for d in letters] == [
+        (rid, 1, f"release:{rid}:1", "retries_exhausted") for rid in sorted(ids)
+    ]
+    assert {d.task_id for d in letters} == {"task-1"}
+    # and a later release of one of the holds settles that hold's letter only
+    CleanupReceipt.objects.create(
+        idempotency_key=f"release:{ids[0]}:1", reservation_id=ids[0], version=1, outcome="released"
+    )
+    assert deadletters.resolve_released() == 1
+    assert DeadLetter.objects.filter(resolved_at__isnull=True).count() == 2
 
 
 @pytest.mark.django_db(transaction=True)
