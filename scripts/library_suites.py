@@ -215,17 +215,19 @@ def check_installed(pins: dict[str, tuple[str, set[str]]]) -> None:
             )
 
 
-def run(suite: Suite, tests_dir: Path, tools: Path, extra: list[str]) -> int:
+def start(suite: Suite, tests_dir: Path, tools: Path, extra: list[str]) -> subprocess.Popen[bytes]:
+    """One suite's pytest, its output into a log file beside its tests (both suites run at
+    once: they mostly wait, on timeouts and sleeps of their own)."""
     path = [str(tools)] if suite.own_pytest else []
     path += [str(ROOT), str(ROOT / "scripts")]
     env = {**os.environ, **suite.env, "PYTHONPATH": os.pathsep.join(path)}
     env.pop("PYTEST_ADDOPTS", None)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", suite.plugin]
     cmd += [*suite.pytest_args, "-o", "timeout=300", suite.tests, *extra]
-    print(
-        f"==> {suite.package}: {' '.join(cmd[3:])} (in {tests_dir.relative_to(ROOT)})", flush=True
-    )
-    return subprocess.run(cmd, cwd=tests_dir, env=env).returncode
+    where = tests_dir.relative_to(ROOT)
+    print(f"==> {suite.package}: pytest {' '.join(cmd[3:])} (in {where})", flush=True)
+    with open(tests_dir / "pytest.log", "wb") as log:
+        return subprocess.Popen(cmd, cwd=tests_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,13 +249,17 @@ def main(argv: list[str] | None = None) -> int:
     sdists = fetch(pins)
     tools = install_tools()
     print(f"fetched and prepared in {time.monotonic() - started:.1f}s", flush=True)
-    failed = []
+    running = []
     for suite in SUITES:
         extra = ["--include-slow"] if args.include_slow and suite.own_pytest else []
-        begun = time.monotonic()
-        rc = run(suite, extract_tests(sdists[suite.package]), tools, extra)
+        tests_dir = extract_tests(sdists[suite.package])
+        running.append((suite, tests_dir, start(suite, tests_dir, tools, extra)))
+    failed = []
+    for suite, tests_dir, process in running:
+        rc = process.wait()
+        sys.stdout.write((tests_dir / "pytest.log").read_text(errors="replace"))
         outcome = "ok" if rc == 0 else f"FAILED (exit {rc})"
-        print(f"==> {suite.package}: {time.monotonic() - begun:.1f}s {outcome}", flush=True)
+        print(f"==> {suite.package}: {outcome}, {time.monotonic() - started:.1f}s", flush=True)
         if rc != 0:
             failed.append(suite.package)
     print(f"library suites: {time.monotonic() - started:.1f}s in all", flush=True)
