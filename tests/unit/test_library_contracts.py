@@ -12,6 +12,7 @@ import importlib.util
 import inspect
 import sys
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -116,3 +117,40 @@ def test_kombu_still_marks_a_restored_redis_message_as_redelivered() -> None:
     ((queue, pushed),) = [c.args for c in pipe.rpush.call_args_list]
     assert queue == "cleanup.release"
     assert loads(pushed)["properties"]["delivery_info"]["redelivered"] is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_beat_rereads_every_entry_and_rebuilds_its_heap_when_told_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # cleanup.pipeline.schedule.LeaderDatabaseScheduler._reload_from_database, on taking the
+    # lease: `_initial_read = True` makes django-celery-beat's `schedule` re-read every row (the
+    # previous leader's last_run_at, written without a change signal), and `_heap = None` makes
+    # Celery's `Scheduler.tick` rebuild its heap from them. django-celery-beat's own suite does
+    # not notice when either stops working (tried: the reload made a no-op, all passed).
+    from django.utils import timezone
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+    from django_celery_beat.schedulers import DatabaseScheduler
+
+    from config.celery_app import app
+
+    name = "contract: reload"
+    hourly, _ = IntervalSchedule.objects.get_or_create(every=3600, period=IntervalSchedule.SECONDS)
+    PeriodicTask.objects.create(
+        name=name, task="cleanup.prune", interval=hourly, last_run_at=timezone.now()
+    )
+    scheduler: Any = DatabaseScheduler(app=app)
+    monkeypatch.setattr(scheduler, "apply_async", lambda *args, **kwargs: None)  # never sends
+    try:
+        scheduler.tick()  # builds the heap; nothing is due
+        written = timezone.now() - timedelta(minutes=10)
+        PeriodicTask.objects.filter(name=name).update(last_run_at=written)  # no change signal
+        assert scheduler.schedule[name].last_run_at != written  # not re-read unasked
+
+        scheduler._initial_read = True
+        scheduler._heap = None
+        assert scheduler.schedule[name].last_run_at == written
+        scheduler.tick()
+        assert [e.entry.last_run_at for e in scheduler._heap if e.entry.name == name] == [written]
+    finally:
+        scheduler.close()
