@@ -40,6 +40,10 @@ logger = logging.getLogger("cleanup.deadletters")
 SETTLED_BY_A_LATER_RELEASE = (DeadLetter.Reason.TIME_LIMIT, DeadLetter.Reason.RETRIES_EXHAUSTED)
 RELEASED_LATER = "released_later"
 DISCARDED = "discarded"
+# A periodic task's letter: its key names the task and its arguments (tasks.CleanupTask); the
+# next success of the same run settles it.
+PERIODIC_KEY_PREFIX = "periodic:"
+SUCCEEDED_LATER = "succeeded_later"
 SUMMARISED = "summarised"
 # ``resolved_by`` of the resolutions the cleanup makes itself (released_later, summarised).
 AUTOMATIC = "cleanup"
@@ -198,6 +202,11 @@ def requeue_action(letter: DeadLetter) -> str:
     ``not_requeueable (<why>)``."""
     if letter.resolved_at is not None:
         return "already_resolved"
+    if letter.reason == DeadLetter.Reason.PERIODIC_FAILED:
+        return (
+            "not_requeueable (a periodic task: beat runs it again at its next tick, and its "
+            "next success settles this letter; discard it once the cause is understood)"
+        )
     if letter.reason == DeadLetter.Reason.CLAIMS_EXHAUSTED and letter.reservation_id:
         return "rescheduled"
     try:
@@ -292,6 +301,26 @@ def resolve_released() -> int:
     )
     if settled:
         logger.info("dead letters settled by a later release", extra={"resolved": settled})
+    return settled
+
+
+def settle_periodic(key: str) -> int:
+    """Resolve the open ``periodic_failed`` letters of one periodic run (``key``: the task and
+    its arguments) after that run succeeded, and return how many (``succeeded_later``). A
+    periodic task has no message to requeue: the next tick runs it again, and once it succeeds
+    its earlier failures need nobody, so the open-letter count and its alert clear."""
+    settled = DeadLetter.objects.filter(
+        resolved_at__isnull=True,
+        reason=DeadLetter.Reason.PERIODIC_FAILED,
+        idempotency_key=clean_text(key, 120),
+    ).update(
+        resolved_at=timezone.now(),
+        resolution=SUCCEEDED_LATER,
+        resolved_by=AUTOMATIC,
+        resolution_note="the next run of the same periodic task succeeded",
+    )
+    if settled:
+        logger.info("periodic dead letters settled", extra={"key": key, "resolved": settled})
     return settled
 
 

@@ -1,0 +1,191 @@
+"""Failure paths driven with real components: a real ``celery worker``, PostgreSQL sessions
+ended with ``pg_terminate_backend``, a private ``redis-server`` stopped under the web's
+``/readyz``.
+
+- A sweep whose database connection is killed mid-claim: one ``periodic_failed`` letter that
+  names the original error (not the error of releasing the sweep's locks on the dead
+  connection), that says why it cannot be requeued, and that the next successful sweep of the
+  same shard settles — so the open-letter alert clears without a person.
+- A failure whose dead letter cannot be written (the letter's INSERT ends its own session): the
+  message is not lost with its letter; it is delivered again, and releases the hold once the
+  database takes writes again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+
+from cleanup.models import DeadLetter
+from cleanup.pipeline import deadletters, locks
+
+from . import fleet
+
+pytestmark = [pytest.mark.workers]
+
+# Retries end within seconds (the retry of a message whose letter was not stored waits the
+# longest backoff); enough deliveries that the test, not the bound, ends the kept message's loop.
+ENV = {"CLEANUP_MAX_RETRIES": "1", "CLEANUP_RETRY_BACKOFF_MAX": "1", "CLEANUP_MAX_DELIVERIES": "40"}
+
+
+@contextmanager
+def reservations_locked() -> Iterator[psycopg.Connection[Any]]:
+    """An ACCESS EXCLUSIVE lock on the holds' table from the test's own connection: a sweep's
+    claim waits on it, inside the claim's transaction, holding the publish lock."""
+    conn = psycopg.connect(fleet.conninfo())
+    try:
+        conn.execute("LOCK TABLE reservations_reservation IN ACCESS EXCLUSIVE MODE")
+        yield conn
+    finally:
+        conn.rollback()
+        conn.close()
+
+
+def terminate(pids: list[int]) -> None:
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [pids])
+
+
+def open_letters() -> list[DeadLetter]:
+    return list(DeadLetter.objects.filter(resolved_at__isnull=True).order_by("id"))
+
+
+@contextmanager
+def publish_lock_taken() -> Iterator[psycopg.Connection[Any]]:
+    """The sweeps' publish lock held by the test's own session: a sweep waits for it, polling,
+    holding its shard lock, outside any transaction."""
+    conn = psycopg.connect(fleet.conninfo(), autocommit=True)
+    try:
+        conn.execute("SELECT pg_advisory_lock(%s, %s)", list(locks.SWEEP_PUBLISH))
+        yield conn
+    finally:
+        conn.close()
+
+
+def sweeps_polling_the_publish_lock() -> list[int]:
+    rows = fleet.sql(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND query LIKE 'SELECT pg_try_advisory_lock(727, 0)%%'"
+    )
+    return [r[0] for r in rows]
+
+
+# Where the sweep's session is ended: inside its claim's transaction, or between two polls of
+# the publish lock with its shard lock held (where releasing that lock on the dead connection
+# raised "the connection is closed", which became the letter's error).
+WHERE = {
+    "in its claim": (reservations_locked, fleet.blocked_backends),
+    "waiting for the publish lock": (publish_lock_taken, sweeps_polling_the_publish_lock),
+}
+
+
+@pytest.mark.parametrize("where", list(WHERE))
+def test_a_sweep_whose_connection_dies_is_a_periodic_letter_the_next_sweep_settles(
+    clean, exclusive_workers, tmp_path: Path, where: str
+) -> None:
+    parking, parked_sweeps = WHERE[where]
+    ids = fleet.create_eligible_holds(6, offerings=2)
+    with fleet.dedicated(tmp_path, {"env": ENV}) as (worker,):
+        # given: a sweep parked (a lock the test holds), its session then terminated
+        with parking():
+            fleet.run_sweeps(1)
+            parked = fleet.wait_until(parked_sweeps, timeout=60, what=f"the sweep {where}")
+            terminate(parked)
+            fleet.wait_until(open_letters, timeout=60, what="the sweep's dead letter")
+        (letter,) = open_letters()
+        # then: a periodic letter naming the error that ended the sweep, nothing claimed
+        assert letter.reason == DeadLetter.Reason.PERIODIC_FAILED
+        assert letter.task_name == "cleanup.sweep_shard"
+        assert "terminating connection due to administrator command" in letter.error
+        assert letter.idempotency_key == "periodic:cleanup.sweep_shard:shard=0,shards=1"
+        assert fleet.released_count(ids) == 0
+        assert set(fleet.claim_counts(ids).values()) == {0}  # the claim rolled back
+        # and: requeue says why it cannot send it, and a release settles nothing
+        (result,) = deadletters.requeue([letter]).keys()
+        assert result.startswith("not_requeueable (a periodic task")
+        assert deadletters.resolve_released() == 0
+        assert len(open_letters()) == 1
+        # when: the next tick's sweep of the same shard succeeds
+        fleet.run_sweeps(1)
+        fleet.wait_until(
+            lambda: fleet.released_count(ids) == len(ids), timeout=60, what="holds released"
+        )
+        fleet.wait_until(lambda: not open_letters(), timeout=30, what="the periodic letter settled")
+        # and the worker logged the lock it could not release, not instead of the error
+        unlock_lines = fleet.log_lines([worker.log_path], "sweep lock not released")
+    letter.refresh_from_db()
+    assert letter.resolution == deadletters.SUCCEEDED_LATER
+    assert letter.resolved_by == deadletters.AUTOMATIC
+    print(f"\nsweep killed {where}: lock releases on the dead connection: {unlock_lines}")
+    assert fleet.invariant_violations(expected_released=ids) == []
+
+
+LETTERS_FAIL = """
+CREATE FUNCTION failure_real_release() RETURNS trigger AS $$
+BEGIN
+  RAISE EXCEPTION 'injected release failure' USING ERRCODE = 'P0001';
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER failure_real_release BEFORE UPDATE ON reservations_reservation
+  FOR EACH ROW WHEN (NEW.status = 'released') EXECUTE FUNCTION failure_real_release();
+CREATE FUNCTION failure_real_letter() RETURNS trigger AS $$
+BEGIN
+  -- the letter's own session ends, as when the server goes away mid-write
+  PERFORM pg_terminate_backend(pg_backend_pid());
+  PERFORM pg_sleep(5);
+  RETURN NEW;
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER failure_real_letter BEFORE INSERT ON cleanup_deadletter
+  FOR EACH ROW EXECUTE FUNCTION failure_real_letter();
+"""
+LETTERS_FAIL_UNDO = """
+DROP TRIGGER IF EXISTS failure_real_release ON reservations_reservation;
+DROP FUNCTION IF EXISTS failure_real_release();
+DROP TRIGGER IF EXISTS failure_real_letter ON cleanup_deadletter;
+DROP FUNCTION IF EXISTS failure_real_letter();
+"""
+
+
+def test_a_failure_whose_dead_letter_cannot_be_written_keeps_its_message(
+    clean, exclusive_workers, tmp_path: Path
+) -> None:
+    hold_id, _ = fleet.one_eligible_hold()
+    try:
+        with connection.cursor() as cur:
+            cur.execute(LETTERS_FAIL)
+        with fleet.dedicated(tmp_path, {"env": ENV}) as (worker,):
+            # given: a release that fails, and a dead letter whose write loses its connection
+            message = fleet.publish_for(hold_id)
+            kept = "dead letter not stored: message sent again"
+            fleet.wait_until(
+                lambda: len(fleet.log_lines([worker.log_path], kept)) >= 2,
+                timeout=60,
+                what="the message kept across two failed letters",
+            )
+            # then: nothing was acknowledged away — no letter, the hold still held
+            assert DeadLetter.objects.count() == 0
+            assert fleet.status_of(hold_id) == "held"
+            # when: the database takes writes again
+            with connection.cursor() as cur:
+                cur.execute(LETTERS_FAIL_UNDO)
+            fleet.wait_until(
+                lambda: fleet.status_of(hold_id) == "released", timeout=60, what="released"
+            )
+            attempts = fleet.log_lines([worker.log_path], kept)
+    finally:
+        with connection.cursor() as cur:
+            cur.execute(LETTERS_FAIL_UNDO)
+    # then: the same message released the hold, once, on a later delivery
+    receipt = fleet.sql(
+        "SELECT outcome, attempt FROM cleanup_cleanupreceipt WHERE idempotency_key = %s",
+        [message["idempotency_key"]],
+    )
+    print(f"\nletters not stored before the release went through: {len(attempts)}")
+    assert receipt[0][0] == "released" and receipt[0][1] > len(attempts) >= 2
+    assert DeadLetter.objects.count() == 0
+    assert fleet.invariant_violations(expected_released=[hold_id]) == []
