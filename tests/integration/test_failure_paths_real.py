@@ -189,3 +189,89 @@ def test_a_failure_whose_dead_letter_cannot_be_written_keeps_its_message(
     assert receipt[0][0] == "released" and receipt[0][1] > len(attempts) >= 2
     assert DeadLetter.objects.count() == 0
     assert fleet.invariant_violations(expected_released=[hold_id]) == []
+
+
+# --- a periodic task raising in a real worker: the outbox relay mid-batch, a health sample ---
+
+FAIL_ON = """
+CREATE FUNCTION failure_real_periodic() RETURNS trigger AS $$
+BEGIN
+  RAISE EXCEPTION 'injected periodic failure' USING ERRCODE = 'P0001';
+END $$ LANGUAGE plpgsql;
+CREATE TRIGGER failure_real_periodic BEFORE {event} ON {table}
+  FOR EACH ROW EXECUTE FUNCTION failure_real_periodic();
+"""
+
+
+@contextmanager
+def failing(event: str, table: str) -> Iterator[None]:
+    with connection.cursor() as cur:
+        cur.execute(FAIL_ON.format(event=event, table=table))
+    try:
+        yield
+    finally:
+        with connection.cursor() as cur:
+            cur.execute(
+                f"DROP TRIGGER IF EXISTS failure_real_periodic ON {table}; "
+                "DROP FUNCTION IF EXISTS failure_real_periodic()"
+            )
+
+
+def test_an_outbox_relay_failing_mid_batch_publishes_again_and_its_letter_clears(
+    clean, exclusive_workers, tmp_path: Path
+) -> None:
+    from django.conf import settings
+
+    from cleanup.broker.readers import queue_depth
+    from cleanup.tasks import relay_outbox_task
+
+    ids = fleet.create_eligible_holds(3, offerings=1)
+    events = settings.CLEANUP_EVENTS_QUEUE
+    unpublished = "SELECT count(*) FROM reservations_outboxevent WHERE published_at IS NULL"
+    with fleet.dedicated(tmp_path, {"env": ENV}):
+        fleet.run_sweeps(1)
+        fleet.wait_until(lambda: fleet.released_count(ids) == 3, timeout=60, what="released")
+        assert fleet.scalar(unpublished) == 3
+        # given: the relay publishes the batch, then marking it published fails
+        with failing("UPDATE", "reservations_outboxevent"):
+            relay_outbox_task.apply_async()
+            fleet.wait_until(open_letters, timeout=60, what="the relay's dead letter")
+        (letter,) = open_letters()
+        assert letter.reason == DeadLetter.Reason.PERIODIC_FAILED
+        assert letter.task_name == "cleanup.relay_outbox"
+        assert "injected periodic failure" in letter.error
+        # then: the events went out, none is marked: the next relay sends them again
+        assert queue_depth(events) == 3
+        assert fleet.scalar(unpublished) == 3
+        # when: the next relay succeeds
+        relay_outbox_task.apply_async()
+        fleet.wait_until(lambda: fleet.scalar(unpublished) == 0, timeout=60, what="relayed")
+        fleet.wait_until(lambda: not open_letters(), timeout=30, what="letter settled")
+    # then: every event twice (at least once; consumers dedupe by event_id), the letter settled
+    assert queue_depth(events) == 6
+    letter.refresh_from_db()
+    assert letter.resolution == deadletters.SUCCEEDED_LATER
+
+
+def test_a_health_sample_that_cannot_be_written_is_a_letter_the_next_sample_settles(
+    clean, exclusive_workers, tmp_path: Path
+) -> None:
+    from cleanup.models import HealthSample
+    from cleanup.tasks import sample_health_task
+
+    HealthSample.objects.all().delete()
+    with fleet.dedicated(tmp_path, {"env": ENV}):
+        with failing("INSERT", "cleanup_healthsample"):
+            sample_health_task.apply_async()
+            fleet.wait_until(open_letters, timeout=60, what="the sample's dead letter")
+        (letter,) = open_letters()
+        assert letter.reason == DeadLetter.Reason.PERIODIC_FAILED
+        assert letter.task_name == "cleanup.sample_health"
+        assert "injected periodic failure" in letter.error
+        assert HealthSample.objects.count() == 0
+        # when: the next sample is written
+        sample_health_task.apply_async()
+        fleet.wait_until(lambda: not open_letters(), timeout=60, what="letter settled")
+    assert HealthSample.objects.count() == 1
+    letter.refresh_from_db()
+    assert letter.resolution == deadletters.SUCCEEDED_LATER
