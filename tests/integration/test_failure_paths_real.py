@@ -13,6 +13,10 @@ ended with ``pg_terminate_backend``, a private ``redis-server`` stopped under th
 
 from __future__ import annotations
 
+import shutil
+import signal
+import socket
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -275,3 +279,70 @@ def test_a_health_sample_that_cannot_be_written_is_a_letter_the_next_sample_sett
     assert HealthSample.objects.count() == 1
     letter.refresh_from_db()
     assert letter.resolution == deadletters.SUCCEEDED_LATER
+
+
+# --- a real broker outage under /readyz ------------------------------------------------------
+
+
+class PrivateRedis:
+    """A redis-server of the test's own on a free port (never the shared one), stopped and
+    started again by the test."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.port = fleet.free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is not installed"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.proc = subprocess.Popen(
+            [binary, *args, "--dir", str(self.directory)],
+            stdout=(self.directory / "redis.log").open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        fleet.wait_until(self.answers, timeout=20, what="private redis up")
+
+    def answers(self) -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+
+@pytest.mark.django_db
+def test_readyz_is_503_naming_the_broker_while_redis_is_down_and_recovers(
+    client, settings, tmp_path: Path
+) -> None:
+    server = PrivateRedis(tmp_path / "redis")
+    server.start()
+    try:
+        settings.BROKER_IS_REDIS = True
+        settings.CELERY_BROKER_URL = server.url
+        settings.METRICS_TOKEN = "r" * 40
+        client.defaults["HTTP_AUTHORIZATION"] = "Bearer " + "r" * 40
+        assert client.get("/readyz").status_code == 200
+        # when: the broker goes away
+        server.stop()
+        response = client.get("/readyz")
+        # then: not ready, naming the broker; the database is fine
+        body = response.json()
+        assert response.status_code == 503
+        assert body["checks"]["broker"]["ok"] is False
+        assert body["checks"]["broker"]["error"].startswith("ConnectionError")
+        assert body["checks"]["database"]["ok"] is True
+        # when: it comes back on the same address, the next check is ready again
+        server.start()
+        assert client.get("/readyz").status_code == 200
+    finally:
+        server.stop()
