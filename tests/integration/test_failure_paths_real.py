@@ -314,6 +314,18 @@ class PrivateRedis:
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", self.port)) == 0
 
+    def client_list(self) -> str:
+        """CLIENT LIST of the server ("" when it does not answer)."""
+        import redis
+
+        try:
+            client = redis.Redis.from_url(self.url, socket_timeout=5)
+            return "\n".join(
+                " ".join(f"{k}={v}" for k, v in c.items()) for c in client.client_list()
+            )
+        except redis.RedisError:
+            return ""
+
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
@@ -346,3 +358,110 @@ def test_readyz_is_503_naming_the_broker_while_redis_is_down_and_recovers(
         assert client.get("/readyz").status_code == 200
     finally:
         server.stop()
+
+
+# --- Redis dropping the connection during the screened transport's BRPOP ---------------------
+
+
+def test_a_worker_whose_redis_dies_during_brpop_reconnects_and_releases(
+    clean, exclusive_workers, tmp_path: Path
+) -> None:
+    from django.conf import settings
+
+    from cleanup.pipeline.publish import RELEASE_TASK
+    from config.celery_app import app
+
+    server = PrivateRedis(tmp_path / "redis")
+    server.start()
+    try:
+        env = {**ENV, "CELERY_BROKER_URL": server.url}
+        with fleet.dedicated(tmp_path, {"env": env}) as (worker,):
+            # given: the worker waiting in BRPOP on the private broker
+            fleet.wait_until(
+                lambda: "cmd=brpop" in server.client_list(), timeout=30, what="a BRPOP waiting"
+            )
+            # when: the server dies under it, and comes back on the same address
+            server.stop()
+            fleet.wait_until(
+                lambda: fleet.log_lines([worker.log_path], "Connection to broker lost"),
+                timeout=60,
+                what="the worker noticing",
+            )
+            server.start()
+            fleet.wait_until(
+                lambda: "cmd=brpop" in server.client_list(), timeout=90, what="BRPOP again"
+            )
+            # then: a message published now is consumed and released
+            hold_id, _ = fleet.one_eligible_hold()
+            expires_at = fleet.scalar(
+                "SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id]
+            )
+            from cleanup.pipeline.messages import build
+
+            message = build(hold_id, 1, expires_at, 0, "brpop-dropped")
+            with app.connection_for_write(server.url) as conn:
+                app.send_task(
+                    RELEASE_TASK,
+                    args=(message,),
+                    queue=settings.CLEANUP_RELEASE_QUEUE,
+                    connection=conn,
+                )
+            fleet.wait_until(
+                lambda: fleet.status_of(hold_id) == "released", timeout=60, what="released"
+            )
+            assert worker.alive()
+    finally:
+        server.stop()
+    assert DeadLetter.objects.count() == 0
+    assert fleet.outcome_counts() == {"released": 1}
+
+
+# --- the beat failing to connect for its lease -----------------------------------------------
+
+
+def test_a_beat_that_cannot_connect_for_its_lease_says_why_sends_nothing_and_recovers(
+    clean, tmp_path: Path
+) -> None:
+    from cleanup.pipeline.schedule import LEASE_APP_PREFIX, install_schedule
+
+    install_schedule(1, 1)
+    database = connection.settings_dict["NAME"]
+
+    def allow_connections(allowed: bool) -> None:
+        # Said from another database: PostgreSQL refuses it for the current one.
+        with psycopg.connect(
+            psycopg.conninfo.make_conninfo(fleet.conninfo(), dbname="postgres"), autocommit=True
+        ) as admin:
+            admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS {allowed}')
+
+    with fleet.beats(tmp_path, 1) as (beat,):
+        fleet.wait_until(beat.is_leader, timeout=60, what="beat lease acquired")
+        fleet.wait_until(lambda: beat.sends() >= 1, timeout=60, what="a send")
+        try:
+            # when: the lease session ends and no new connection is accepted
+            allow_connections(False)
+            with connection.cursor() as cur:
+                cur.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE application_name LIKE %s",
+                    [LEASE_APP_PREFIX + "%"],
+                )
+            fleet.wait_until(
+                lambda: beat.lines("beat cannot take its lease"),
+                timeout=60,
+                what="the beat saying why it does not send",
+            )
+            sends_while_down = beat.sends()
+            # then: it says so once, naming the cause, and keeps trying
+            (said,) = beat.lines("beat cannot take its lease")
+            assert "not currently accepting connections" in said
+        finally:
+            allow_connections(True)
+        # when: the database takes connections again, the beat leads and sends again
+        fleet.wait_until(
+            lambda: len(beat.lines("beat lease acquired")) == 2, timeout=60, what="lease again"
+        )
+        fleet.wait_until(lambda: beat.sends() > sends_while_down, timeout=60, what="sends again")
+        assert beat.lines("beat reaches the database for its lease again")
+        assert beat.lines("beat lease lost")
+        assert beat.alive()
