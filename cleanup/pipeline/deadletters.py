@@ -232,6 +232,7 @@ def requeue(
     on_each: Callable[[DeadLetter, str], None] | None = None,
     by: str = "",
     why: str = "",
+    on_error: Callable[[DeadLetter, Exception], None] | None = None,
 ) -> Counter[str]:
     """Requeue open dead letters; returns counts by what happened to each (``on_each`` is
     called with every letter and its result). ``by`` and ``why`` are kept on each letter
@@ -239,7 +240,8 @@ def requeue(
 
     Each letter is claimed first (a conditional UPDATE of ``resolved_at``): of two operators
     requeueing the same letter at once, one sends and the other gets ``already_resolved``.
-    If sending then fails, the claim is undone and the letter counts as ``error``.
+    If sending then fails, the claim is undone and the letter counts as ``error``
+    (``on_error`` is called with the letter and the exception, so a caller can say why).
     """
     results: Counter[str] = Counter()
     for letter in letters:
@@ -263,12 +265,14 @@ def requeue(
                     reservation_services.reschedule_claim([letter.reservation_id or 0])
                 else:
                     publish_release_messages([_republishable(letter.message)])
-            except Exception:  # reported per letter; the claim is undone
+            except Exception as exc:  # reported per letter; the claim is undone
                 logger.exception("requeue failed", extra={"dead_letter_id": letter.pk})
                 DeadLetter.objects.filter(pk=letter.pk).update(
                     resolved_at=None, resolution="", resolved_by="", resolution_note=""
                 )
                 action = "error"
+                if on_error:
+                    on_error(letter, exc)
         results[action] += 1
         if on_each:
             on_each(letter, action)

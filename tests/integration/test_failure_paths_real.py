@@ -465,3 +465,65 @@ def test_a_beat_that_cannot_connect_for_its_lease_says_why_sends_nothing_and_rec
         assert beat.lines("beat reaches the database for its lease again")
         assert beat.lines("beat lease lost")
         assert beat.alive()
+
+
+# --- requeue's publish failing: the broker down, then back ----------------------------------
+
+
+def test_requeue_with_the_broker_down_keeps_the_letter_open_naming_the_error(
+    clean, tmp_path: Path
+) -> None:
+    import sys
+
+    hold_id, _ = fleet.one_eligible_hold()
+    expires_at = fleet.scalar(
+        "SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id]
+    )
+    from cleanup.pipeline.messages import build
+
+    letter = deadletters.record(
+        DeadLetter.Reason.RETRIES_EXHAUSTED,
+        error="gave up",
+        task_name="cleanup.release_reservation",
+        message=build(hold_id, 1, expires_at, 0, "requeue-down"),
+    )
+    assert letter is not None
+    server = PrivateRedis(tmp_path / "redis")
+    server.start()
+
+    def requeue_command() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "manage.py", "requeue_dead_letters", "--why", "broker drill"],
+            cwd=fleet.ROOT,
+            env=fleet.service_env(CELERY_BROKER_URL=server.url),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    try:
+        server.stop()
+        # when: the broker is down
+        down = requeue_command()
+        # then: exit 1, the letter open, and the error named where the operator reads it
+        assert down.returncode == 1, down.stdout + down.stderr
+        assert "failed 1" in down.stdout
+        assert "those letters stay open. First error: " in down.stderr
+        assert "Connection refused" in down.stderr or "connecting to" in down.stderr
+        letter.refresh_from_db()
+        assert letter.resolved_at is None
+        # when: the broker is back, the same command sends it once
+        server.start()
+        up = requeue_command()
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "republished 1" in up.stdout
+        import redis
+        from django.conf import settings
+
+        queue = settings.CLEANUP_RELEASE_QUEUE
+        assert redis.Redis.from_url(server.url).llen(queue) == 1
+    finally:
+        server.stop()
+    letter.refresh_from_db()
+    assert letter.resolution == "republished"
