@@ -6,9 +6,15 @@ ended with ``pg_terminate_backend``, a private ``redis-server`` stopped under th
   names the original error (not the error of releasing the sweep's locks on the dead
   connection), that says why it cannot be requeued, and that the next successful sweep of the
   same shard settles — so the open-letter alert clears without a person.
+- The outbox relay failing mid-batch (after publishing, before marking), a health sample and a
+  prune that cannot be written: each one ``periodic_failed`` letter its next success settles.
 - A failure whose dead letter cannot be written (the letter's INSERT ends its own session): the
   message is not lost with its letter; it is delivered again, and releases the hold once the
   database takes writes again.
+- A release raising ``TransientConflict`` against real concurrent writers: in
+  ``test_task_failures.py``.
+- Redis killed under a worker waiting in the screened transport's BRPOP; ``/readyz`` and
+  ``requeue_dead_letters`` with the broker down; a beat whose lease connection is refused.
 """
 
 from __future__ import annotations
@@ -527,3 +533,28 @@ def test_requeue_with_the_broker_down_keeps_the_letter_open_naming_the_error(
         server.stop()
     letter.refresh_from_db()
     assert letter.resolution == "republished"
+
+
+def test_a_prune_that_fails_deletes_nothing_and_its_letter_clears_once_a_prune_succeeds(
+    clean, exclusive_workers, tmp_path: Path
+) -> None:
+    from cleanup.models import CleanupReceipt
+    from cleanup.tasks import prune_task
+
+    old = CleanupReceipt.objects.create(
+        idempotency_key="release:1:1", reservation_id=1, version=1, outcome="released"
+    )
+    CleanupReceipt.objects.filter(pk=old.pk).update(created_at="2000-01-01T00:00:00Z")
+    with fleet.dedicated(tmp_path, {"env": ENV}):
+        with failing("DELETE", "cleanup_cleanupreceipt"):
+            prune_task.apply_async()
+            fleet.wait_until(open_letters, timeout=60, what="the prune's dead letter")
+        (letter,) = open_letters()
+        assert letter.reason == DeadLetter.Reason.PERIODIC_FAILED
+        assert letter.task_name == "cleanup.prune"
+        assert CleanupReceipt.objects.filter(pk=old.pk).exists()
+        prune_task.apply_async()
+        fleet.wait_until(lambda: not open_letters(), timeout=60, what="letter settled")
+    assert not CleanupReceipt.objects.filter(pk=old.pk).exists()
+    letter.refresh_from_db()
+    assert letter.resolution == deadletters.SUCCEEDED_LATER
