@@ -1,6 +1,7 @@
-"""Failure paths driven with real components: a real ``celery worker``, PostgreSQL sessions
-ended with ``pg_terminate_backend``, a private ``redis-server`` stopped under the web's
-``/readyz``.
+"""Failure paths driven with real components: real ``celery worker`` and ``celery beat``
+processes, PostgreSQL sessions ended with ``pg_terminate_backend``, triggers raising a real
+SQLSTATE, and a private ``redis-server`` on a free port, killed and started again (never the
+shared one).
 
 - A sweep whose database connection is killed mid-claim: one ``periodic_failed`` letter that
   names the original error (not the error of releasing the sweep's locks on the dead

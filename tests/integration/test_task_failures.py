@@ -1,10 +1,11 @@
 """Task failure handling with a real worker: a release that keeps failing transiently until its
 retries run out, one stuck past its soft time limit, and one that fails with a non-transient
 error each end as one dead letter with the right reason, the hold still held and the message
-kept for a requeue; and a worker whose delivery counter is unreachable still releases.
+kept for a requeue; a worker whose delivery counter is unreachable still releases; and a
+release that races real concurrent writers raises ``TransientConflict`` and is retried.
 
-Failures are injected in PostgreSQL (a trigger on the release's UPDATE, a row lock held by the
-test), never by patching the product.
+Failures are injected in PostgreSQL (a trigger on the release's UPDATE, row and table locks
+held by the test's own connections), never by patching the product.
 """
 
 from __future__ import annotations
