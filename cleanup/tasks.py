@@ -213,6 +213,8 @@ class CleanupTask(Task):  # type: ignore[misc]
     def on_success(self, retval: Any, task_id: str, args: Any, kwargs: Any) -> None:
         if not self.periodic:
             return
+        if isinstance(retval, dict) and retval.get("skipped_locked"):
+            return  # another sweep of the shard is running: this one proved nothing
         try:
             deadletters.settle_periodic(self.periodic_key(tuple(args), dict(kwargs)))
         except Exception:  # the run succeeded; its next success settles the letters

@@ -261,3 +261,23 @@ def test_a_periodic_success_settles_only_the_letters_of_the_same_run() -> None:
     (action,) = deadletters.requeue([others[0]]).keys()
     assert action.startswith("not_requeueable (a periodic task: beat runs it again")
     assert DeadLetter.objects.get(pk=others[0].pk).resolved_at is None
+
+
+@pytest.mark.django_db
+def test_a_sweep_that_skipped_its_locked_shard_settles_nothing() -> None:
+    from cleanup.models import DeadLetter
+    from cleanup.pipeline import deadletters
+    from cleanup.tasks import sweep_shard_task
+
+    kwargs = {"shard": 0, "shards": 2}
+    key = sweep_shard_task.periodic_key((), kwargs)
+    letter = deadletters.record(
+        DeadLetter.Reason.PERIODIC_FAILED, error="boom", idempotency_key=key
+    )
+    assert letter is not None
+    # a sweep that found its shard locked by another one ran nothing: the letter stays open
+    sweep_shard_task.on_success({"skipped_locked": True}, "t1", (), kwargs)
+    assert DeadLetter.objects.get(pk=letter.pk).resolved_at is None
+    # a sweep that ran settles it
+    sweep_shard_task.on_success({"skipped_locked": False, "claimed": 0}, "t2", (), kwargs)
+    assert DeadLetter.objects.get(pk=letter.pk).resolution == deadletters.SUCCEEDED_LATER
