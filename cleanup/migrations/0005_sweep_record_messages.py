@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('cleanup', '0003_dead_letter_triage'),
+        ('cleanup', '0004_periodic_failed_reason'),
     ]
 
     operations = [
