@@ -363,8 +363,15 @@ def test_a_failed_batch_is_dead_lettered_hold_by_hold_and_each_letter_settles_al
 
     ids = expired(3, seconds_ago=1, offerings=1)
     message = build_batch([(rid, 1, timezone.now()) for rid in ids], 0, "failed-batch")
-    # when
-    release_batch_task.on_failure(OperationalError("db gone"), "task-1", (message,), {}, None)
+    # when: its final failure is dead-lettered (as the task does before acknowledging it)
+    release_batch_task.push_request(id="task-1", retries=5)
+    try:
+        stored = release_batch_task._dead_letter_failure(
+            OperationalError("db gone"), (message,), {}
+        )
+    finally:
+        release_batch_task.pop_request()
+    assert stored is not None
     # then: one letter per hold, each naming its hold and its key
     letters = list(DeadLetter.objects.order_by("reservation_id"))
     assert [(d.reservation_id, d.version, d.idempotency_key, d.reason) for d in letters] == [
