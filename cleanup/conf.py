@@ -52,11 +52,13 @@ def setting(
     *,
     minimum: float | None = None,
     default_text: str | None = None,
+    secret: bool = False,
 ) -> Any:
     """A field of ``CleanupSettings``; ``default_text`` is how the README states a default that
-    the project computes (the broker's URL, half the soft time limit)."""
+    the project computes (the broker's URL, half the soft time limit). A ``secret`` (a token, a
+    URL that may carry a password) is left out of the object's repr, which may reach a log."""
     metadata = {ENV: env, DOC: doc, MINIMUM: minimum, DEFAULT_TEXT: default_text}
-    return field(default=default, metadata=metadata)
+    return field(default=default, metadata=metadata, repr=not secret)
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,7 @@ class CleanupSettings:
         "",
         "Redis of the delivery counters; empty: counted in PostgreSQL",
         default_text="the broker, if Redis",
+        secret=True,
     )
     # --- sweeps ----------------------------------------------------------------------------
     # A claim leases a hold for lease_seconds; after it a later sweep takes the hold again.
@@ -220,7 +223,7 @@ class CleanupSettings:
         "remote-control commands a worker runs; any other is dropped and counted",
     )
     # --- metrics ---------------------------------------------------------------------------
-    metrics_token: str = setting("METRICS_TOKEN", "", "bearer token of /metrics")
+    metrics_token: str = setting("METRICS_TOKEN", "", "bearer token of /metrics", secret=True)
     metrics_allow_ips: tuple[str, ...] = setting(
         "METRICS_ALLOW_IPS", (), "addresses and networks that may read /metrics without it"
     )
