@@ -22,8 +22,7 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
-# The keys of a field's metadata; config.env reads the same keys (it cannot import this module:
-# cleanup never imports config, and config reads the environment).
+# The keys of a field's metadata (what tests/unit/test_conf.py checks the README against).
 ENV = "env"
 DOC = "doc"
 MINIMUM = "minimum"
@@ -373,8 +372,8 @@ class CleanupSettings:
         ``CLEANUP_CAPACITY_HEADROOM = 0`` or a list of commands)."""
         values: dict[str, Any] = {}
         for spec, kind in cls.specs():
-            value: Any = getattr(source, spec.metadata[ENV], spec.default)
-            values[spec.name] = tuple(value) if kind is tuple else kind(value)
+            env = spec.metadata[ENV]
+            values[spec.name] = _as_type(env, kind, getattr(source, env, spec.default))
         return cls(**values)
 
     def as_django_settings(self) -> dict[str, object]:
@@ -385,6 +384,23 @@ class CleanupSettings:
             for spec in dataclasses.fields(self)
             for value in [getattr(self, spec.name)]
         }
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", tuple: "a list of strings"}
+
+
+def _as_type(env: str, kind: type, value: Any) -> Any:
+    """``value`` as a ``kind``, widening only what cannot lose anything (an int to a float, a
+    list to a tuple); anything else is refused naming the setting (``str(None)`` would be a
+    URL)."""
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is tuple and isinstance(value, list | tuple):
+        if all(isinstance(item, str) for item in value):
+            return tuple(value)
+    elif isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    raise ImproperlyConfigured(f"{env}={value!r} is not {_TYPE_NAMES[kind]}")
 
 
 _cached: CleanupSettings | None = None

@@ -188,6 +188,28 @@ def test_an_override_that_breaks_a_rule_is_refused_when_read(settings: Any) -> N
         cleanup_settings()
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "words"),
+    [
+        ("CLEANUP_COUNTER_REDIS_URL", None, "CLEANUP_COUNTER_REDIS_URL=None is not a string"),
+        ("CLEANUP_LEASE_SECONDS", 2.5, "CLEANUP_LEASE_SECONDS=2.5 is not an integer"),
+        ("CLEANUP_MAX_CLAIMS", True, "CLEANUP_MAX_CLAIMS=True is not an integer"),
+        (
+            "METRICS_ALLOW_IPS",
+            "10.0.0.0/8",
+            "METRICS_ALLOW_IPS='10.0.0.0/8' is not a list of strings",
+        ),
+    ],
+)
+def test_an_override_of_the_wrong_type_is_refused_naming_the_setting(
+    settings: Any, name: str, value: object, words: str
+) -> None:
+    setattr(settings, name, value)
+    with pytest.raises(ImproperlyConfigured) as refused:
+        cleanup_settings()
+    assert str(refused.value) == words
+
+
 def run_with(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", code],
