@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from cleanup.broker.readers import queue_stats
+from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.pipeline.schedule import installed_shards
 from cleanup.scaling.capacity import DESIRED_WINDOW_S, desired_consumers
@@ -77,14 +78,14 @@ class BacklogCollector(Collector):
             with connection.cursor() as cur:
                 cur.execute(
                     "SELECT set_config('statement_timeout', %s, true)",
-                    [str(int(settings.METRICS_STATEMENT_TIMEOUT_MS))],
+                    [str(cleanup_settings().metrics_statement_timeout_ms)],
                 )
                 return fn(cur)
 
     def read_eligible(self) -> dict[str, list[Sample]]:
 
         shards = self._shards()
-        cap = int(settings.CLEANUP_ELIGIBLE_COUNT_CAP)
+        cap = cleanup_settings().eligible_count_cap
 
         def run(cur: Any) -> dict[str, list[Sample]]:
             oldest: list[Sample] = []
@@ -114,11 +115,8 @@ class BacklogCollector(Collector):
         depth: list[Sample] = []
         age: list[Sample] = []
         unacked: list[Sample] = []
-        for queue in (
-            settings.CLEANUP_SWEEP_QUEUE,
-            settings.CLEANUP_RELEASE_QUEUE,
-            settings.CLEANUP_MAINTENANCE_QUEUE,
-        ):
+        conf = cleanup_settings()
+        for queue in (conf.sweep_queue, conf.release_queue, conf.maintenance_queue):
             stats = queue_stats(queue)
             depth.append(((queue,), float(stats.depth)))
             if stats.oldest_age_seconds is not None:
@@ -157,7 +155,7 @@ class BacklogCollector(Collector):
             reasons += [r for r in counts if r not in reasons]
             return {
                 "dead_letters_open": [((r,), counts.get(r, 0.0)) for r in reasons],
-                "dead_letters_open_cap": [((), float(settings.CLEANUP_DEAD_LETTER_OPEN_CAP))],
+                "dead_letters_open_cap": [((), float(cleanup_settings().dead_letter_open_cap))],
             }
 
         return self._db(run)
@@ -256,7 +254,7 @@ class BacklogCollector(Collector):
         yield GaugeMetricFamily(
             f"{PREFIX}_slo_seconds",
             "CLEANUP_SLO_SECONDS: the oldest eligible hold must be released within this",
-            value=float(settings.CLEANUP_SLO_SECONDS),
+            value=float(cleanup_settings().slo_seconds),
         )
         duration = GaugeMetricFamily(
             f"{PREFIX}_scrape_duration_seconds",

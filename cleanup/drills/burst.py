@@ -21,9 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from django.conf import settings
-
 from cleanup.broker import readers as broker
+from cleanup.conf import cleanup_settings
 from cleanup.drills.invariants import invariant_violations
 from cleanup.drills.report import write_outputs
 from cleanup.drills.state import BurstConfig, BurstState, Sample
@@ -132,7 +131,7 @@ def sample(
         "make_interval(secs => %s)",
         [t + 60],
     )[0][0]
-    q = broker.queue_stats(settings.CLEANUP_RELEASE_QUEUE)
+    q = broker.queue_stats(cleanup_settings().release_queue)
     return Sample(
         t=round(t, 2),
         eligible=eligible,
@@ -359,7 +358,7 @@ def build_report(
         "holds": len(state.ids),
         "first_id": state.ids[0] if state.ids else 0,
         "last_id": state.ids[-1] if state.ids else 0,
-        "release_mode": settings.CLEANUP_RELEASE_MODE,
+        "release_mode": cleanup_settings().release_mode,
         "renewed": len(state.renewed),
         "renew_missed": state.renew_missed,
         "duplicates_published": len(state.duplicated),

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from cleanup.broker import readers as broker
+from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.pipeline import deadletters, locks
 from cleanup.pipeline.messages import build, build_batch
@@ -117,7 +117,7 @@ def _acquire_publish_lock(deadline: float) -> bool:
     (a polling loop let the sweep that had just let go win again, before the others' next
     poll). The wait is bounded because a waiting sweep occupies a pool process that could be
     releasing holds."""
-    wait = min(deadline - time.monotonic(), float(settings.CLEANUP_SWEEP_LOCK_WAIT))
+    wait = min(deadline - time.monotonic(), cleanup_settings().sweep_lock_wait)
     with connection.cursor() as cur:
         if wait <= 0:
             cur.execute("SELECT pg_try_advisory_lock(%s, %s)", list(locks.SWEEP_PUBLISH))
@@ -169,12 +169,13 @@ def sweep_shard(
 ) -> SweepResult:
     if shards < 1 or not 0 <= shard < shards:
         raise ValueError(f"shard {shard} of {shards} is not a valid shard")
-    batch_size = batch_size or settings.CLEANUP_SWEEP_BATCH_SIZE
-    max_batches = max_batches or settings.CLEANUP_SWEEP_MAX_BATCHES
-    max_queue_depth = max_queue_depth or settings.CLEANUP_MAX_QUEUE_DEPTH
+    conf = cleanup_settings()
+    batch_size = batch_size or conf.sweep_batch_size
+    max_batches = max_batches or conf.sweep_max_batches
+    max_queue_depth = max_queue_depth or conf.max_queue_depth
     result = SweepResult(shard, shards, trace_id or uuid.uuid4().hex)
     started = time.perf_counter()
-    deadline = time.monotonic() + settings.CLEANUP_SWEEP_TIME_BUDGET
+    deadline = time.monotonic() + conf.sweep_time_budget
     shard_locked = False
     try:
         _drop_leaked_locks()
@@ -222,6 +223,7 @@ def _sweep_batches(
     max_batches: int,
     max_queue_depth: int,
 ) -> None:
+    conf = cleanup_settings()
     rate = ServiceRate()
     for _ in range(max_batches):
         if time.monotonic() >= deadline:
@@ -233,7 +235,7 @@ def _sweep_batches(
             if not publish_locked:
                 result.budget_exhausted = True
                 break
-            depth = broker.queue_depth(settings.CLEANUP_RELEASE_QUEUE)
+            depth = broker.queue_depth(conf.release_queue)
             if depth >= max_queue_depth:
                 result.backpressure = True
                 logger.info(
@@ -254,8 +256,8 @@ def _sweep_batches(
                     shard,
                     shards,
                     batch_size=take,
-                    lease_seconds=settings.CLEANUP_LEASE_SECONDS,
-                    max_claims=settings.CLEANUP_MAX_CLAIMS,
+                    lease_seconds=conf.lease_seconds,
+                    max_claims=conf.max_claims,
                     trace_id=result.trace_id,
                 )
                 to_publish = [c for c in claimed if not c.set_aside]
@@ -324,7 +326,7 @@ def _dead_letter_set_aside(hold: ClaimedHold, shard: int, trace_id: str) -> None
     deadletters.record(
         DeadLetter.Reason.CLAIMS_EXHAUSTED,
         error=(
-            f"hold claimed {hold.claim_count} times (limit {settings.CLEANUP_MAX_CLAIMS}) "
+            f"hold claimed {hold.claim_count} times (limit {cleanup_settings().max_claims}) "
             f"without being released; set aside until requeued"
         ),
         reservation_id=hold.reservation_id,
@@ -363,10 +365,11 @@ class ServiceRate:
 
     @staticmethod
     def floor() -> float:
-        per_consumer = float(settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S or 0)
+        conf = cleanup_settings()
+        per_consumer = conf.capacity_per_consumer_per_s
         if per_consumer > 0:
             return per_consumer
-        return 1.0 / float(settings.CLEANUP_AUTOSCALE_SERVICE_TIME)
+        return 1.0 / conf.autoscale_service_time
 
     def measured(self) -> float:
         if self._measured is None:
@@ -392,8 +395,8 @@ def size_batch(
             claimed=len(holds),
             queue_depth=depth,
             oldest_age_s=oldest_age,
-            target_s=float(settings.CLEANUP_RELEASE_TARGET_SECONDS),
-            cap=int(settings.CLEANUP_RELEASE_BATCH_SIZE),
+            target_s=cleanup_settings().release_target_seconds,
+            cap=cleanup_settings().release_batch_size,
             rate_per_s=rate_per_s,
             rate_source=source,
         )
@@ -414,10 +417,11 @@ def _messages_for(
     """The batch's release messages and the holds each carries: one per hold ("single"),
     CLEANUP_RELEASE_BATCH_SIZE each ("batch"), or the size the adaptive sizing chose, in even
     chunks. In the adaptive mode a message of one hold is the per-reservation message."""
-    mode = settings.CLEANUP_RELEASE_MODE
+    conf = cleanup_settings()
+    mode = conf.release_mode
     sizing: ReleaseSize | None = None
     if mode == "batch":
-        size = int(settings.CLEANUP_RELEASE_BATCH_SIZE)
+        size = conf.release_batch_size
         chunks = [holds[i : i + size] for i in range(0, len(holds), size)]
     elif mode == "single" or not holds:
         chunks = [[c] for c in holds]

@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 import pytest
-from django.conf import settings
 
+from cleanup.conf import cleanup_settings
 from cleanup.pipeline import sweep as sweep_module
 from cleanup.pipeline.messages import validate_batch
 from cleanup.pipeline.sweep import sweep_shard
@@ -53,7 +53,7 @@ def test_a_burst_in_the_default_mode_is_released_once_per_hold_in_multi_hold_mes
     workers, clean
 ):
     # given: the default mode (nothing set) and 3,000 holds that expired a minute ago
-    assert settings.CLEANUP_RELEASE_MODE == "adaptive"
+    assert cleanup_settings().release_mode == "adaptive"
     assert all("CLEANUP_RELEASE_MODE" not in w.env for w in workers)
     ids = create_eligible_holds(3_000, offerings=4)
     # when: the workers' sweeps run, as beat sends them
@@ -72,7 +72,7 @@ def test_a_burst_in_the_default_mode_is_released_once_per_hold_in_multi_hold_mes
     print(f"{len(ids)} holds in {len(messages)} messages; largest {sizes[-1]}")
     assert sizes[-1] > 1
     assert len(messages) < len(ids)
-    assert sizes[-1] <= settings.CLEANUP_RELEASE_BATCH_SIZE
+    assert sizes[-1] <= cleanup_settings().release_batch_size
 
 
 def test_a_renewed_hold_in_a_redelivered_multi_hold_message_is_not_released(

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.db import connection
 
+from cleanup.conf import cleanup_settings
 from cleanup.pipeline import locks
 from reservations.management.base import ProjectCommand
 
@@ -30,7 +30,7 @@ LEADER_SQL = (
 
 def leaders() -> int:
     with connection.cursor() as cur:
-        cur.execute(LEADER_SQL, list(locks.beat_lease(settings.CLEANUP_BEAT_LOCK_ID)))
+        cur.execute(LEADER_SQL, list(locks.beat_lease(cleanup_settings().beat_lock_id)))
         return int(cur.fetchone()[0])
 
 
