@@ -105,21 +105,24 @@ def test_a_renewed_hold_in_a_redelivered_multi_hold_message_is_not_released(
         [renewed],
     )
     services.renew(renewed, first.items[1].version, 600)
-    # when: a worker in the default mode fetches the first messages while the offering is
-    # locked, and its pool processes are SIGKILLed mid-statement (the messages are redelivered)
-    with dedicated(tmp_path, {"concurrency": 2}) as (worker,):
-        with offering_locked(offering_id):
-            # both pool processes inside a release (a message still waiting in the worker for a
-            # process would be handed to a new one without a redelivery)
-            wait_until(
-                lambda: len(blocked_backends()) >= 2,
-                timeout=60,
-                what="both pool processes' releases waiting on the offering",
-            )
-            victims = worker.children()
-            for pid in victims:
-                os.kill(pid, signal.SIGKILL)
-            time.sleep(1)
+    # when: a worker in the default mode starts while the offering is locked, so its first two
+    # messages wait inside their release statements, and its pool processes are SIGKILLed there
+    # (the messages are redelivered)
+    with (
+        offering_locked(offering_id) as lock,
+        dedicated(tmp_path, {"concurrency": 2}) as (worker,),
+    ):
+        # both pool processes inside a release (a message still waiting in the worker for a
+        # process would be handed to a new one without a redelivery)
+        wait_until(
+            lambda: len(blocked_backends()) >= 2,
+            timeout=60,
+            what="both pool processes' releases waiting on the offering",
+        )
+        for pid in worker.children():
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(1)
+        lock.rollback()  # the offering is free again
         # then: everything but the renewed hold is released, once
         expected = [i for i in ids if i != renewed]
         wait_until(lambda: released_count(expected) == len(expected), timeout=120, what="released")
