@@ -11,11 +11,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 
+from cleanup import sql
 from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.pipeline.messages import idempotency_key
 from cleanup.telemetry import deliveries
+from reservations.db import scalar
 from reservations.models import OutboxEvent, Reservation
 
 
@@ -45,9 +46,7 @@ class Story:
 
 
 def _db_now() -> datetime:
-    with connection.cursor() as cur:
-        cur.execute("SELECT now()")
-        return cur.fetchone()[0]  # type: ignore[no-any-return]
+    return scalar(sql.DATABASE_NOW)  # type: ignore[no-any-return]
 
 
 _NEVER = datetime.max.replace(tzinfo=UTC)

@@ -21,7 +21,7 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
 from cleanup.broker import readers as broker
 from cleanup.models import DeadLetter
@@ -68,38 +68,31 @@ class SweepResult:
 
 
 def _try_shard_lock(shard: int, shards: int) -> bool:
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_try_advisory_lock(%s, %s)", list(locks.sweep_shard(shard, shards)))
-        return bool(cur.fetchone()[0])
+    return locks.try_lock(locks.sweep_shard(shard, shards))
 
 
 def _release_shard_lock(shard: int, shards: int) -> None:
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_unlock(%s, %s)", list(locks.sweep_shard(shard, shards)))
+    locks.unlock(locks.sweep_shard(shard, shards))
 
 
 def _drop_leaked_locks() -> None:
     """A sweep starts holding no advisory lock. If an earlier sweep on this (pooled)
     connection was interrupted between taking a lock and its ``finally``, drop what it left."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_unlock_all()")
+    locks.unlock_all()
 
 
 def _acquire_publish_lock(deadline: float) -> bool:
     """Wait for the global publish lock until ``deadline`` (a monotonic time)."""
-    with connection.cursor() as cur:
-        while True:
-            cur.execute("SELECT pg_try_advisory_lock(%s, %s)", list(locks.SWEEP_PUBLISH))
-            if cur.fetchone()[0]:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.02)
+    while True:
+        if locks.try_lock(locks.SWEEP_PUBLISH):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
 
 
 def _release_publish_lock() -> None:
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_unlock(%s, %s)", list(locks.SWEEP_PUBLISH))
+    locks.unlock(locks.SWEEP_PUBLISH)
 
 
 def sweep_shard(
