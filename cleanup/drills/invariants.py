@@ -20,15 +20,19 @@ def invariant_violations(
     or cancelled hold is never released by an older message); the ``expected_released`` holds
     released; none of ``expected_not_released`` released."""
     problems: list[str] = []
-    bad_seats = [violation[:1] for violation in seat_conservation_violations()]  # (id,)
-    if bad_seats:
-        problems.append(f"seats not conserved for offerings {bad_seats[:10]}")
-    multi = rows(sql.HOLDS_RELEASED_TWICE_BY_EVENTS)
-    if multi:
-        problems.append(f"holds with more than one released event: {multi[:10]}")
-    multi_receipts = rows(sql.HOLDS_RELEASED_TWICE_BY_RECEIPTS)
-    if multi_receipts:
-        problems.append(f"holds with more than one 'released' receipt: {multi_receipts[:10]}")
+    # (offending rows, what the report says before the first ten of them)
+    listed = [
+        (
+            [violation[:1] for violation in seat_conservation_violations()],  # (id,)
+            "seats not conserved for offerings ",
+        ),
+        (rows(sql.HOLDS_RELEASED_TWICE_BY_EVENTS), "holds with more than one released event: "),
+        (
+            rows(sql.HOLDS_RELEASED_TWICE_BY_RECEIPTS),
+            "holds with more than one 'released' receipt: ",
+        ),
+    ]
+    problems += [f"{says}{found[:10]}" for found, says in listed if found]
     no_event = scalar(sql.RELEASED_HOLDS_WITHOUT_EVENT)
     if no_event:
         problems.append(f"{no_event} released holds without a released event")
