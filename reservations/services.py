@@ -262,10 +262,10 @@ _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
 @functools.lru_cache(maxsize=64)
-def _attached_write_problem(sql: str, params: frozenset[str]) -> str | None:
-    if not re.search(rf"\bFROM\s+{RELEASED_ROWS}\b", sql):
+def _attached_write_problem(statement: str, params: frozenset[str]) -> str | None:
+    if not re.search(rf"\bFROM\s+{RELEASED_ROWS}\b", statement):
         return f"it does not read FROM {RELEASED_ROWS}"
-    used = set(_PLACEHOLDER.findall(sql))
+    used = set(_PLACEHOLDER.findall(statement))
     if used & RELEASE_PARAMS:
         return f"its placeholders {sorted(used & RELEASE_PARAMS)} are the release's own"
     if used - params:
