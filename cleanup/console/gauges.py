@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from cleanup import sql
 from cleanup.broker.readers import queue_stats
+from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.pipeline.schedule import installed_shards
 from cleanup.scaling.capacity import DESIRED_WINDOW_S, desired_consumers
@@ -67,13 +68,13 @@ class BacklogCollector(Collector):
     def _db(fn: Callable[[], dict[str, list[Sample]]]) -> dict[str, list[Sample]]:
 
         with transaction.atomic():
-            set_local_statement_timeout(settings.METRICS_STATEMENT_TIMEOUT_MS)
+            set_local_statement_timeout(cleanup_settings().metrics_statement_timeout_ms)
             return fn()
 
     def read_eligible(self) -> dict[str, list[Sample]]:
 
         shards = self._shards()
-        cap = int(settings.CLEANUP_ELIGIBLE_COUNT_CAP)
+        cap = cleanup_settings().eligible_count_cap
 
         def run() -> dict[str, list[Sample]]:
             oldest: list[Sample] = []
@@ -98,11 +99,8 @@ class BacklogCollector(Collector):
         depth: list[Sample] = []
         age: list[Sample] = []
         unacked: list[Sample] = []
-        for queue in (
-            settings.CLEANUP_SWEEP_QUEUE,
-            settings.CLEANUP_RELEASE_QUEUE,
-            settings.CLEANUP_MAINTENANCE_QUEUE,
-        ):
+        conf = cleanup_settings()
+        for queue in (conf.sweep_queue, conf.release_queue, conf.maintenance_queue):
             stats = queue_stats(queue)
             depth.append(((queue,), float(stats.depth)))
             if stats.oldest_age_seconds is not None:
@@ -135,7 +133,7 @@ class BacklogCollector(Collector):
             reasons += [r for r in counts if r not in reasons]
             return {
                 "dead_letters_open": [((r,), counts.get(r, 0.0)) for r in reasons],
-                "dead_letters_open_cap": [((), float(settings.CLEANUP_DEAD_LETTER_OPEN_CAP))],
+                "dead_letters_open_cap": [((), float(cleanup_settings().dead_letter_open_cap))],
             }
 
         return self._db(run)
@@ -229,7 +227,7 @@ class BacklogCollector(Collector):
         yield GaugeMetricFamily(
             f"{PREFIX}_slo_seconds",
             "CLEANUP_SLO_SECONDS: the oldest eligible hold must be released within this",
-            value=float(settings.CLEANUP_SLO_SECONDS),
+            value=float(cleanup_settings().slo_seconds),
         )
         duration = GaugeMetricFamily(
             f"{PREFIX}_scrape_duration_seconds",

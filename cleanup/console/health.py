@@ -16,13 +16,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import current_app as app
-from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
 from cleanup import sql
 from cleanup.broker.readers import QueueStats, queue_stats
+from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupReceipt, DeadLetter, HealthSample, SweepRecord
 from cleanup.pipeline import locks
 from cleanup.pipeline.schedule import (
@@ -172,7 +172,9 @@ def read_open_dead_letters() -> list[tuple[str, str, int]]:
 
 def read_lease() -> dict[str, Any] | None:
 
-    rows = db.rows(sql.ADVISORY_LOCK_HOLDERS, list(locks.beat_lease(settings.CLEANUP_BEAT_LOCK_ID)))
+    rows = db.rows(
+        sql.ADVISORY_LOCK_HOLDERS, list(locks.beat_lease(cleanup_settings().beat_lock_id))
+    )
     if not rows:
         return None
     app_name, client, pid, since = rows[0]
@@ -237,10 +239,11 @@ def collect(*, with_workers: bool = True) -> Health:
     now = time.time()
     schedule = current_schedule()
     shards = schedule.shards if schedule else (installed_shards() or 1)
-    cap = int(settings.CLEANUP_ELIGIBLE_COUNT_CAP)
-    slo = int(settings.CLEANUP_SLO_SECONDS)
+    conf = cleanup_settings()
+    cap = conf.eligible_count_cap
+    slo = conf.slo_seconds
     with transaction.atomic():
-        db.set_local_statement_timeout(settings.METRICS_STATEMENT_TIMEOUT_MS)
+        db.set_local_statement_timeout(conf.metrics_statement_timeout_ms)
         readings = read_shards(shards, cap)
     sweeps = {r.shard: r for r in SweepRecord.objects.filter(shards=shards)}
     shard_rows = [
@@ -250,7 +253,7 @@ def collect(*, with_workers: bool = True) -> Health:
     queue: QueueStats | None = None
     queue_error = ""
     try:
-        queue = queue_stats(settings.CLEANUP_RELEASE_QUEUE)
+        queue = queue_stats(conf.release_queue)
     except Exception as exc:  # noqa: BLE001 - shown on the page
         queue_error = f"{type(exc).__name__}: {str(exc)[:200]}"
     samples = list(
@@ -267,9 +270,7 @@ def collect(*, with_workers: bool = True) -> Health:
         except Exception as exc:  # noqa: BLE001 - shown on the page
             workers_error = f"{type(exc).__name__}: {str(exc)[:200]}"
         if workers is not None:
-            running_pool = sum(
-                w.pool or 0 for w in workers if settings.CLEANUP_RELEASE_QUEUE in w.queues
-            )
+            running_pool = sum(w.pool or 0 for w in workers if conf.release_queue in w.queues)
     return Health(
         taken_at=timezone.now(),
         slo_seconds=slo,
@@ -281,7 +282,7 @@ def collect(*, with_workers: bool = True) -> Health:
         queue_error=queue_error,
         windows=[read_window(m, now) for m in WINDOWS_MINUTES],
         open_dead_letters=read_open_dead_letters(),
-        open_dead_letter_cap=int(settings.CLEANUP_DEAD_LETTER_OPEN_CAP),
+        open_dead_letter_cap=conf.dead_letter_open_cap,
         lease=read_lease(),
         last_sent=read_last_sent(),
         workers=workers,
@@ -322,11 +323,11 @@ def take_sample() -> HealthSample:
 
     schedule = current_schedule()
     shards = schedule.shards if schedule else (installed_shards() or 1)
-    cap = int(settings.CLEANUP_ELIGIBLE_COUNT_CAP)
+    cap = cleanup_settings().eligible_count_cap
     readings = read_shards(shards, cap)
     depth: int | None
     try:
-        depth = queue_stats(settings.CLEANUP_RELEASE_QUEUE).depth
+        depth = queue_stats(cleanup_settings().release_queue).depth
     except Exception:  # noqa: BLE001 - a gap in the chart, not a failed sample
         depth = None
     released = CleanupReceipt.objects.filter(

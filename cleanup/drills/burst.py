@@ -21,10 +21,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from django.conf import settings
-
 from cleanup import sql
 from cleanup.broker import readers as broker
+from cleanup.conf import cleanup_settings
 from cleanup.drills.invariants import invariant_violations
 from cleanup.drills.report import write_outputs
 from cleanup.drills.state import BurstConfig, BurstState, Sample
@@ -110,7 +109,7 @@ def sample(
     receipts = rows(sql.DRILL_RECEIPT_OUTCOMES, [lo, hi])
     outcomes = {o: int(c) for o, c, _r in receipts}
     dead = scalar(sql.DEAD_LETTERS_IN_LAST, [t + 60])
-    q = broker.queue_stats(settings.CLEANUP_RELEASE_QUEUE)
+    q = broker.queue_stats(cleanup_settings().release_queue)
     return Sample(
         t=round(t, 2),
         eligible=eligible,
@@ -312,7 +311,7 @@ def build_report(
         "holds": len(state.ids),
         "first_id": state.ids[0] if state.ids else 0,
         "last_id": state.ids[-1] if state.ids else 0,
-        "release_mode": settings.CLEANUP_RELEASE_MODE,
+        "release_mode": cleanup_settings().release_mode,
         "renewed": len(state.renewed),
         "renew_missed": state.renew_missed,
         "duplicates_published": len(state.duplicated),

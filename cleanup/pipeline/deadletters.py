@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
 from cleanup import sql
+from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.pipeline import locks
 from cleanup.pipeline.messages import BATCH_KIND, MalformedMessage, validate, validate_batch
@@ -464,8 +464,8 @@ def summarise_beyond_cap(
     open, so the open total can stay a little above the cap (and its alert stays up) until
     someone triages.
     """
-    cap = int(cap or settings.CLEANUP_DEAD_LETTER_OPEN_CAP)
-    batch = int(batch or settings.CLEANUP_PRUNE_BATCH_SIZE)
+    cap = int(cap or cleanup_settings().dead_letter_open_cap)
+    batch = int(batch or cleanup_settings().prune_batch_size)
     total = 0
     started = time.monotonic()
     for _ in range(max_batches):

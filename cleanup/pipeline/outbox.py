@@ -15,12 +15,12 @@ import logging
 from datetime import datetime, timedelta
 
 from celery import current_app as app
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 from kombu import Exchange, Queue
 
 from cleanup import sql
+from cleanup.conf import cleanup_settings
 from cleanup.pipeline import locks
 from reservations.models import OutboxEvent
 
@@ -29,11 +29,12 @@ logger = logging.getLogger("cleanup.outbox")
 
 def relay_batch(limit: int | None = None) -> int:
 
-    limit = limit or settings.CLEANUP_RELAY_BATCH_SIZE
+    conf = cleanup_settings()
+    limit = limit or conf.relay_batch_size
     queue = Queue(
-        settings.CLEANUP_EVENTS_QUEUE,
+        conf.events_queue,
         exchange=Exchange(""),
-        routing_key=settings.CLEANUP_EVENTS_QUEUE,
+        routing_key=conf.events_queue,
         durable=True,
     )
     with transaction.atomic():
@@ -90,11 +91,11 @@ def prune(
     letters are never deleted: the open-letter cap summarises them instead,
     ``deadletters.summarise_beyond_cap``)."""
     now = timezone.now()
-    cutoff = now - timedelta(days=retention_days or settings.CLEANUP_RETENTION_DAYS)
+    cutoff = now - timedelta(days=retention_days or cleanup_settings().retention_days)
     letters_cutoff = now - timedelta(
-        days=dead_letter_retention_days or settings.CLEANUP_DEAD_LETTER_RETENTION_DAYS
+        days=dead_letter_retention_days or cleanup_settings().dead_letter_retention_days
     )
-    batch = settings.CLEANUP_PRUNE_BATCH_SIZE
+    batch = cleanup_settings().prune_batch_size
     return {
         "outbox_events": _delete_batches(sql.PRUNE_PUBLISHED_EVENTS, cutoff, batch),
         "receipts": _delete_batches(sql.PRUNE_RECEIPTS, cutoff, batch),

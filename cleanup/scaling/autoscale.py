@@ -34,11 +34,11 @@ from typing import Any, cast
 
 from celery.worker import state as worker_state
 from celery.worker.autoscale import Autoscaler
-from django.conf import settings
 from django.db import connection, transaction
 
 from cleanup import sql
 from cleanup.broker.readers import queue_stats
+from cleanup.conf import cleanup_settings
 from cleanup.scaling.capacity import ceil_consumers, compute_desired_consumers
 from cleanup.telemetry import metrics
 from reservations.db import rows, set_local_statement_timeout
@@ -211,9 +211,9 @@ class Reader:
 
     def _database(self) -> tuple[int, bool, float, float, int]:
 
-        cap = int(settings.CLEANUP_ELIGIBLE_COUNT_CAP)
+        cap = cleanup_settings().eligible_count_cap
         with transaction.atomic():
-            set_local_statement_timeout(settings.CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS)
+            set_local_statement_timeout(cleanup_settings().autoscale_statement_timeout_ms)
             backlog = eligible_backlog(range(BUCKETS), cap)
             ((processed, recent, others),) = rows(
                 sql.AUTOSCALE_WINDOW_RECEIPTS,
@@ -257,7 +257,7 @@ class Reader:
             connection.close()
             return Reading(now, error=f"database: {exc!r}"[:300])
         try:
-            stats = queue_stats(settings.CLEANUP_RELEASE_QUEUE)
+            stats = queue_stats(cleanup_settings().release_queue)
         except Exception as exc:  # noqa: BLE001
             return Reading(now, error=f"broker: {exc!r}"[:300])
 
@@ -267,7 +267,7 @@ class Reader:
             history.popleft()
         arrival = None if capped else self._sustained_arrivals(now, backlog)
 
-        per_consumer = float(settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S or 0)
+        per_consumer = cleanup_settings().capacity_per_consumer_per_s
         if per_consumer > 0:
             service, source = 1.0 / per_consumer, "configured"
         elif own_service is not None:
@@ -307,13 +307,13 @@ class BacklogAutoscaler(Autoscaler):
         mutex: Any = None,
     ) -> None:
 
-        interval = float(settings.CLEANUP_AUTOSCALE_INTERVAL)
+        interval = cleanup_settings().autoscale_interval
         # Celery's event loop calls maybe_scale every `keepalive` seconds.
         super().__init__(pool, max_concurrency, min_concurrency, worker, interval, mutex)
         self.interval = interval
         self.policy = self._policy()
         hostname = getattr(worker, "hostname", "") or ""
-        self.reader = Reader(hostname, float(settings.CLEANUP_AUTOSCALE_WINDOW), self._procs)
+        self.reader = Reader(hostname, cleanup_settings().autoscale_window, self._procs)
         self._reading: Reading | None = None
         self._reading_lock = threading.Lock()
         self._last_change_at: float | None = None
@@ -327,16 +327,17 @@ class BacklogAutoscaler(Autoscaler):
 
     def _policy(self) -> Policy:
 
+        conf = cleanup_settings()
         return Policy(
             min_procs=int(self.min_concurrency),
             max_procs=int(self.max_concurrency),
-            slo_seconds=float(settings.CLEANUP_SLO_SECONDS),
-            slo_target=float(settings.CLEANUP_AUTOSCALE_SLO_TARGET),
-            utilization=float(settings.CLEANUP_AUTOSCALE_UTILIZATION),
-            headroom=float(settings.CLEANUP_CAPACITY_HEADROOM),
-            cooldown_seconds=float(settings.CLEANUP_AUTOSCALE_COOLDOWN),
+            slo_seconds=float(conf.slo_seconds),
+            slo_target=conf.autoscale_slo_target,
+            utilization=conf.autoscale_utilization,
+            headroom=conf.capacity_headroom,
+            cooldown_seconds=conf.autoscale_cooldown,
             stale_after_seconds=max(3 * self.interval, 10.0),
-            default_service_time_s=float(settings.CLEANUP_AUTOSCALE_SERVICE_TIME),
+            default_service_time_s=conf.autoscale_service_time,
         )
 
     def _procs(self) -> int:

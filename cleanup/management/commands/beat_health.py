@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
-
 from cleanup import sql
+from cleanup.conf import cleanup_settings
 from cleanup.pipeline import locks
 from reservations.db import rows
 from reservations.management.base import ProjectCommand
@@ -26,7 +25,7 @@ from reservations.management.base import ProjectCommand
 def leaders() -> int:
     """Sessions of this database holding the beat lease (1 when a beat leads)."""
     return len(
-        rows(sql.ADVISORY_LOCK_HOLDERS, list(locks.beat_lease(settings.CLEANUP_BEAT_LOCK_ID)))
+        rows(sql.ADVISORY_LOCK_HOLDERS, list(locks.beat_lease(cleanup_settings().beat_lock_id)))
     )
 
 
