@@ -36,9 +36,11 @@ from prometheus_client import (
 )
 from prometheus_client.registry import Collector
 
+from cleanup import sql
 from cleanup.broker.readers import redis_client
 from cleanup.conf import cleanup_settings
 from cleanup.console.gauges import BacklogCollector
+from reservations.db import scalar
 
 logger = logging.getLogger("cleanup.views")
 
@@ -130,9 +132,7 @@ def _timed(check: Any) -> dict[str, Any]:
 
 
 def _check_database() -> None:
-    with connection.cursor() as cur:
-        cur.execute("SELECT 1")
-        cur.fetchone()
+    scalar(sql.PING)
 
 
 def _check_broker() -> None:

@@ -16,10 +16,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import current_app as app
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
+from cleanup import sql
 from cleanup.broker.readers import QueueStats, queue_stats
 from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupReceipt, DeadLetter, HealthSample, SweepRecord
@@ -33,8 +34,7 @@ from cleanup.pipeline.schedule import (
 from cleanup.scaling.capacity import DESIRED_WINDOW_S, desired_consumers
 from cleanup.telemetry import deliveries
 from reservations import db
-from reservations.eligibility import ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL
-from reservations.services import shard_buckets
+from reservations.services import eligible_backlog, shard_buckets
 
 logger = logging.getLogger("cleanup.health")
 
@@ -43,14 +43,6 @@ WINDOWS_MINUTES = (5, 60)
 PING_TIMEOUT_S = 1.0
 CHART_MINUTES = 60
 SAMPLE_RETENTION = timedelta(days=1)
-LEASE_LOCK_SQL = (
-    "SELECT a.application_name, host(a.client_addr), a.pid, a.backend_start "
-    "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-    "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s "
-    "AND l.objsubid = 2 "
-    # Advisory locks are per database: another database's beat on the same server is not ours.
-    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-)
 
 
 def slo_state(age_seconds: float, slo_seconds: float) -> str:
@@ -138,17 +130,11 @@ def read_shards(shards: int, cap: int) -> list[tuple[float, int, bool]]:
     """(oldest eligible age, eligible count up to cap, capped) per shard, as /metrics reads
     them: one bounded statement each."""
 
-    rows = []
-    with connection.cursor() as cur:
-        for k in range(shards):
-            buckets = shard_buckets(k, shards)
-            cur.execute(OLDEST_ELIGIBLE_SQL, [buckets])
-            row = cur.fetchone()
-            age = max(0.0, float(row[0])) if row and row[0] is not None else 0.0
-            cur.execute(ELIGIBLE_COUNT_SQL, [buckets, cap + 1])
-            n = int(cur.fetchone()[0])
-            rows.append((age, min(n, cap), n > cap))
-    return rows
+    readings = []
+    for k in range(shards):
+        backlog = eligible_backlog(shard_buckets(k, shards), cap)
+        readings.append((backlog.oldest_age_seconds, backlog.eligible, backlog.capped))
+    return readings
 
 
 def window_start(minutes: int, now: float | None = None) -> datetime:
@@ -160,19 +146,9 @@ def window_start(minutes: int, now: float | None = None) -> datetime:
 
 def read_window(minutes: int, now: float) -> WindowCounts:
     since = window_start(minutes, now)
-    receipts = CleanupReceipt._meta.db_table
-    outcomes = dict(
-        db.rows(
-            f"SELECT outcome, count(*) FROM {receipts} WHERE created_at >= %s "
-            f"GROUP BY outcome ORDER BY outcome",
-            [since],
-        )
-    )
-    retries, messages = db.rows(
-        f"SELECT coalesce(sum(attempt - 1), 0), count(DISTINCT task_id) FROM {receipts} "
-        f"WHERE created_at >= %s",
-        [since],
-    )[0]
+    outcomes = dict(db.rows(sql.RECEIPT_OUTCOMES_SINCE, [since]))
+    retries = db.scalar(sql.RETRIES_SINCE, [since])
+    messages = db.scalar(sql.MESSAGES_HANDLED_SINCE, [since])
     dead = DeadLetter.objects.filter(created_at__gte=since).count()
     try:
         attempts = deliveries.attempts_since(minutes, now=now)
@@ -192,19 +168,16 @@ def read_window(minutes: int, now: float) -> WindowCounts:
 
 
 def read_open_dead_letters() -> list[tuple[str, str, int]]:
-    counts = dict(
-        db.rows(
-            f"SELECT reason, count(*) FROM {DeadLetter._meta.db_table} "
-            f"WHERE resolved_at IS NULL GROUP BY reason"
-        )
-    )
+    counts = dict(db.rows(sql.OPEN_DEAD_LETTERS_BY_REASON))
     labels = dict(DeadLetter.Reason.choices)
     return [(r, str(labels.get(r, r)), int(n)) for r, n in sorted(counts.items())]
 
 
 def read_lease() -> dict[str, Any] | None:
 
-    rows = db.rows(LEASE_LOCK_SQL, list(locks.beat_lease(cleanup_settings().beat_lock_id)))
+    rows = db.rows(
+        sql.ADVISORY_LOCK_HOLDERS, list(locks.beat_lease(cleanup_settings().beat_lock_id))
+    )
     if not rows:
         return None
     app_name, client, pid, since = rows[0]
@@ -258,11 +231,7 @@ def read_desired(samples: list[HealthSample]) -> float | None:
         seconds = (b.taken_at - a.taken_at).total_seconds()
         if seconds > 0:
             growth = (b.eligible - a.eligible) / seconds
-    processed, mean_ms = db.rows(
-        f"SELECT count(*), avg(duration_ms) FROM {CleanupReceipt._meta.db_table} "
-        f"WHERE created_at > now() - make_interval(secs => %s)",
-        [DESIRED_WINDOW_S],
-    )[0]
+    ((processed, mean_ms),) = db.rows(sql.RECENT_RECEIPTS, [DESIRED_WINDOW_S])
     return desired_consumers(
         int(processed), float(mean_ms) if mean_ms is not None else None, growth
     )
@@ -277,11 +246,7 @@ def collect(*, with_workers: bool = True) -> Health:
     cap = conf.eligible_count_cap
     slo = conf.slo_seconds
     with transaction.atomic():
-        with connection.cursor() as cur:
-            cur.execute(
-                "SELECT set_config('statement_timeout', %s, true)",
-                [str(conf.metrics_statement_timeout_ms)],
-            )
+        db.set_local_statement_timeout(conf.metrics_statement_timeout_ms)
         readings = read_shards(shards, cap)
     sweeps = {r.shard: r for r in SweepRecord.objects.filter(shards=shards)}
     shard_rows = [
@@ -336,37 +301,24 @@ def collect(*, with_workers: bool = True) -> Health:
 
 def record_sweep(result: Any) -> None:
     """Keep the last sweep of the shard (one upsert per sweep; never fails the sweep)."""
-    table = SweepRecord._meta.db_table
     try:
-        with connection.cursor() as cur:
-            cur.execute(
-                f"INSERT INTO {table} (shard, shards, finished_at, claimed, published, "
-                f"messages, largest_message, sizing_reason, "
-                f"set_aside, backpressure, skipped_locked, duration_ms, trace_id) "
-                f"VALUES (%s, %s, now(), %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                f"ON CONFLICT (shard) DO UPDATE SET shards = EXCLUDED.shards, "
-                f"finished_at = EXCLUDED.finished_at, claimed = EXCLUDED.claimed, "
-                f"published = EXCLUDED.published, messages = EXCLUDED.messages, "
-                f"largest_message = EXCLUDED.largest_message, "
-                f"sizing_reason = EXCLUDED.sizing_reason, set_aside = EXCLUDED.set_aside, "
-                f"backpressure = EXCLUDED.backpressure, "
-                f"skipped_locked = EXCLUDED.skipped_locked, "
-                f"duration_ms = EXCLUDED.duration_ms, trace_id = EXCLUDED.trace_id",
-                [
-                    result.shard,
-                    result.shards,
-                    result.claimed,
-                    result.published,
-                    getattr(result, "messages", result.published),
-                    getattr(result, "largest_message", 0),
-                    getattr(result, "sizing_reason", "")[:16],
-                    result.set_aside,
-                    result.backpressure,
-                    result.skipped_locked,
-                    round(result.duration_s * 1000, 3),
-                    result.trace_id[:64],
-                ],
-            )
+        db.rows(
+            sql.RECORD_SWEEP,
+            [
+                result.shard,
+                result.shards,
+                result.claimed,
+                result.published,
+                getattr(result, "messages", result.published),
+                getattr(result, "largest_message", 0),
+                getattr(result, "sizing_reason", "")[:16],
+                result.set_aside,
+                result.backpressure,
+                result.skipped_locked,
+                round(result.duration_s * 1000, 3),
+                result.trace_id[:64],
+            ],
+        )
     except DatabaseError:
         logger.exception("last sweep not recorded", extra={"shard": result.shard})
 

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connection
-
+from cleanup import sql
 from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.pipeline.messages import idempotency_key
 from cleanup.telemetry import deliveries
+from reservations.db import scalar
 from reservations.models import OutboxEvent, Reservation
 
 
@@ -45,9 +45,7 @@ class Story:
 
 
 def _db_now() -> datetime:
-    with connection.cursor() as cur:
-        cur.execute("SELECT now()")
-        return cur.fetchone()[0]  # type: ignore[no-any-return]
+    return scalar(sql.DATABASE_NOW)  # type: ignore[no-any-return]
 
 
 _NEVER = datetime.max.replace(tzinfo=UTC)

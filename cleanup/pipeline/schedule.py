@@ -26,6 +26,7 @@ from django.db import transaction
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
+from cleanup import sql
 from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupSchedule
 from cleanup.pipeline import locks
@@ -317,7 +318,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
         if not self._is_leader or self._lease_conn is None:
             return False
         try:
-            self._lease_conn.execute("SELECT 1")
+            self._lease_conn.execute(sql.PING)
             return True
         except psycopg.Error as exc:
             self._drop_lease(repr(exc))
@@ -330,7 +331,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
             if self._lease_conn is None or self._lease_conn.closed:
                 self._lease_conn = psycopg.connect(**_lock_conninfo())
             row = self._lease_conn.execute(
-                "SELECT pg_try_advisory_lock(%s, %s)",
+                sql.TRY_ADVISORY_LOCK,
                 list(locks.beat_lease(cleanup_settings().beat_lock_id)),
             ).fetchone()
         except psycopg.Error as exc:

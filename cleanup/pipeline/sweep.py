@@ -31,14 +31,16 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
+from cleanup import sql
 from cleanup.broker import readers as broker
 from cleanup.conf import cleanup_settings
-from cleanup.models import CleanupReceipt, DeadLetter
+from cleanup.models import DeadLetter
 from cleanup.pipeline import deadletters, locks
 from cleanup.pipeline.messages import build, build_batch
 from cleanup.pipeline.publish import publish_release_messages
 from cleanup.pipeline.sizing import ReleaseSize, ceil_whole, choose_release_size, split_evenly
 from cleanup.telemetry import metrics
+from reservations.db import scalar
 from reservations.services import ClaimedHold, claim_expired
 
 logger = logging.getLogger("cleanup.sweep")
@@ -86,24 +88,17 @@ class SweepResult:
 
 
 def _try_shard_lock(shard: int, shards: int) -> bool:
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_try_advisory_lock(%s, %s)", list(locks.sweep_shard(shard, shards)))
-        return bool(cur.fetchone()[0])
+    return locks.try_lock(locks.sweep_shard(shard, shards))
 
 
 def _release_shard_lock(shard: int, shards: int) -> None:
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_unlock(%s, %s)", list(locks.sweep_shard(shard, shards)))
+    locks.unlock(locks.sweep_shard(shard, shards))
 
 
 def _drop_leaked_locks() -> None:
     """A sweep starts holding no advisory lock. If an earlier sweep on this (pooled)
     connection was interrupted between taking a lock and its ``finally``, drop what it left."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_unlock_all()")
-
-
-LOCK_NOT_AVAILABLE = "55P03"
+    locks.unlock_all()
 
 
 def _acquire_publish_lock(deadline: float) -> bool:
@@ -118,25 +113,13 @@ def _acquire_publish_lock(deadline: float) -> bool:
     poll). The wait is bounded because a waiting sweep occupies a pool process that could be
     releasing holds."""
     wait = min(deadline - time.monotonic(), cleanup_settings().sweep_lock_wait)
-    with connection.cursor() as cur:
-        if wait <= 0:
-            cur.execute("SELECT pg_try_advisory_lock(%s, %s)", list(locks.SWEEP_PUBLISH))
-            return bool(cur.fetchone()[0])
-        cur.execute("SELECT set_config('lock_timeout', %s, false)", [f"{max(1, int(wait * 1000))}"])
-        try:
-            cur.execute("SELECT pg_advisory_lock(%s, %s)", list(locks.SWEEP_PUBLISH))
-            return True
-        except OperationalError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
-                return False
-            raise
-        finally:
-            cur.execute("RESET lock_timeout")
+    if wait <= 0:
+        return locks.try_lock(locks.SWEEP_PUBLISH)
+    return locks.wait_for_lock(locks.SWEEP_PUBLISH, wait)
 
 
 def _release_publish_lock() -> None:
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_unlock(%s, %s)", list(locks.SWEEP_PUBLISH))
+    locks.unlock(locks.SWEEP_PUBLISH)
 
 
 def _let_go(unlock: Callable[[], None], what: str) -> None:
@@ -342,11 +325,6 @@ def _dead_letter_set_aside(hold: ClaimedHold, shard: int, trace_id: str) -> None
 # Messages the fleet handled over this many seconds (receipts; served by
 # cleanup_receipt_created_idx) are its measured service rate.
 RATE_WINDOW_S = 10.0
-_RECEIPT_TABLE = CleanupReceipt._meta.db_table
-MESSAGES_HANDLED_SQL = (
-    f"SELECT count(DISTINCT task_id) FROM {_RECEIPT_TABLE} "
-    f"WHERE created_at > now() - make_interval(secs => %s)"
-)
 
 
 class ServiceRate:
@@ -378,9 +356,7 @@ class ServiceRate:
 
 
 def _messages_per_second() -> float:
-    with connection.cursor() as cur:
-        cur.execute(MESSAGES_HANDLED_SQL, [RATE_WINDOW_S])
-        return int(cur.fetchone()[0]) / RATE_WINDOW_S
+    return int(scalar(sql.MESSAGES_HANDLED_IN_LAST, [RATE_WINDOW_S])) / RATE_WINDOW_S
 
 
 def size_batch(

@@ -36,13 +36,15 @@ from celery.worker import state as worker_state
 from celery.worker.autoscale import Autoscaler
 from django.db import connection, transaction
 
+from cleanup import sql
 from cleanup.broker.readers import queue_stats
 from cleanup.conf import cleanup_settings
 from cleanup.pipeline.sizing import drain_consumers
 from cleanup.scaling.capacity import compute_desired_consumers
 from cleanup.telemetry import metrics
-from reservations.eligibility import ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL
+from reservations.db import rows, set_local_statement_timeout
 from reservations.models import BUCKETS
+from reservations.services import eligible_backlog
 
 log = logging.getLogger("cleanup.autoscale")
 
@@ -210,30 +212,22 @@ class Reader:
 
     def _database(self) -> tuple[int, bool, float, float, int]:
 
-        buckets = list(range(BUCKETS))
         cap = cleanup_settings().eligible_count_cap
-        with transaction.atomic(), connection.cursor() as cur:
-            cur.execute(
-                "SELECT set_config('statement_timeout', %s, true)",
-                [str(cleanup_settings().autoscale_statement_timeout_ms)],
+        with transaction.atomic():
+            set_local_statement_timeout(cleanup_settings().autoscale_statement_timeout_ms)
+            backlog = eligible_backlog(range(BUCKETS), cap)
+            ((processed, recent, others),) = rows(
+                sql.AUTOSCALE_WINDOW_RECEIPTS,
+                {"half": self.window_s / 2, "hostname": self.hostname, "window": self.window_s},
             )
-            cur.execute(OLDEST_ELIGIBLE_SQL, [buckets])
-            row = cur.fetchone()
-            oldest = max(0.0, float(row[0])) if row and row[0] is not None else 0.0
-            cur.execute(ELIGIBLE_COUNT_SQL, [buckets, cap + 1])
-            n = int(cur.fetchone()[0])
-            # Served by cleanup_receipt_created_idx.
-            cur.execute(
-                "SELECT count(*), "
-                "count(*) FILTER (WHERE created_at > now() - make_interval(secs => %s)), "
-                "count(DISTINCT worker) FILTER (WHERE worker <> %s) "
-                "FROM cleanup_cleanupreceipt "
-                "WHERE created_at > now() - make_interval(secs => %s)",
-                [self.window_s / 2, self.hostname, self.window_s],
-            )
-            processed, recent, others = cur.fetchone()
         self._processed_halves = (int(processed) - int(recent), int(recent))
-        return min(n, cap), n > cap, oldest, int(processed) / self.window_s, int(others) + 1
+        return (
+            backlog.eligible,
+            backlog.capped,
+            backlog.oldest_age_seconds,
+            int(processed) / self.window_s,
+            int(others) + 1,
+        )
 
     def _sustained_arrivals(self, now: float, backlog: int) -> float | None:
         """Holds arriving per second, as a *sustained* rate: arrivals (processed + backlog

@@ -23,11 +23,12 @@ import os
 import threading
 import time
 
-from django.db import connection, models
+from django.db import models
 
-from cleanup import redis_clients
+from cleanup import redis_clients, sql
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeliveryCount
+from reservations.db import scalar
 
 logger = logging.getLogger("cleanup.deliveries")
 
@@ -50,15 +51,8 @@ def increment(key: str) -> int:
         pipe.incr(KEY_PREFIX + key)
         pipe.expire(KEY_PREFIX + key, cleanup_settings().delivery_counter_ttl)
         return int(pipe.execute()[0])
-    table = DeliveryCount._meta.db_table
-    with connection.cursor() as cur:  # autocommit: outside any transaction by design
-        cur.execute(
-            f"INSERT INTO {table} (idempotency_key, count, updated_at) VALUES (%s, 1, now()) "
-            f"ON CONFLICT (idempotency_key) DO UPDATE SET count = {table}.count + 1, "
-            f"updated_at = now() RETURNING count",
-            [key],
-        )
-        return int(cur.fetchone()[0])
+    # autocommit: outside any transaction by design
+    return int(scalar(sql.COUNT_DELIVERY, [key]))
 
 
 def tally(attempts: int = 1) -> None:
