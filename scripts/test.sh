@@ -297,7 +297,7 @@ else
     finish_beside "pytest-prodstack"
   else
     left_out "not run in a person's run: the chaos drills and the production-stack drill" \
-      "(${DRILLS[*]}; CI runs them): RESERVATIONS_DRILLS=1 bash scripts/test.sh"
+      "(${DRILLS[*]}; CI runs them): make test-full (= RESERVATIONS_DRILLS=1 bash scripts/test.sh)"
   fi
 fi
 
