@@ -38,6 +38,7 @@ apt_install() {
 }
 
 declare -a timings=()
+declare -A beside_pid=() beside_log=() beside_start=()
 total_start=$SECONDS
 phase() {
   local name="$1"; shift
@@ -48,11 +49,18 @@ phase() {
   else
     local rc=$?
     timings+=("$name: $((SECONDS - start))s FAILED (exit $rc)")
-    echo "==> timings"
-    printf '%s\n' "${timings[@]}"
-    print_left_out
-    exit "$rc"
+    fail_run "$rc"
   fi
+}
+# fail_run RC: let the phases still running beside finish (their output and failures are part
+# of the report, and none is left running after this script), then the timings, then exit.
+fail_run() {
+  local name
+  for name in "${!beside_pid[@]}"; do finish_beside "$name" || true; done
+  echo "==> timings"
+  printf '%s\n' "${timings[@]}"
+  print_left_out
+  exit "$1"
 }
 
 # Stop only the embedded servers that backing_servers.py started for this run (never a shared server,
@@ -203,7 +211,6 @@ rabbitmq_suites() {
 
 # run_beside NAME LOG COMMAND...: start a phase in the background, its output into LOG (printed
 # whole when it ends, so two phases' lines never interleave); finish_beside waits for it.
-declare -A beside_pid=() beside_log=() beside_start=()
 run_beside() {
   local name="$1" log="$2"; shift 2
   echo "==> $name (beside the next phases; its output follows when it ends)"
@@ -213,7 +220,9 @@ run_beside() {
 }
 finish_beside() {
   local name="$1" rc=0
+  [ -n "${beside_pid[$name]:-}" ] || return 0
   wait "${beside_pid[$name]}" || rc=$?
+  unset "beside_pid[$name]"
   echo "==> $name (output)"
   cat "${beside_log[$name]}"
   rm -f "${beside_log[$name]}"
@@ -222,11 +231,8 @@ finish_beside() {
     timings+=("$name: ${took}s ok (beside other phases)")
   else
     timings+=("$name: ${took}s FAILED (exit $rc; beside other phases)")
-    echo "==> timings"
-    printf '%s\n' "${timings[@]}"
-    print_left_out
-    exit "$rc"
   fi
+  return "$rc"
 }
 
 # pytest_with NAME DB_SUFFIX BROKER_URL ARGS...: pytest on a test database of its own (the main
@@ -281,12 +287,12 @@ else
     run_beside "pytest-b" "$b_log" pytest_with _b "$(second_redis_url)" "${GROUP_B[@]}"
     phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration \
       "${ignore_b[@]}" "${ignore_drills[@]}"
-    finish_beside "pytest-b"
+    finish_beside "pytest-b" || fail_run $?
   else
     echo "the broker is not Redis: one pytest process for all (no second broker database)"
     phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration "${ignore_drills[@]}"
   fi
-  finish_beside "pytest-rabbitmq"
+  finish_beside "pytest-rabbitmq" || fail_run $?
   if drills_wanted; then
     export RESERVATIONS_CHAOS=1
     stack_log=$(mktemp)
@@ -294,7 +300,7 @@ else
       tests/integration/test_production_stack.py
     phase "pytest-chaos" .venv/bin/python -m pytest -p no:cacheprovider -s \
       tests/integration/test_chaos.py
-    finish_beside "pytest-prodstack"
+    finish_beside "pytest-prodstack" || fail_run $?
   else
     left_out "not run in a person's run: the chaos drills and the production-stack drill" \
       "(${DRILLS[*]}; CI runs them): make test-full (= RESERVATIONS_DRILLS=1 bash scripts/test.sh)"
