@@ -165,6 +165,7 @@ compose_config() {
   return "$rc"
 }
 phase "compose" compose_config
+phase "library-suites" .venv/bin/python scripts/library_suites.py
 
 # The real-worker correctness suites again on RabbitMQ (duplicates, renewals after the message,
 # killed worker and pool child, malformed input and dead letters, backpressure), in a vhost of
