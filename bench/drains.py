@@ -187,7 +187,7 @@ def product_drain(
                 break
             if now > deadline:
                 raise TimeoutError(f"{name}: {released_count()} of {holds} released")
-            time.sleep(0.1)
+            time.sleep(0.02)
         t1 = time.perf_counter()
         cpu = cpu_busy_since(cpu0)
         memory = {w.name: w.memory() for w in workers}
