@@ -72,13 +72,22 @@ def stop_all(workers: list[WorkerProcess]) -> None:
         w.stop(timeout=30)
 
 
-def publish_noops(n: int) -> None:
-    from bench.tasks import noop
+def publish_noops(n: int, wait_ms: float = 0, limits: tuple[int, int] | None = None) -> None:
+    """``n`` no-op tasks on the "bench" queue (``bench.wait`` tasks of ``wait_ms`` if given).
+    ``limits``: the (hard, soft) time limits to ask for, when the worker runs with lower ones
+    than this process's settings (its screening refuses a message asking for more)."""
+    from bench.tasks import noop, wait
     from config.celery_app import app
 
+    options: dict[str, Any] = (
+        {} if limits is None else {"time_limit": limits[0], "soft_time_limit": limits[1]}
+    )
     with app.producer_or_acquire() as producer:
         for i in range(n):
-            noop.apply_async(args=(i,), queue="bench", producer=producer)
+            if wait_ms:
+                wait.apply_async(args=(wait_ms,), queue="bench", producer=producer, **options)
+            else:
+                noop.apply_async(args=(i,), queue="bench", producer=producer, **options)
 
 
 def wait_drained(queue: str, timeout: float) -> float:

@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from bench.database import reset
+from bench.database import reset, sql
 from bench.drains import DEFAULT, Variant, product_drain, publish_noops, wait_drained
 from bench.paths import LOGS
 from cleanup.broker.readers import redis_client
@@ -48,14 +48,22 @@ def _noop_worker(label: str, concurrency: int, env: dict[str, str]) -> WorkerPro
     ).start()
 
 
-def killed_worker(variant: Variant, tasks: int = 3000, concurrency: int = 2) -> dict[str, Any]:
+def killed_worker(
+    variant: Variant, tasks: int = 2000, concurrency: int = 2, wait_ms: float = 3.0
+) -> dict[str, Any]:
+    """Tasks of ``wait_ms`` (about a release's database wait), so the pool processes are busy
+    and the worker holds as many messages as its prefetch allows when it is killed."""
     reset()
-    publish_noops(tasks)
+    limits = (
+        int(SHORT_VISIBILITY["CLEANUP_TASK_TIME_LIMIT"]),
+        int(SHORT_VISIBILITY["CLEANUP_TASK_SOFT_TIME_LIMIT"]),
+    )
+    publish_noops(tasks, wait_ms, limits)
     r = redis_client()
     slug = "".join(c if c.isalnum() else "-" for c in variant.name)[:24]
     first = _noop_worker(f"kill-{slug}", concurrency, variant.env)
     try:
-        while r.llen("bench") > tasks * 0.7:  # let it reach full speed
+        while r.llen("bench") > tasks * 0.8:  # let it reach full speed
             if not first.alive():
                 raise RuntimeError(first.log_tail())
             time.sleep(0.005)
@@ -78,11 +86,13 @@ def killed_worker(variant: Variant, tasks: int = 3000, concurrency: int = 2) -> 
         "variant": variant.name,
         "concurrency": concurrency,
         "visibility_timeout_s": int(SHORT_VISIBILITY["CLEANUP_VISIBILITY_TIMEOUT"]),
+        "task_ms": wait_ms,
         "stranded_messages": stranded,
         "queue_drained_after_s": None
         if waiting_emptied is None
         else round(waiting_emptied - killed, 2),
         "last_redelivered_after_s": round(done - killed, 2),
+        "dead_letters": int(sql("SELECT count(*) FROM cleanup_deadletter")[0][0]),
     }
 
 
