@@ -125,7 +125,7 @@ def main() -> int:
             res["redelivery"][variant.name] = killed_worker(variant)
     if "broker" not in skip:
         step("Redis commands and database work per hold (MONITOR, 500 holds)")
-        res["broker"] = broker_commands()
+        res["broker_commands"] = broker_commands()
     best_layout = max(
         res["per_reservation"], key=lambda k: res["per_reservation"][k]["rate"], default="1x2"
     )

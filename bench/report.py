@@ -85,8 +85,8 @@ def print_table(res: dict[str, Any], layout: str) -> None:
                 f"(visibility {k['visibility_timeout_s']} s)",
             )
         )
-    if "broker" in res:
-        b = res["broker"]
+    if "broker_commands" in res:
+        b = res["broker_commands"]
         top = ", ".join(f"{c} {n}" for c, n in list(b["redis_commands_per_hold"].items())[:8])
         total = str(b["redis_commands_per_hold_total"])
         rows.append(("Redis commands per hold (db 5)", total, top))
