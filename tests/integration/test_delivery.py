@@ -16,8 +16,8 @@ import uuid
 from typing import Any
 
 import pytest
-from django.conf import settings
 
+from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.telemetry import deliveries
 from tests.wire import GOOD, publish_raw
@@ -110,10 +110,10 @@ def test_a_worker_killed_whole_mid_release_is_recovered_by_another_worker(
             wait_until(lambda: deliveries.current(key) >= 1, timeout=90, what="redelivery")
             wait_until(lambda: status_of(hold_id) == "released", timeout=30, what="released")
             recovery = time.monotonic() - killed_at
-            wait_until(lambda: queue_settled(settings.CLEANUP_RELEASE_QUEUE), timeout=30)
+            wait_until(lambda: queue_settled(cleanup_settings().release_queue), timeout=30)
     how = (
-        f"visibility timeout {settings.CLEANUP_VISIBILITY_TIMEOUT}s, restore scan every "
-        f"{settings.CLEANUP_UNACKED_RESTORE_INTERVAL}s"
+        f"visibility timeout {cleanup_settings().visibility_timeout}s, restore scan every "
+        f"{cleanup_settings().unacked_restore_interval}s"
         if broker_is_redis()
         else "RabbitMQ requeues on connection loss; includes the second worker's start"
     )
@@ -126,10 +126,10 @@ def test_a_worker_killed_whole_mid_release_is_recovered_by_another_worker(
     if broker_is_redis():
         # it came back through the visibility timeout (never before it): the restore path, not
         # a requeue by the dead worker. How long after is printed above, not asserted.
-        assert recovery >= settings.CLEANUP_VISIBILITY_TIMEOUT - 1
+        assert recovery >= cleanup_settings().visibility_timeout - 1
     else:
         # no visibility timeout: the message is back as soon as the dead connection closes
-        assert recovery < settings.CLEANUP_VISIBILITY_TIMEOUT
+        assert recovery < cleanup_settings().visibility_timeout
 
 
 def test_a_terminated_database_connection_is_retried_then_released_once(

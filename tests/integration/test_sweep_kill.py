@@ -14,8 +14,8 @@ from contextlib import contextmanager
 
 import psycopg
 import pytest
-from django.conf import settings
 
+from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 
 from . import fleet
@@ -46,7 +46,7 @@ def test_a_worker_killed_mid_sweep_leaves_its_batch_due_at_once_not_leased(
     # that hold's dead letter), after the claim and before the publish
     ids = fleet.create_eligible_holds(20, offerings=2)
     worn, others = ids[0], ids[1:]
-    limit = settings.CLEANUP_MAX_CLAIMS
+    limit = cleanup_settings().max_claims
     fleet.sql("UPDATE reservations_reservation SET claim_count = %s WHERE id = %s", [limit, worn])
     with fleet.dedicated(tmp_path, {"concurrency": 1}) as (sweeper,):
         with dead_letters_locked():
