@@ -390,7 +390,7 @@ def claim_expired(
     trace_id: str = "",
     now: datetime | None = None,
 ) -> list[ClaimedHold]:
-    """Claim up to ``batch_size`` eligible, due holds of a shard, in due order.
+    """Claim up to ``batch_size`` eligible, due holds of a shard, oldest expiry first.
 
     A claim leases the hold: ``next_attempt_at = now() + lease``, so a lost message or a dead
     worker only delays it until a later sweep claims it again. A hold claimed more than
