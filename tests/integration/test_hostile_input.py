@@ -36,6 +36,7 @@ from .fleet import (
     create_eligible_holds,
     free_port,
     invariant_violations,
+    log_lines,
     outcome_counts,
     purge_broker,
     scalar,
@@ -564,3 +565,41 @@ def test_a_compressed_body_is_refused_before_it_is_decompressed(hostile_worker: 
     grown_kib = hostile_worker.memory()["main"]["VmHWM"] - peak_before
     assert grown_kib < 32 * 1024, f"main process peak grew by {grown_kib} KiB"
     assert DeadLetter.objects.count() == 1
+
+
+def _protocol_1_body(**fields: Any) -> str:
+    """A Celery protocol-1 message body: everything (task name, id, limits) in the body, no
+    task headers; Celery's consumer still accepts this format."""
+    return json.dumps(
+        {"task": RELEASE_TASK, "id": str(uuid.uuid4()), "args": [_good()], "kwargs": {}, **fields}
+    )
+
+
+def test_what_the_screening_cannot_foresee_is_caught_by_the_consumers_catch_all(
+    hostile_worker: Worker,
+) -> None:
+    """The consumer's last line (``cleanup.worker.consumer``, the ``except Exception`` around
+    Celery's handler) is reachable: a protocol-1 message carries its task name and limits in the
+    body, where the header checks do not look, and Celery's handler then raises in the worker's
+    main process (a time limit that is a number, not a pair: "cannot unpack")."""
+    # given: a valid hold behind the message
+    hold_id = create_eligible_holds(1, offerings=1)[0]
+    main_pid = hostile_worker.pid
+    # when
+    publish_raw(_protocol_1_body(timelimit=5), task=None)
+    _publish_valid(hold_id)
+    # then: the worker's main process got past it and released the hold behind it
+    wait_until(
+        lambda: not hostile_worker.alive() or outcome_counts().get("released") == 1,
+        timeout=45,
+        what="the valid hold behind the protocol-1 message",
+    )
+    assert hostile_worker.alive() and hostile_worker.pid == main_pid, hostile_worker.log_tail(30)
+    # and the catch-all, not a screening check, set it aside: one dead letter with the error
+    letter = wait_until(lambda: DeadLetter.objects.first(), timeout=15, what="a dead letter")
+    assert DeadLetter.objects.count() == 1
+    assert (letter.reason, letter.error) == (
+        "rejected",
+        "TypeError('cannot unpack non-iterable int object')",
+    )
+    assert log_lines([hostile_worker.log_path], "message raised before reaching a task")
