@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from django.conf import settings
 
 from .fleet import (
     Worker,
@@ -27,6 +28,7 @@ from .fleet import (
     invariant_violations,
     log_fields,
     log_lines,
+    queue_settled,
     released_count,
     scrape_worker,
     service_env,
@@ -142,6 +144,9 @@ def write_report(tmp_path: Path, name: str, watch: PoolWatch, worker: Worker) ->
     (out / f"{name}.json").write_text(json.dumps(report, indent=1))
 
 
+# Deadlines: each wait inside ends before the test's own timeout, whose sum they stay under
+# (a stuck step fails saying what it waited for). The drains are generous: a busy machine.
+@pytest.mark.timeout(420)
 def test_a_backlog_grows_the_pool_to_max_and_an_idle_queue_shrinks_it_to_min(
     tmp_path: Path,
 ) -> None:
@@ -159,7 +164,7 @@ def test_a_backlog_grows_the_pool_to_max_and_an_idle_queue_shrinks_it_to_min(
 
         # then: the pool reached max while the backlog was there
         assert released_count(ids) < len(ids), "grew only after the work was done"
-        sweep_until(lambda: released_count(ids) == len(ids), shards=2, timeout=120)
+        sweep_until(lambda: released_count(ids) == len(ids), shards=2, timeout=150)
         drained_after = time.monotonic() - started
 
         # and when the queue is idle, the pool returns to min after the cooldown
@@ -236,6 +241,7 @@ def _decisions_counted(port: int, reason: str) -> float:
     return total(samples, "reservation_cleanup_autoscale_decisions_total", reason=reason)
 
 
+@pytest.mark.timeout(480)
 def test_a_database_read_error_keeps_the_current_size(tmp_path: Path) -> None:
     # given: a worker grown to 4 by a backlog, which then drains (so it would shrink to 1)
     port = free_port()
@@ -248,7 +254,17 @@ def test_a_database_read_error_keeps_the_current_size(tmp_path: Path) -> None:
     ) as (worker, watch):
         ids = create_eligible_holds(1500, expired_seconds_ago=1)
         sweep_until(lambda: watch.now() == 4, shards=2, timeout=60)
-        sweep_until(lambda: released_count(ids) == len(ids), shards=2, timeout=90)
+        sweep_until(lambda: released_count(ids) == len(ids), shards=2, timeout=150)
+        # and no task is left to run: a task started under the lock below (a sweep, or one of
+        # the copies a busy machine leaves queued once leases run out) would keep a pool
+        # process busy, and billiard shrinks idle processes only, so the pool would keep its
+        # size whatever the autoscaler decided
+        queues = (settings.CLEANUP_SWEEP_QUEUE, settings.CLEANUP_RELEASE_QUEUE)
+        wait_until(
+            lambda: all(queue_settled(q) for q in queues),
+            timeout=120,
+            what="the sweep and release queues settled",
+        )
 
         # when: the autoscaler's reads fail (the test holds an exclusive lock on the holds
         # table, so its statements hit their 500 ms timeout) for more than a cooldown's worth
