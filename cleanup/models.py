@@ -47,6 +47,9 @@ class DeadLetter(models.Model):
         CLAIMS_EXHAUSTED = "claims_exhausted", "Hold claimed too many times without release"
         TIME_LIMIT = "time_limit", "Hit the hard time limit"
         FAILED = "failed", "Unexpected error"
+        # A sweep, relay, prune or health upkeep that raised: beat sends it again at its next
+        # tick, whose success settles the letter (there is no message to requeue).
+        PERIODIC_FAILED = "periodic_failed", "Periodic task failed (retried at its next tick)"
 
     reason = models.CharField(max_length=32, choices=Reason.choices)
     error = models.TextField(blank=True, default="")
@@ -61,9 +64,9 @@ class DeadLetter(models.Model):
     message = models.JSONField(null=True, blank=True)  # the parsed release message, if any
     created_at = models.DateTimeField(auto_now_add=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
-    # What resolved it (republished, rescheduled, discarded, released_later, summarised), who
-    # (an admin user's name, the operator of a command, or "cleanup" for the automatic ones)
-    # and why (the text the operator gave; for the automatic ones, what happened).
+    # What resolved it (republished, rescheduled, discarded, released_later, succeeded_later,
+    # summarised), who (an admin user's name, the operator of a command, or "cleanup" for the
+    # automatic ones) and why (the text the operator gave; for the automatic ones, what happened).
     resolution = models.CharField(max_length=32, blank=True, default="")
     resolved_by = models.CharField(max_length=150, blank=True, default="")
     resolution_note = models.TextField(blank=True, default="")

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from celery import Task, shared_task
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
@@ -48,11 +48,27 @@ def queue_age(request: Any) -> float | None:
 
 
 class CleanupTask(Task):  # type: ignore[misc]
-    """Bounds deliveries and contains bad input for every cleanup task."""
+    """Bounds deliveries and contains bad input for every cleanup task.
+
+    A task's final failure is dead-lettered before the message is acknowledged. When the letter
+    cannot be stored (the database is down), the message is sent again after the longest
+    backoff instead of being lost with its letter; the delivery count
+    (``CLEANUP_MAX_DELIVERIES``) bounds that loop. A periodic task (``periodic = True``:
+    sweeps, relay, prune, health upkeep) is sent again at its next beat tick, so its failure is
+    a ``periodic_failed`` letter that the task's next success settles, and its message is never
+    kept.
+    """
 
     abstract = True
     acks_late = True
     reject_on_worker_lost = True
+    periodic = False
+
+    def periodic_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """Which periodic run this is: the task and its arguments (a sweep's shard and N), so
+        that a success settles the failures of the same run only."""
+        parts = [*(str(a) for a in args), *(f"{k}={kwargs[k]}" for k in sorted(kwargs))]
+        return f"{deadletters.PERIODIC_KEY_PREFIX}{self.name}:{','.join(parts)}"
 
     def delivery_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """A valid release message counts by its idempotency key (duplicates and retries add
@@ -120,7 +136,63 @@ class CleanupTask(Task):  # type: ignore[misc]
             )
             metrics.record_outcome("dead_lettered", None, None)
             return {"outcome": "dead_lettered"}
-        return super().__call__(*args, **kwargs)
+        try:
+            return super().__call__(*args, **kwargs)
+        except (Retry, Reject, Ignore):
+            raise  # not a failure: Celery's own control flow
+        except Exception as exc:
+            # The final failure (autoretry re-raises once the retries are spent): its letter is
+            # written here, before Celery acknowledges the message, so that a letter the
+            # database refuses can still keep the message.
+            if self._dead_letter_failure(exc, args, kwargs) is None and not self.periodic:
+                self._keep_message(exc)
+            raise
+
+    def _keep_message(self, exc: Exception) -> None:
+        """The failure's dead letter could not be stored (the database is down): acknowledging
+        now would lose both the message and the evidence. Send it again instead, as a retry
+        after the longest backoff (below the visibility timeout), with the same id and
+        arguments. Each such delivery counts against ``CLEANUP_MAX_DELIVERIES``, which ends
+        the loop if the database stays down (a release's hold then comes back through its
+        claim lease)."""
+        retries = self.request.retries or 0
+        logger.error(
+            "dead letter not stored: message sent again",
+            extra={
+                "task": self.name,
+                "task_id": self.request.id,
+                "retries": retries,
+                "error": repr(exc)[:300],
+            },
+        )
+        raise self.retry(
+            exc=exc, countdown=settings.CLEANUP_RETRY_BACKOFF_MAX, max_retries=retries + 1
+        )
+
+    def _dead_letter_failure(
+        self, exc: BaseException, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> DeadLetter | None:
+        if self.periodic:
+            reason = DeadLetter.Reason.PERIODIC_FAILED
+        elif isinstance(exc, TRANSIENT_ERRORS):
+            reason = DeadLetter.Reason.RETRIES_EXHAUSTED
+        elif isinstance(exc, SoftTimeLimitExceeded):
+            reason = DeadLetter.Reason.TIME_LIMIT
+        else:
+            reason = DeadLetter.Reason.FAILED
+        message = args[0] if args and isinstance(args[0], dict) else None
+        # The failing connection may be the reason; write the dead letter on a fresh one.
+        _reset_connection_on_failure(exc)
+        return deadletters.record(
+            reason,
+            error=repr(exc)[:4000],
+            task_name=self.name,
+            task_id=self.request.id or "",
+            message=message,
+            payload=None if message else {"args": args, "kwargs": kwargs},
+            delivery_count=getattr(self.request, "delivery_count", 0) or 0,
+            idempotency_key=self.periodic_key(args, kwargs) if self.periodic else "",
+        )
 
     def on_retry(
         self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
@@ -135,27 +207,29 @@ class CleanupTask(Task):  # type: ignore[misc]
     def on_failure(
         self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
     ) -> None:
-        if isinstance(exc, TRANSIENT_ERRORS):
-            reason = DeadLetter.Reason.RETRIES_EXHAUSTED
-        elif isinstance(exc, SoftTimeLimitExceeded):
-            reason = DeadLetter.Reason.TIME_LIMIT
-        else:
-            reason = DeadLetter.Reason.FAILED
-        message = args[0] if args and isinstance(args[0], dict) else None
-        # The failing connection may be the reason; start the dead letter on a fresh one.
+        # The dead letter was written in __call__, before the acknowledgement.
+        metrics.record_outcome("dead_lettered", None, None)
+
+    def on_success(self, retval: Any, task_id: str, args: Any, kwargs: Any) -> None:
+        if not self.periodic:
+            return
+        if isinstance(retval, dict) and retval.get("skipped_locked"):
+            return  # another sweep of the shard is running: this one proved nothing
+        try:
+            deadletters.settle_periodic(self.periodic_key(tuple(args), dict(kwargs)))
+        except Exception:  # the run succeeded; its next success settles the letters
+            logger.exception("periodic dead letters not settled", extra={"task": self.name})
+
+
+def _reset_connection_on_failure(exc: BaseException) -> None:
+    """Before the dead letter: drop connections that are unusable (a transient error may have
+    been the connection itself)."""
+    try:
         close_old_connections()
         if isinstance(exc, TRANSIENT_ERRORS):
             connection.close()
-        deadletters.record(
-            reason,
-            error=repr(exc)[:4000],
-            task_name=self.name,
-            task_id=task_id,
-            message=message,
-            payload=None if message else {"args": args, "kwargs": kwargs},
-            delivery_count=getattr(self.request, "delivery_count", 0) or 0,
-        )
-        metrics.record_outcome("dead_lettered", None, None)
+    except Exception:  # noqa: BLE001 - closing a dead connection may raise; it is closed
+        pass
 
 
 def _reset_connection_on_transient(exc: BaseException) -> None:
@@ -289,26 +363,26 @@ def release_batch_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, 
     return {"outcomes": counts, "rejected": len(batch.rejected)}
 
 
-@shared_task(bind=True, base=CleanupTask, name=SWEEP_TASK)
+@shared_task(bind=True, base=CleanupTask, name=SWEEP_TASK, periodic=True)
 def sweep_shard_task(self: CleanupTask, shard: int, shards: int) -> dict[str, Any]:
     result = sweep_shard(shard, shards, trace_id=self.request.id)
     health.record_sweep(result)  # the health page's "last sweep" of this shard
     return result.as_dict()
 
 
-@shared_task(bind=True, base=CleanupTask, name="cleanup.relay_outbox")
+@shared_task(bind=True, base=CleanupTask, name="cleanup.relay_outbox", periodic=True)
 def relay_outbox_task(self: CleanupTask) -> dict[str, Any]:
     return {"published": outbox.relay_batch()}
 
 
-@shared_task(bind=True, base=CleanupTask, name="cleanup.prune")
+@shared_task(bind=True, base=CleanupTask, name="cleanup.prune", periodic=True)
 def prune_task(self: CleanupTask) -> dict[str, Any]:
     counts = outbox.prune()
     counts["health_samples"] = health.prune_samples()
     return counts
 
 
-@shared_task(bind=True, base=CleanupTask, name="cleanup.sample_health")
+@shared_task(bind=True, base=CleanupTask, name="cleanup.sample_health", periodic=True)
 def sample_health_task(self: CleanupTask) -> dict[str, Any]:
     """Health upkeep (beat entry "cleanup: sample health", every 30 s): dead letters that a
     later release settled are resolved first, so the sample's open count is what still needs

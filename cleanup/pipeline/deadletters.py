@@ -40,6 +40,10 @@ logger = logging.getLogger("cleanup.deadletters")
 SETTLED_BY_A_LATER_RELEASE = (DeadLetter.Reason.TIME_LIMIT, DeadLetter.Reason.RETRIES_EXHAUSTED)
 RELEASED_LATER = "released_later"
 DISCARDED = "discarded"
+# A periodic task's letter: its key names the task and its arguments (tasks.CleanupTask); the
+# next success of the same run settles it.
+PERIODIC_KEY_PREFIX = "periodic:"
+SUCCEEDED_LATER = "succeeded_later"
 SUMMARISED = "summarised"
 # ``resolved_by`` of the resolutions the cleanup makes itself (released_later, summarised).
 AUTOMATIC = "cleanup"
@@ -198,6 +202,11 @@ def requeue_action(letter: DeadLetter) -> str:
     ``not_requeueable (<why>)``."""
     if letter.resolved_at is not None:
         return "already_resolved"
+    if letter.reason == DeadLetter.Reason.PERIODIC_FAILED:
+        return (
+            "not_requeueable (a periodic task: beat runs it again at its next tick, and its "
+            "next success settles this letter; discard it once the cause is understood)"
+        )
     if letter.reason == DeadLetter.Reason.CLAIMS_EXHAUSTED and letter.reservation_id:
         return "rescheduled"
     try:
@@ -223,6 +232,7 @@ def requeue(
     on_each: Callable[[DeadLetter, str], None] | None = None,
     by: str = "",
     why: str = "",
+    on_error: Callable[[DeadLetter, Exception], None] | None = None,
 ) -> Counter[str]:
     """Requeue open dead letters; returns counts by what happened to each (``on_each`` is
     called with every letter and its result). ``by`` and ``why`` are kept on each letter
@@ -230,7 +240,8 @@ def requeue(
 
     Each letter is claimed first (a conditional UPDATE of ``resolved_at``): of two operators
     requeueing the same letter at once, one sends and the other gets ``already_resolved``.
-    If sending then fails, the claim is undone and the letter counts as ``error``.
+    If sending then fails, the claim is undone and the letter counts as ``error``
+    (``on_error`` is called with the letter and the exception, so a caller can say why).
     """
     results: Counter[str] = Counter()
     for letter in letters:
@@ -254,12 +265,14 @@ def requeue(
                     reservation_services.reschedule_claim([letter.reservation_id or 0])
                 else:
                     publish_release_messages([_republishable(letter.message)])
-            except Exception:  # reported per letter; the claim is undone
+            except Exception as exc:  # reported per letter; the claim is undone
                 logger.exception("requeue failed", extra={"dead_letter_id": letter.pk})
                 DeadLetter.objects.filter(pk=letter.pk).update(
                     resolved_at=None, resolution="", resolved_by="", resolution_note=""
                 )
                 action = "error"
+                if on_error:
+                    on_error(letter, exc)
         results[action] += 1
         if on_each:
             on_each(letter, action)
@@ -292,6 +305,26 @@ def resolve_released() -> int:
     )
     if settled:
         logger.info("dead letters settled by a later release", extra={"resolved": settled})
+    return settled
+
+
+def settle_periodic(key: str) -> int:
+    """Resolve the open ``periodic_failed`` letters of one periodic run (``key``: the task and
+    its arguments) after that run succeeded, and return how many (``succeeded_later``). A
+    periodic task has no message to requeue: the next tick runs it again, and once it succeeds
+    its earlier failures need nobody, so the open-letter count and its alert clear."""
+    settled = DeadLetter.objects.filter(
+        resolved_at__isnull=True,
+        reason=DeadLetter.Reason.PERIODIC_FAILED,
+        idempotency_key=clean_text(key, 120),
+    ).update(
+        resolved_at=timezone.now(),
+        resolution=SUCCEEDED_LATER,
+        resolved_by=AUTOMATIC,
+        resolution_note="the next run of the same periodic task succeeded",
+    )
+    if settled:
+        logger.info("periodic dead letters settled", extra={"key": key, "resolved": settled})
     return settled
 
 

@@ -286,6 +286,9 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._lease_conn: psycopg.Connection[Any] | None = None
         self._is_leader = False
+        # The error of the last failed attempt to take the lease ("" after a success), so a
+        # beat that cannot reach PostgreSQL says why once per distinct error, not every tick.
+        self._lease_error = ""
         super().__init__(*args, **kwargs)
         # Keep the ping interval below the server's idle-session timeout.
         self.max_interval: float = min(
@@ -331,7 +334,11 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
             ).fetchone()
         except psycopg.Error as exc:
             self._drop_lease(repr(exc))
+            self._lease_failed(exc)
             return False
+        if self._lease_error:
+            logger.info("beat reaches the database for its lease again")
+            self._lease_error = ""
         if not row or not row[0]:
             return False
         # pg_try_advisory_lock is re-entrant; we only call it while not leader, so one hold.
@@ -339,6 +346,17 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
         logger.info("beat lease acquired; this beat now sends", extra={"pid": _pid()})
         self._reload_from_database()
         return True
+
+    def _lease_failed(self, exc: psycopg.Error) -> None:
+        """A beat that cannot connect (or query) for its lease sends nothing, and before this
+        said nothing either: a standby or a restarted beat failing to connect was silent."""
+        error = " ".join(str(exc).split())[:300] or type(exc).__name__
+        if error != self._lease_error:
+            logger.warning(
+                "beat cannot take its lease: nothing is sent until it can",
+                extra={"error": error},
+            )
+        self._lease_error = error
 
     def _reload_from_database(self) -> None:
         """Re-read every entry (and its last_run_at, written by the previous leader) before the

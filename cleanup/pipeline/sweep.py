@@ -16,12 +16,13 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 
 from cleanup.broker import readers as broker
 from cleanup.models import DeadLetter
@@ -102,6 +103,25 @@ def _release_publish_lock() -> None:
         cur.execute("SELECT pg_advisory_unlock(%s, %s)", list(locks.SWEEP_PUBLISH))
 
 
+def _let_go(unlock: Callable[[], None], what: str) -> None:
+    """Release a session lock in a ``finally``. When the connection is gone (the error that
+    ended the sweep, often), its session's locks went with it, and the unlock's own error
+    ("the connection is closed") would replace the one that explains the failure in the dead
+    letter and the log. So a connection error here is logged and the connection closed: a
+    session that is somehow still alive ends, and its locks with it."""
+    try:
+        unlock()
+    except (OperationalError, InterfaceError) as exc:
+        logger.warning(
+            "sweep lock not released: its connection failed; closing it ends the session's locks",
+            extra={"lock": what, "error": repr(exc)[:300]},
+        )
+        try:
+            connection.close()
+        except Exception:  # noqa: BLE001 - already closed is what we want
+            pass
+
+
 def sweep_shard(
     shard: int,
     shards: int,
@@ -141,9 +161,9 @@ def sweep_shard(
         if result.timed_out:
             # The limit can strike between PostgreSQL granting a lock and this code recording
             # it in a flag: drop every session lock, so none stays on this pooled connection.
-            _drop_leaked_locks()
+            _let_go(_drop_leaked_locks, "all")
         elif shard_locked:
-            _release_shard_lock(shard, shards)
+            _let_go(lambda: _release_shard_lock(shard, shards), "shard")
     result.duration_s = time.perf_counter() - started
     metrics.record_sweep(
         shard, result.claimed, result.published, result.duration_s, result.backpressure
@@ -205,7 +225,7 @@ def _sweep_batches(
                 publish_release_messages(_messages_for(to_publish, shard, result.trace_id))
         finally:
             if publish_locked:
-                _release_publish_lock()
+                _let_go(_release_publish_lock, "publish")
         result.batches += 1
         result.claimed += len(claimed)
         result.published += len(to_publish)

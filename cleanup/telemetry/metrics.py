@@ -94,6 +94,7 @@ KNOWN_DEAD_LETTER_REASONS = (
     "claims_exhausted",
     "time_limit",
     "failed",
+    "periodic_failed",
 )
 
 

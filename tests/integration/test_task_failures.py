@@ -1,18 +1,21 @@
 """Task failure handling with a real worker: a release that keeps failing transiently until its
 retries run out, one stuck past its soft time limit, and one that fails with a non-transient
 error each end as one dead letter with the right reason, the hold still held and the message
-kept for a requeue; and a worker whose delivery counter is unreachable still releases.
+kept for a requeue; a worker whose delivery counter is unreachable still releases; and a
+release that races real concurrent writers raises ``TransientConflict`` and is retried.
 
-Failures are injected in PostgreSQL (a trigger on the release's UPDATE, a row lock held by the
-test), never by patching the product.
+Failures are injected in PostgreSQL (a trigger on the release's UPDATE, row and table locks
+held by the test's own connections), never by patching the product.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psycopg
 import pytest
 from django.conf import settings
 from django.db import connection
@@ -172,3 +175,74 @@ def test_a_worker_whose_delivery_counter_is_unreachable_still_releases(
     assert DeadLetter.objects.count() == 0
     assert fleet.invariant_violations(expected_released=ids) == []
     assert fleet.scalar("SELECT count(*) FROM cleanup_cleanupreceipt WHERE attempt = 2") == 5
+
+
+def _waiting(pid: int) -> bool:
+    return bool(
+        fleet.scalar("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", [pid])
+    )
+
+
+def test_a_release_that_races_a_concurrent_writer_raises_transient_conflict_and_is_retried(
+    clean, exclusive_workers, tmp_path: Path
+) -> None:
+    """Three real connections and PostgreSQL's own ordering, no clock and no patch:
+
+    1. connection A moves the hold's expiry an hour ahead (not committed): the worker's release
+       UPDATE, which saw the hold eligible, waits on its row lock;
+    2. connection B asks for the table in ACCESS EXCLUSIVE mode: it queues behind both;
+    3. A commits: the release re-checks the row (expiry ahead: nothing released) and ends; B
+       gets the table first, so the release's next statement (why nothing was released) waits;
+    4. B puts the expiry back and commits: that statement sees the hold held, at the message's
+       version and expired — the ``TransientConflict`` of ``classify_no_release``.
+    The worker retries it, and the second attempt releases the hold."""
+    hold_id, _ = fleet.one_eligible_hold()
+    original = fleet.scalar(
+        "SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id]
+    )
+    with fleet.dedicated(tmp_path, {"env": FAILING_ENV}) as (worker,):
+        a = psycopg.connect(fleet.conninfo())
+        b = psycopg.connect(fleet.conninfo())
+        try:
+            a.execute(
+                "UPDATE reservations_reservation SET expires_at = now() + interval '1 hour' "
+                "WHERE id = %s",
+                [hold_id],
+            )
+            message = fleet.publish_for(hold_id)
+            (release_pid,) = fleet.wait_until(
+                fleet.blocked_backends, timeout=30, what="the release waiting on the row"
+            )
+            b_pid = b.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+            locker = threading.Thread(
+                target=b.execute,
+                args=("LOCK TABLE reservations_reservation IN ACCESS EXCLUSIVE MODE",),
+            )
+            locker.start()
+            fleet.wait_until(lambda: _waiting(b_pid), timeout=30, what="B queued for the table")
+            a.commit()
+            locker.join(30)
+            assert not locker.is_alive()
+            fleet.wait_until(
+                lambda: _waiting(release_pid), timeout=30, what="the release's second statement"
+            )
+            b.execute(
+                "UPDATE reservations_reservation SET expires_at = %s WHERE id = %s",
+                [original, hold_id],
+            )
+            b.commit()
+        finally:
+            a.close()
+            b.close()
+        fleet.wait_until(
+            lambda: fleet.status_of(hold_id) == "released", timeout=60, what="released"
+        )
+        retried = fleet.log_lines([worker.log_path], "transient failure, retrying")
+    # then: one retry, for the conflict; released once, by the second attempt; no letter
+    assert len(retried) == 1 and "TransientConflict" in retried[0]
+    assert fleet.sql(
+        "SELECT outcome, attempt FROM cleanup_cleanupreceipt WHERE idempotency_key = %s",
+        [message["idempotency_key"]],
+    ) == [("released", 2)]
+    assert DeadLetter.objects.count() == 0
+    assert fleet.invariant_violations(expected_released=[hold_id]) == []

@@ -1,6 +1,7 @@
 """Paths that decide what a learner or an operator sees when PostgreSQL misbehaves: the API's
 transient errors (serialization failure, a raced conditional update) and non-transient ones,
-``/readyz`` with the database gone, and ``hold_seat``'s reclaim cap.
+``/readyz`` with the database gone, ``hold_seat``'s reclaim cap, and which dead letters a
+periodic task's success settles.
 
 Database errors are raised by PostgreSQL itself (a trigger raising the real SQLSTATE), so the
 product sees exactly what the driver gives it.
@@ -300,3 +301,62 @@ def test_a_full_offering_reclaims_at_most_the_cap_of_eligible_holds_per_request(
     assert Offering.objects.get(pk=offering.pk).seats_available == services.RECLAIM_LIMIT - 1
     assert new.status == "held"
     assert services.seat_conservation_violations() == []
+
+
+# --- a periodic task's letters: settled by the next success of the same run -----------------
+
+
+@pytest.mark.django_db
+def test_a_periodic_success_settles_only_the_letters_of_the_same_run() -> None:
+    from cleanup.models import DeadLetter
+    from cleanup.pipeline import deadletters
+    from cleanup.tasks import relay_outbox_task, sweep_shard_task
+
+    def key(task: Any, **kwargs: Any) -> str:
+        return str(task.periodic_key((), kwargs))
+
+    def letter(idempotency_key: str, reason: str = DeadLetter.Reason.PERIODIC_FAILED) -> Any:
+        return deadletters.record(reason, error="boom", idempotency_key=idempotency_key)
+
+    shard0 = key(sweep_shard_task, shard=0, shards=4)
+    assert shard0 == "periodic:cleanup.sweep_shard:shard=0,shards=4"
+    mine = [letter(shard0), letter(shard0)]
+    others = [
+        letter(key(sweep_shard_task, shard=1, shards=4)),  # another shard still failing
+        letter(key(sweep_shard_task, shard=0, shards=8)),  # shard 0 of another N
+        letter(key(relay_outbox_task)),
+        letter(shard0, DeadLetter.Reason.FAILED),  # not a periodic letter
+    ]
+    # when: shard 0 of 4 succeeds
+    assert deadletters.settle_periodic(shard0) == 2
+    # then: its two letters are settled, by the cleanup; nothing else
+    for settled in mine:
+        settled.refresh_from_db()
+        assert (settled.resolution, settled.resolved_by) == ("succeeded_later", "cleanup")
+    assert all(DeadLetter.objects.get(pk=o.pk).resolved_at is None for o in others), (
+        "a success settled another run's letter"
+    )
+    # and requeue says why it will not send a periodic letter, changing nothing
+    (action,) = deadletters.requeue([others[0]]).keys()
+    assert action.startswith("not_requeueable (a periodic task: beat runs it again")
+    assert DeadLetter.objects.get(pk=others[0].pk).resolved_at is None
+
+
+@pytest.mark.django_db
+def test_a_sweep_that_skipped_its_locked_shard_settles_nothing() -> None:
+    from cleanup.models import DeadLetter
+    from cleanup.pipeline import deadletters
+    from cleanup.tasks import sweep_shard_task
+
+    kwargs = {"shard": 0, "shards": 2}
+    key = sweep_shard_task.periodic_key((), kwargs)
+    letter = deadletters.record(
+        DeadLetter.Reason.PERIODIC_FAILED, error="boom", idempotency_key=key
+    )
+    assert letter is not None
+    # a sweep that found its shard locked by another one ran nothing: the letter stays open
+    sweep_shard_task.on_success({"skipped_locked": True}, "t1", (), kwargs)
+    assert DeadLetter.objects.get(pk=letter.pk).resolved_at is None
+    # a sweep that ran settles it
+    sweep_shard_task.on_success({"skipped_locked": False, "claimed": 0}, "t2", (), kwargs)
+    assert DeadLetter.objects.get(pk=letter.pk).resolution == deadletters.SUCCEEDED_LATER

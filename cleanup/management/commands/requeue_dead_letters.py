@@ -68,7 +68,12 @@ class Command(ProjectCommand):
                 self.stderr.write(f"progress: {seen}/{len(letters)} ({counts})")
 
         why = (options["why"] or "").strip()
-        results = requeue(letters, on_each=each, by=options["by"], why=why)
+        errors: list[str] = []
+
+        def error(letter: DeadLetter, exc: Exception) -> None:
+            errors.append(f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+
+        results = requeue(letters, on_each=each, by=options["by"], why=why, on_error=error)
         triage.log_history(
             COMMAND, options["by"], {k: v for k, v in done.items() if k in REQUEUED}, why
         )
@@ -78,8 +83,9 @@ class Command(ProjectCommand):
         self._more(more, limit)
         if results["error"]:
             raise CommandError(
-                f"{results['error']} requeue(s) ended in error; those letters stay open (the "
-                f"log says why): run it again once the broker or database is back"
+                f"{results['error']} requeue(s) ended in error; those letters stay open. "
+                f"First error: {errors[0] if errors else 'see the log'}. Run it again once "
+                f"the broker or database is back"
             )
 
     @staticmethod
