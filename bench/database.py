@@ -14,6 +14,7 @@ from django.db import connection, transaction
 from bench.paths import RESULTS, ROOT, STAMP
 from cleanup.broker.readers import redis_client
 from reservations import services
+from reservations import sql as reservation_sql
 from reservations.db import rows as sql
 from reservations.eligibility import eligible_sql
 from reservations.seed import seed_holds
@@ -174,7 +175,7 @@ def psycopg_loop(holds: int, rows: int) -> dict[str, Any]:
         for rid, version in ids:
             with conn.transaction():
                 row = conn.execute(
-                    services._RELEASE_CTES + " SELECT count(*) FROM released_rows",
+                    reservation_sql.RELEASE_CTES + " SELECT count(*) FROM released_rows",
                     {"ids": [rid], "versions": [version], "reason": "expired", "now": None},
                 ).fetchone()
                 assert row is not None and row[0] == 1

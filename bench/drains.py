@@ -3,8 +3,10 @@ floor), the per-reservation and batched release paths, and worker memory over ma
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,32 @@ from bench.database import check, create_holds, released_count, reset, sql
 from bench.paths import LOGS
 from cleanup.broker.readers import redis_client
 from cleanup.drills.workers import WorkerProcess
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A worker configuration measured side by side with the product's default: environment
+    settings and ``celery worker`` arguments added to the drain's own."""
+
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+    args: tuple[str, ...] = ()
+    requires: str = ""  # a module that must be importable, else the variant is skipped
+
+    def available(self) -> bool:
+        return not self.requires or importlib.util.find_spec(self.requires) is not None
+
+
+DEFAULT = Variant("prefork, prefetch 1 (default)")
+# The hot-path candidates of issue 20: a prefetch that hides the broker round trip between two
+# tasks, and pools whose workers wait on I/O without a process each.
+VARIANTS = (
+    DEFAULT,
+    Variant("prefork, prefetch 2", {"CELERY_WORKER_PREFETCH_MULTIPLIER": "2"}),
+    Variant("prefork, prefetch 4", {"CELERY_WORKER_PREFETCH_MULTIPLIER": "4"}),
+    Variant("threads pool", args=("--pool", "threads")),
+    Variant("gevent pool", args=("--pool", "gevent"), requires="gevent"),
+)
 
 
 def start_layout(
@@ -44,13 +72,22 @@ def stop_all(workers: list[WorkerProcess]) -> None:
         w.stop(timeout=30)
 
 
-def publish_noops(n: int) -> None:
-    from bench.tasks import noop
+def publish_noops(n: int, wait_ms: float = 0, limits: tuple[int, int] | None = None) -> None:
+    """``n`` no-op tasks on the "bench" queue (``bench.wait`` tasks of ``wait_ms`` if given).
+    ``limits``: the (hard, soft) time limits to ask for, when the worker runs with lower ones
+    than this process's settings (its screening refuses a message asking for more)."""
+    from bench.tasks import noop, wait
     from config.celery_app import app
 
+    options: dict[str, Any] = (
+        {} if limits is None else {"time_limit": limits[0], "soft_time_limit": limits[1]}
+    )
     with app.producer_or_acquire() as producer:
         for i in range(n):
-            noop.apply_async(args=(i,), queue="bench", producer=producer)
+            if wait_ms:
+                wait.apply_async(args=(wait_ms,), queue="bench", producer=producer, **options)
+            else:
+                noop.apply_async(args=(i,), queue="bench", producer=producer, **options)
 
 
 def wait_drained(queue: str, timeout: float) -> float:
@@ -63,12 +100,14 @@ def wait_drained(queue: str, timeout: float) -> float:
     raise TimeoutError(f"{queue} not drained in {timeout}s")
 
 
-def noop_drain(n: int, layout: tuple[int, int], events: bool = False) -> dict[str, Any]:
+def noop_drain(
+    n: int, layout: tuple[int, int], events: bool = False, variant: Variant = DEFAULT
+) -> dict[str, Any]:
     """Pre-fill the queue, start the workers, time from the first fetch to the last ack."""
     reset()
     publish_noops(n)
     r = redis_client()
-    env = {"CELERY_TASK_EVENTS": str(events).lower()}
+    env = {"CELERY_TASK_EVENTS": str(events).lower(), **variant.env}
     workers = [
         WorkerProcess(
             f"bench-noop{i}-{os.getpid()}",
@@ -76,7 +115,7 @@ def noop_drain(n: int, layout: tuple[int, int], events: bool = False) -> dict[st
             LOGS / f"noop-{i}.log",
             queues="bench",
             env=env,
-            extra_args=["-I", "bench.tasks"],
+            extra_args=["-I", "bench.tasks", *variant.args],
         ).start()
         for i in range(layout[0])
     ]
@@ -98,6 +137,7 @@ def noop_drain(n: int, layout: tuple[int, int], events: bool = False) -> dict[st
         "rate": round(n / (t1 - t0), 1),
         "machine_cpu_busy": cpu,
         "events": events,
+        "variant": variant.name,
     }
 
 
@@ -121,16 +161,20 @@ def product_drain(
     mode: str = "single",
     shards: int = 4,
     profile_to: Path | None = None,
+    variant: Variant = DEFAULT,
 ) -> dict[str, Any]:
     """Real sweeps through the broker, fan-out, release on real workers: holds / time from the
-    first sweep to all released."""
+    first sweep to all released. Also the database's row updates (and how many of them were
+    HOT: no index entry written) and transactions per hold over the drain."""
     from cleanup.tasks import sweep_shard_task
 
     reset()
     create_holds(holds)
-    env = {"CELERY_TASK_EVENTS": str(events).lower(), "CLEANUP_RELEASE_MODE": mode}
-    name = f"{mode}-{layout[0]}x{layout[1]}-{'ev' if events else 'noev'}"
-    workers = start_layout(name, layout, "", env)
+    env = {"CELERY_TASK_EVENTS": str(events).lower(), "CLEANUP_RELEASE_MODE": mode, **variant.env}
+    slug = "".join(c if c.isalnum() else "-" for c in variant.name)[:24]
+    name = f"{mode}-{layout[0]}x{layout[1]}-{'ev' if events else 'noev'}-{slug}"
+    workers = start_layout(name, layout, "", env, list(variant.args))
+    stats0 = database_stats()
     spies: list[Any] = []
     memory: dict[str, Any] = {}
     try:
@@ -140,23 +184,28 @@ def product_drain(
         cpu0 = cpu_times()
         last_sweep = 0.0
         deadline = t0 + 1800
+        polls = 0
         while True:
             now = time.perf_counter()
             if now - last_sweep >= 5:  # as beat would: one sweep per shard every 5 s
                 for shard in range(shards):
                     sweep_shard_task.apply_async(kwargs={"shard": shard, "shards": shards})
                 last_sweep = now
+            polls += 1
             if released_count() >= holds:
                 break
             if now > deadline:
                 raise TimeoutError(f"{name}: {released_count()} of {holds} released")
-            time.sleep(0.1)
+            time.sleep(0.02)
         t1 = time.perf_counter()
         cpu = cpu_busy_since(cpu0)
         memory = {w.name: w.memory() for w in workers}
     finally:
         profile.stop(spies)
         stop_all(workers)
+    stats1 = database_stats()
+    stats1["transactions"] -= polls  # the bench's own reads of the released count
+    work = per_hold(stats0, stats1, holds)
     outcomes = dict(sql("SELECT outcome, count(*) FROM cleanup_cleanupreceipt GROUP BY 1"))
     return {
         "holds": holds,
@@ -169,7 +218,30 @@ def product_drain(
         "outcomes": outcomes,
         "violations": check(holds),
         "memory_kb": memory,
+        "variant": variant.name,
+        "database_per_hold": work,
     }
+
+
+def database_stats() -> dict[str, int]:
+    """Cumulative counters of the bench database: transactions, and row updates of the holds
+    table (all, and HOT ones). PostgreSQL publishes a backend's counts when its transaction
+    ends, at most once a second, and when it exits: read after the workers have stopped."""
+    time.sleep(1.1)
+    sql("SELECT pg_stat_clear_snapshot()")
+    ((xacts,),) = sql(
+        "SELECT xact_commit + xact_rollback FROM pg_stat_database "
+        "WHERE datname = current_database()"
+    )
+    ((updates, hot),) = sql(
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+        "WHERE relname = 'reservations_reservation'"
+    )
+    return {"transactions": int(xacts), "hold_row_updates": int(updates), "hot_updates": int(hot)}
+
+
+def per_hold(before: dict[str, int], after: dict[str, int], holds: int) -> dict[str, float]:
+    return {k: round((after[k] - before[k]) / holds, 2) for k in before}
 
 
 def rss(tasks: int, layout: tuple[int, int]) -> dict[str, Any]:

@@ -20,8 +20,9 @@ from typing import Any
 
 from bench import profile
 from bench.database import BENCH_DB, commit_latency, psycopg_loop, reset, set_based, sweep_cost
-from bench.drains import noop_drain, product_drain, rss
+from bench.drains import VARIANTS, noop_drain, product_drain, rss
 from bench.paths import LOGS, RESULTS, ROOT, STAMP
+from bench.redelivery import broker_commands, killed_worker
 from bench.report import print_table, ratios
 
 
@@ -45,7 +46,9 @@ def main() -> int:
     parser.add_argument("--sweep-rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=2, help="best of N for the drains")
     parser.add_argument(
-        "--skip", default="", help="comma list: rss,sweep,events,layouts,batch,drains"
+        "--skip",
+        default="",
+        help="comma list: rss,sweep,events,layouts,batch,drains,variants,redelivery,broker",
     )
     parser.add_argument(
         "--profile",
@@ -103,6 +106,26 @@ def main() -> int:
         res["noop"][key] = best(noop_drain, drain, lay)
         step(f"per-reservation drain {key}")
         res["per_reservation"][key] = best(product_drain, drain, lay)
+    if "variants" not in skip and "drains" not in skip:
+        # Side by side with the default 1 x 2 above: the same drains under each candidate.
+        res["variants"] = {}
+        for variant in VARIANTS[1:]:
+            if not variant.available():
+                res["variants"][variant.name] = {"skipped": f"{variant.requires} not installed"}
+                continue
+            step(f"variant {variant.name}: no-op and per-reservation drains 1x2")
+            res["variants"][variant.name] = {
+                "noop": best(noop_drain, drain, (1, 2), variant=variant),
+                "per_reservation": best(product_drain, drain, (1, 2), variant=variant),
+            }
+    if "redelivery" not in skip:
+        res["redelivery"] = {}
+        for variant in VARIANTS[:3]:  # prefetch 1, 2, 4
+            step(f"worker killed under {variant.name}")
+            res["redelivery"][variant.name] = killed_worker(variant)
+    if "broker" not in skip:
+        step("Redis commands and database work per hold (MONITOR, 500 holds)")
+        res["broker_commands"] = broker_commands()
     best_layout = max(
         res["per_reservation"], key=lambda k: res["per_reservation"][k]["rate"], default="1x2"
     )
@@ -111,8 +134,10 @@ def main() -> int:
         step(f"per-reservation drain {best_layout}, task events on")
         res["per_reservation_events"] = product_drain(drain, lay_t, events=True)  # type: ignore[arg-type]
     if "batch" not in skip and "drains" not in skip:
-        step(f"batched drain {best_layout}")
-        res["batched"] = best(product_drain, drain, lay_t, mode="batch")
+        # As many holds as the set-based CTE it is compared with (--holds, not --drain-holds):
+        # a batched drain of 5,000 lasts well under a second, too short to time.
+        step(f"batched drain {best_layout}, {args.holds} holds")
+        res["batched"] = best(product_drain, args.holds, lay_t, mode="batch")
     else:
         skipped = skip & {"batch", "drains"}
         res["batched"] = {"skipped": f"--skip {','.join(sorted(skipped))}"}

@@ -27,7 +27,7 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("sweep: waiting for the publish lock", r"_acquire_publish_lock "),
         ("sweep: claim and the rest", r"sweep_shard "),
         ("delivery counter (Redis)", r"\(cleanup/telemetry/deliveries\.py"),
-        ("argument check (signature bind)", r"^bind \(inspect\.py"),
+        ("argument check (signature bind)", r"^(Signature\.)?bind \(inspect\.py"),
         ("release statement + receipts", r"^release_batch \(cleanup/pipeline/release\.py"),
         ("attempt log line", r"^_log_attempt "),
         ("metrics", r"\(cleanup/telemetry/metrics\.py"),
@@ -38,7 +38,8 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 TASK_FRAME = re.compile(r"\((celery/app/trace|celery/app/task)\.py")
 PROCESS = re.compile(r"^process (\d+):")
 MAIN_IDLE = re.compile(r"^(_?epoll\.poll|poll|select)\b")  # the event loop waiting
-THREAD = re.compile(r"^(run|_bootstrap|_bootstrap_inner) \(threading\.py")
+# py-spy names methods with their class ("Thread.run") since 0.4; older ones did not.
+THREAD = re.compile(r"^(Thread\.)?(run|_bootstrap|_bootstrap_inner) \(threading\.py")
 
 
 def start(pids: list[int], out: Path, rate: int = 100) -> list[subprocess.Popen[bytes]]:

@@ -12,6 +12,18 @@ def ratios(res: dict[str, Any], layout: str) -> dict[str, Any]:
             "value": round(pr["rate"] / res["noop"][key]["rate"], 3),
             "target": ">= 0.75",
         }
+    floor = res["noop"].get("1x2", {}).get("rate")
+    for name, v in res.get("variants", {}).items():
+        if "per_reservation" not in v or not floor:
+            continue
+        out[f"per_reservation_vs_noop_1x2[{name}]"] = {
+            "value": round(v["per_reservation"]["rate"] / floor, 3),
+            "target": ">= 0.75 (default no-op)",
+        }
+        out[f"per_reservation_vs_own_noop_1x2[{name}]"] = {
+            "value": round(v["per_reservation"]["rate"] / v["noop"]["rate"], 3),
+            "target": "(same variant's no-op)",
+        }
     if "rate" in res.get("batched", {}):
         out["batched_vs_set_based"] = {
             "value": round(res["batched"]["rate"] / res["set_based"]["rate"], 4),
@@ -56,12 +68,35 @@ def print_table(res: dict[str, Any], layout: str) -> None:
             rows.append(
                 (f"{label} {key}, {d[unit]} {unit}", _per_second(d, unit), f"runs {d['runs']}")
             )
+    for name, v in res.get("variants", {}).items():
+        if "skipped" in v:
+            rows.append((f"variant {name}", "-", "SKIPPED: " + v["skipped"]))
+            continue
+        kinds = (("noop", "no-op", "tasks"), ("per_reservation", "per-res", "holds"))
+        for kind, label, unit in kinds:
+            d = v[kind]
+            rows.append((f"{label} 1x2, {name}", _per_second(d, unit), f"runs {d['runs']}"))
+    for name, k in res.get("redelivery", {}).items():
+        rows.append(
+            (
+                f"worker SIGKILLed, {name}",
+                f"{k['stranded_messages']} stranded",
+                f"last back after {k['last_redelivered_after_s']} s "
+                f"(visibility {k['visibility_timeout_s']} s)",
+            )
+        )
+    if "broker_commands" in res:
+        b = res["broker_commands"]
+        top = ", ".join(f"{c} {n}" for c, n in list(b["redis_commands_per_hold"].items())[:8])
+        total = str(b["redis_commands_per_hold_total"])
+        rows.append(("Redis commands per hold (db 5)", total, top))
+        rows.append(("database work per hold", "", str(b["database_per_hold"])))
     if "per_reservation_events" in res:
         ev = res["per_reservation_events"]
         events = f"per-reservation {layout}, task events ON"
         rows.append((events, _per_second(ev, "holds"), f"{ev['seconds']} s"))
     b = res["batched"]
-    skipped = "" if "rate" in b else "SKIPPED: " + b["skipped"]
+    skipped = str(b.get("database_per_hold", "")) if "rate" in b else "SKIPPED: " + b["skipped"]
     rows.append(
         (f"batched mode {layout}, {b.get('holds', '-')} holds", _per_second(b, "holds"), skipped)
     )
@@ -74,7 +109,7 @@ def print_table(res: dict[str, Any], layout: str) -> None:
         r, growth = res["rss"], res["rss"]["growth"]
         name = f"worker RSS growth {r['tasks'] // 10}→{r['tasks']} no-op tasks"
         rows.append((name, f"main {growth['main']:+.1%}", f"child {growth['child']:+.1%}"))
-    width = max(len(r[0]) for r in rows) + 2
+    width = max(len(r[0]) for r in rows + [(k, "", "") for k in res["ratios"]]) + 2
     print("\n" + "measurement".ljust(width) + "result".ljust(20) + "note")
     for name, value, note in rows:
         print(name.ljust(width) + value.ljust(20) + note)

@@ -1,9 +1,9 @@
 """Admin for dead letters (list, filter, requeue, discard) and receipts (read-only), and the
-hold's story on the reservation page.
+hold's records and story on the reservation page.
 
-The story is added by extending the registered ``ReservationAdmin`` here, so ``reservations``
-never imports ``cleanup`` (``reservations`` is listed first in INSTALLED_APPS, so its admin
-module is already loaded when this one runs).
+The hold's page gets its sections through ``reservations.admin.add_hold_section``, the domain
+admin's hook for other apps: ``reservations`` never imports ``cleanup``, and neither admin
+module depends on being imported first (tests/unit/test_admin_order.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from cleanup.pipeline.messages import idempotency_key
 from cleanup.pipeline.schedule import MANAGED_NOTE, SWEEP_PREFIX, apply_schedule, is_managed
 from cleanup.telemetry import deliveries
 from reservations import admin_guard
-from reservations.admin import EMPTY, ReservationAdmin
+from reservations.admin import EMPTY, HoldSection, add_hold_section
 from reservations.models import OutboxEvent, Reservation
 
 # Dead letters one requeue may send (the confirmation page says so when more match).
@@ -376,63 +376,46 @@ def _deliveries(key: str) -> str:
     return f"{n} redeliveries, {n + 1} deliveries (counter for {key})"
 
 
-class ReservationStoryAdmin(ReservationAdmin):
-    """The registered ReservationAdmin plus a read-only "story" (what explain_hold prints)."""
-
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
-        return ["related", *super().get_fields(request, obj), "deliveries_counted", "story"]
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
-        return (
-            *super().get_readonly_fields(request, obj),
-            "related",
-            "deliveries_counted",
-            "story",
-        )
-
-    @admin.display(description="linked records")
-    def related(self, obj: Reservation) -> str:
-        if obj is None or obj.pk is None:
-            return EMPTY
-        pk = int(obj.pk)
-        receipts = CleanupReceipt.objects.filter(reservation_id=pk).count()
-        letters = DeadLetter.objects.filter(reservation_id=pk).count()
-        open_letters = DeadLetter.objects.filter(
-            reservation_id=pk, resolved_at__isnull=True
-        ).count()
-        events = OutboxEvent.objects.filter(reservation_id=pk).count()
-        return format_html(
-            '<span id="hold-links">{} · {} · {} · <a href="#story">story (explain_hold)</a></span>',
-            _changelist_link(
-                "cleanup_cleanupreceipt", {"reservation_id": pk}, f"{receipts} receipt(s)"
-            ),
-            _changelist_link(
-                "cleanup_deadletter",
-                {"reservation_id": pk},
-                f"{letters} dead letter(s), {open_letters} open",
-            ),
-            _changelist_link("reservations_outboxevent", {"q": pk}, f"{events} outbox event(s)"),
-        )
-
-    @admin.display(description="redeliveries (current version)")
-    def deliveries_counted(self, obj: Reservation) -> str:
-        if obj is None or obj.pk is None:
-            return EMPTY
-
-        return _deliveries(idempotency_key(int(obj.pk), int(obj.version)))
-
-    @admin.display(description="story (explain_hold)")
-    def story(self, obj: Reservation) -> str:
-        if obj is None or obj.pk is None:
-            return "—"
-        return format_html(
-            '<pre id="story" style="white-space: pre-wrap">{}</pre>', explain(int(obj.pk)).text()
-        )
+# --- On a hold's page: its records, its delivery count, its story ----------------------------
 
 
-if admin.site.is_registered(Reservation):
-    admin.site.unregister(Reservation)
-admin.site.register(Reservation, ReservationStoryAdmin)
+def _linked_records(hold: Reservation) -> str:
+    pk = int(hold.pk)
+    receipts = CleanupReceipt.objects.filter(reservation_id=pk).count()
+    letters = DeadLetter.objects.filter(reservation_id=pk).count()
+    open_letters = DeadLetter.objects.filter(reservation_id=pk, resolved_at__isnull=True).count()
+    events = OutboxEvent.objects.filter(reservation_id=pk).count()
+    return format_html(
+        '<span id="hold-links">{} · {} · {} · <a href="#story">story (explain_hold)</a></span>',
+        _changelist_link(
+            "cleanup_cleanupreceipt", {"reservation_id": pk}, f"{receipts} receipt(s)"
+        ),
+        _changelist_link(
+            "cleanup_deadletter",
+            {"reservation_id": pk},
+            f"{letters} dead letter(s), {open_letters} open",
+        ),
+        _changelist_link("reservations_outboxevent", {"q": pk}, f"{events} outbox event(s)"),
+    )
+
+
+def _hold_deliveries(hold: Reservation) -> str:
+    return _deliveries(idempotency_key(int(hold.pk), int(hold.version)))
+
+
+def _hold_story(hold: Reservation) -> str:
+    return format_html(
+        '<pre id="story" style="white-space: pre-wrap">{}</pre>', explain(int(hold.pk)).text()
+    )
+
+
+# Added to the domain's ReservationAdmin (its documented hook), not a second registration: the
+# hold's page is the same whatever the order of INSTALLED_APPS.
+add_hold_section(HoldSection("related", "linked records", _linked_records, above=True))
+add_hold_section(
+    HoldSection("deliveries_counted", "redeliveries (current version)", _hold_deliveries)
+)
+add_hold_section(HoldSection("story", "story (explain_hold)", _hold_story))
 
 
 # --- The Cleanup schedule ---------------------------------------------------------------------

@@ -17,9 +17,9 @@ from typing import Any
 
 from celery import Task, shared_task
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
-from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
+from cleanup.conf import cleanup_settings
 from cleanup.console import health
 from cleanup.models import DeadLetter
 from cleanup.pipeline import deadletters, outbox
@@ -123,11 +123,11 @@ class CleanupTask(Task):  # type: ignore[misc]
             return {"outcome": "malformed"}
         count = self.count_delivery(args, kwargs)
         self.request.delivery_count = count  # type: ignore[attr-defined]
-        if count > settings.CLEANUP_MAX_DELIVERIES:
+        if count > cleanup_settings().max_deliveries:
             message = args[0] if args and isinstance(args[0], dict) else None
             deadletters.record(
                 DeadLetter.Reason.DELIVERIES_EXHAUSTED,
-                error=f"delivered {count} times (limit {settings.CLEANUP_MAX_DELIVERIES})",
+                error=f"delivered {count} times (limit {cleanup_settings().max_deliveries})",
                 task_name=self.name,
                 task_id=self.request.id or "",
                 message=message,
@@ -166,7 +166,7 @@ class CleanupTask(Task):  # type: ignore[misc]
             },
         )
         raise self.retry(
-            exc=exc, countdown=settings.CLEANUP_RETRY_BACKOFF_MAX, max_retries=retries + 1
+            exc=exc, countdown=cleanup_settings().retry_backoff_max, max_retries=retries + 1
         )
 
     def _dead_letter_failure(
@@ -248,9 +248,9 @@ RELEASE_TASK_OPTIONS: dict[str, Any] = {
     "base": CleanupTask,
     "autoretry_for": TRANSIENT_ERRORS,
     "retry_backoff": True,
-    "retry_backoff_max": settings.CLEANUP_RETRY_BACKOFF_MAX,
+    "retry_backoff_max": cleanup_settings().retry_backoff_max,
     "retry_jitter": True,
-    "max_retries": settings.CLEANUP_MAX_RETRIES,
+    "max_retries": cleanup_settings().max_retries,
 }
 
 

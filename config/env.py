@@ -7,6 +7,7 @@ start-up instead of at 3 a.m. (healthchecks' ``envbool`` is the model).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
@@ -100,6 +101,23 @@ def env_list(name: str, default: object = _MISSING) -> list[str]:
     if value is None:
         return list(default)  # type: ignore[call-overload]
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_typed(name: str, kind: type, default: object) -> object:
+    """The variable read by the helper for ``kind`` (``str``, ``int``, ``float``, ``bool``, or
+    ``tuple``: a comma-separated list); how ``cleanup.conf.CleanupSettings`` is read. Bounds
+    are the settings object's to check."""
+    if kind is tuple:
+        return tuple(env_list(name, default))
+    readers: dict[type, Callable[[str, object], object]] = {
+        str: env_str,
+        int: env_int,
+        float: env_float,
+        bool: env_bool,
+    }
+    if kind not in readers:
+        raise TypeError(f"{name}: no reader for settings of type {kind.__name__}")
+    return readers[kind](name, default)
 
 
 def parse_database_url(name: str, url: str) -> dict[str, object]:

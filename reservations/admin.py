@@ -3,12 +3,20 @@
 Holds change state only through ``reservations.services``: the admin cannot add, edit or
 delete them; its one write is the "Release expired holds now" action, which calls
 ``services.release_if_expired`` exactly as the cleanup does.
+
+Another app shows more on a hold's page through ``add_hold_section`` (the cleanup adds the
+hold's receipts and dead letters, its delivery count and its story) instead of registering an
+admin of its own for ``Reservation``: this module registers the one ``ReservationAdmin``, the
+sections are read per request, and so the page is the same whichever app's admin module Django
+imports first (the order of INSTALLED_APPS). The domain still never imports the cleanup.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -65,6 +73,34 @@ def _as_id(term: str) -> int | None:
     if term.isascii() and term.isdigit() and 0 < int(term) <= MAX_ID:
         return int(term)
     return None
+
+
+@dataclass(frozen=True)
+class HoldSection:
+    """A read-only field another app adds to every hold's admin page: ``render`` gets the hold
+    and returns text or HTML (``format_html``); ``label`` is the field's label. Shown above the
+    hold's own fields when ``above``, below them otherwise, in the order added."""
+
+    name: str
+    label: str
+    render: Callable[[Reservation], str]
+    above: bool = False
+
+
+_hold_sections: dict[str, HoldSection] = {}
+
+
+def add_hold_section(section: HoldSection) -> None:
+    """Show ``section`` on every hold's page from the next request on. Its name must not be a
+    field or attribute of ``ReservationAdmin``; adding a section of the same name again
+    replaces it (an admin module imported twice adds each of its sections once)."""
+    if section.name in ReservationAdmin.fields or hasattr(ReservationAdmin, section.name):
+        raise ValueError(f"hold section {section.name!r} would hide ReservationAdmin's own")
+    _hold_sections[section.name] = section
+
+
+def hold_sections() -> list[HoldSection]:
+    return list(_hold_sections.values())
 
 
 def _count_per_offering(holds: QuerySet[Reservation]) -> Coalesce:
@@ -217,6 +253,29 @@ class ReservationAdmin(admin_guard.ReadOnly, admin.ModelAdmin):
         "created_at",
         "updated_at",
     )
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        sections = hold_sections()
+        return [
+            *(s.name for s in sections if s.above),
+            *super().get_fields(request, obj),
+            *(s.name for s in sections if not s.above),
+        ]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        return (*super().get_readonly_fields(request, obj), *(s.name for s in hold_sections()))
+
+    def __getattr__(self, name: str) -> Callable[[Reservation | None], str]:
+        # A section's name resolves like a display method's: Django's admin looks read-only
+        # fields up on the ModelAdmin by name (label and value).
+        section = _hold_sections.get(name)
+        if section is None:
+            raise AttributeError(name)
+
+        def show(obj: Reservation | None) -> str:
+            return EMPTY if obj is None or obj.pk is None else section.render(obj)
+
+        return admin.display(description=section.label)(show)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Reservation]:
         # The database clock (PostgreSQL's now(), never the web server's) decides expiry, so

@@ -28,6 +28,8 @@ from django.db import connection
 from django.db.backends.signals import connection_created
 from psycopg.types.datetime import TimestamptzLoader
 
+from .sql import FORCE_GENERIC_PLANS, LOCAL_STATEMENT_TIMEOUT
+
 INFINITY = datetime.max.replace(tzinfo=UTC)
 MINUS_INFINITY = datetime.min.replace(tzinfo=UTC)
 
@@ -58,7 +60,7 @@ def _register(sender: Any, connection: Any, **_: Any) -> None:
         # would re-plan them on every execution (a custom plan looks cheaper than the generic
         # one, which assumes 10 ids per array); the generic plan is the same index lookups
         # and halves the release statement's time (1.53 → 0.68 ms, docs/PERFORMANCE.md).
-        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute(FORCE_GENERIC_PLANS)
 
 
 def install() -> None:
@@ -80,6 +82,12 @@ def scalar(query: str, params: Any = None) -> Any:
     """The first column of the first row of ``query``, or ``None`` when it returns no row."""
     found = rows(query, params)
     return found[0][0] if found else None
+
+
+def set_local_statement_timeout(milliseconds: int) -> None:
+    """Bound every statement of the current transaction (``SET LOCAL statement_timeout``): the
+    scrape-time and request-time readers use it so that a slow read fails, not the page."""
+    rows(LOCAL_STATEMENT_TIMEOUT, [str(int(milliseconds))])
 
 
 def fetch_prepared(sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:

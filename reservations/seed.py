@@ -8,11 +8,8 @@ from collections.abc import Callable
 
 from django.db import connection
 
-from .models import Offering, Reservation
+from . import sql
 from .services import insert_holds
-
-O = Offering._meta.db_table  # noqa: E741 - a table name
-R = Reservation._meta.db_table
 
 
 def seed_holds(
@@ -44,8 +41,7 @@ def seed_holds(
             if not positions:
                 break
             cur.execute(
-                f"INSERT INTO {O} (name, capacity, seats_available, created_at) "
-                f"VALUES (%s, %s, %s, now()) RETURNING id",
+                sql.INSERT_OFFERING,
                 [f"{name}-{i}", len(positions) + extra_capacity, extra_capacity],
             )
             offering_id = cur.fetchone()[0]
@@ -54,7 +50,6 @@ def seed_holds(
             )
             ids.extend(row[0] for row in rows)
         if analyze:
-            # Fresh statistics, as autovacuum would give a production table after a bulk load.
-            cur.execute(f"ANALYZE {R}")
-            cur.execute(f"ANALYZE {O}")
+            for statement in sql.ANALYZE_HOLDS_AND_OFFERINGS:
+                cur.execute(statement)
     return sorted(ids)

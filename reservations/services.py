@@ -24,8 +24,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
+from . import sql
 from .db import fetch_prepared
-from .eligibility import eligible_sql
 from .errors import (
     HoldExpired,
     InvalidTtl,
@@ -37,14 +37,8 @@ from .errors import (
 )
 from .models import BUCKETS, Offering, OutboxEvent, Reservation
 
-R = Reservation._meta.db_table
-O = Offering._meta.db_table  # noqa: E741 - a table name, not a variable to confuse
-E = OutboxEvent._meta.db_table
-
 # How many eligible holds ``hold_seat`` reclaims inline on a full offering, at most.
 RECLAIM_LIMIT = 50
-# ``now`` for SQL: the explicit test clock when given, else the database clock.
-_NOW = "COALESCE(%(now)s::timestamptz, now())"
 
 
 class ReleaseOutcome(StrEnum):
@@ -79,31 +73,17 @@ def _ttl(ttl_seconds: int | None) -> int:
     return ttl
 
 
-def _event_sql(kind: str) -> str:
-    return (
-        f"INSERT INTO {E} (kind, reservation_id, version, payload, created_at) "
-        f"VALUES ('{kind}', %(id)s, %(version)s, %(payload)s::jsonb, now())"
-    )
-
-
 def _write_event(kind: str, reservation_id: int, version: int, payload: dict[str, object]) -> None:
     with connection.cursor() as cur:
         cur.execute(
-            _event_sql(kind),
-            {"id": reservation_id, "version": version, "payload": json.dumps(payload, default=str)},
+            sql.INSERT_OUTBOX_EVENT,
+            {
+                "kind": str(kind),
+                "id": reservation_id,
+                "version": version,
+                "payload": json.dumps(payload, default=str),
+            },
         )
-
-
-# The one INSERT of holds: ``hold_seat`` writes one row through it, drills and tests many.
-_INSERT_HOLDS = f"""
-INSERT INTO {R} (offering_id, holder, status, expires_at, next_attempt_at, version,
-                 claim_count, last_trace_id, created_at, updated_at, release_reason)
-SELECT %(o)s, x.holder, 'held', e.at, e.at, 1, 0, '', now(), now(), ''
-FROM unnest(%(holders)s::text[], %(secs)s::float8[]) WITH ORDINALITY AS x(holder, secs, n)
-CROSS JOIN LATERAL (SELECT {_NOW} + make_interval(secs => x.secs) AS at) e
-ORDER BY x.n
-RETURNING id, expires_at
-"""
 
 
 def insert_holds(
@@ -119,8 +99,13 @@ def insert_holds(
     ``(id, expires_at)`` in order. Seats are the caller's business: ``hold_seat`` takes one
     under the offering's lock; a seeding caller creates the offering with its seats taken."""
     cur.execute(
-        _INSERT_HOLDS,
-        {"o": offering_id, "holders": list(holders), "secs": list(expires_in_seconds), "now": now},
+        sql.INSERT_HOLDS,
+        {
+            "offering": offering_id,
+            "holders": list(holders),
+            "secs": list(expires_in_seconds),
+            "now": now,
+        },
     )
     return [(row[0], row[1]) for row in cur.fetchall()]
 
@@ -147,7 +132,7 @@ def hold_seat(
     ttl = _ttl(ttl_seconds)
     with transaction.atomic():
         with connection.cursor() as cur:
-            cur.execute(f"SELECT seats_available FROM {O} WHERE id = %s FOR UPDATE", [offering_id])
+            cur.execute(sql.LOCK_OFFERING_SEATS, [offering_id])
             row = cur.fetchone()
             if row is None:
                 raise OfferingNotFound(f"offering {offering_id} does not exist")
@@ -155,19 +140,16 @@ def hold_seat(
             if seats == 0:
                 # Offering is locked first; the holds follow in ascending id (lock order).
                 cur.execute(
-                    f"SELECT id, version FROM {R} WHERE offering_id = %(o)s "
-                    f"AND {eligible_sql(now=_NOW)} ORDER BY id LIMIT %(lim)s",
-                    {"o": offering_id, "now": now, "lim": RECLAIM_LIMIT},
+                    sql.RECLAIMABLE_HOLDS,
+                    {"offering": offering_id, "now": now, "limit": RECLAIM_LIMIT},
                 )
                 for reservation_id, version in cur.fetchall():
                     release_if_expired(reservation_id, version, reason="reclaimed", now=now)
-                cur.execute(f"SELECT seats_available FROM {O} WHERE id = %s", [offering_id])
+                cur.execute(sql.OFFERING_SEATS, [offering_id])
                 seats = cur.fetchone()[0]
             if seats == 0:
                 raise NoSeatsAvailable(f"offering {offering_id} has no seats available")
-            cur.execute(
-                f"UPDATE {O} SET seats_available = seats_available - 1 WHERE id = %s", [offering_id]
-            )
+            cur.execute(sql.TAKE_SEAT, [offering_id])
             ((reservation_id, expires_at),) = insert_holds(
                 cur, offering_id, [holder], [float(ttl)], now=now
             )
@@ -185,10 +167,7 @@ def _explain_refusal(
 ) -> NoReturn:
     """Raise the domain error that says why a conditional update on a hold matched no row."""
     with connection.cursor() as cur:
-        cur.execute(
-            f"SELECT status, version, expires_at <= {_NOW} FROM {R} WHERE id = %(id)s",
-            {"id": reservation_id, "now": now},
-        )
+        cur.execute(sql.HOLD_STATE, {"id": reservation_id, "now": now})
         row = cur.fetchone()
     if row is None:
         raise ReservationNotFound(f"hold {reservation_id} does not exist")
@@ -219,12 +198,8 @@ def renew(
     with transaction.atomic():
         with connection.cursor() as cur:
             cur.execute(
-                f"UPDATE {R} SET expires_at = {_NOW} + make_interval(secs => %(ttl)s), "
-                f"next_attempt_at = {_NOW} + make_interval(secs => %(ttl)s), "
-                f"version = version + 1, updated_at = now() "
-                f"WHERE id = %(id)s AND version = %(v)s AND status = 'held' "
-                f"AND expires_at > {_NOW} RETURNING version, expires_at",
-                {"id": reservation_id, "v": expected_version, "ttl": ttl, "now": now},
+                sql.RENEW_HOLD,
+                {"id": reservation_id, "version": expected_version, "ttl": ttl, "now": now},
             )
             row = cur.fetchone()
         if row is None:
@@ -246,10 +221,7 @@ def confirm(
     with transaction.atomic():
         with connection.cursor() as cur:
             cur.execute(
-                f"UPDATE {R} SET status = 'confirmed', version = version + 1, updated_at = now() "
-                f"WHERE id = %(id)s AND version = %(v)s AND status = 'held' "
-                f"AND expires_at > {_NOW} RETURNING version",
-                {"id": reservation_id, "v": expected_version, "now": now},
+                sql.CONFIRM_HOLD, {"id": reservation_id, "version": expected_version, "now": now}
             )
             row = cur.fetchone()
         if row is None:
@@ -260,11 +232,7 @@ def confirm(
 
 def _lock_offering_of(cur: object, reservation_id: int) -> int | None:
     """Lock the hold's offering (offerings before reservations) and return its id."""
-    cur.execute(  # type: ignore[attr-defined]
-        f"SELECT o.id FROM {O} o WHERE o.id = (SELECT offering_id FROM {R} WHERE id = %s) "
-        f"FOR UPDATE",
-        [reservation_id],
-    )
+    cur.execute(sql.LOCK_OFFERING_OF_HOLD, [reservation_id])  # type: ignore[attr-defined]
     row = cur.fetchone()  # type: ignore[attr-defined]
     return None if row is None else int(row[0])
 
@@ -277,80 +245,27 @@ def cancel(
         with connection.cursor() as cur:
             if _lock_offering_of(cur, reservation_id) is None:
                 raise ReservationNotFound(f"hold {reservation_id} does not exist")
-            cur.execute(
-                f"UPDATE {R} SET status = 'cancelled', version = version + 1, updated_at = now() "
-                f"WHERE id = %(id)s AND version = %(v)s AND status = 'held' "
-                f"RETURNING version, offering_id",
-                {"id": reservation_id, "v": expected_version},
-            )
+            cur.execute(sql.CANCEL_HOLD, {"id": reservation_id, "version": expected_version})
             row = cur.fetchone()
             if row is None:
                 _explain_refusal(reservation_id, expected_version, now, check_expiry=False)
-            cur.execute(
-                f"UPDATE {O} SET seats_available = seats_available + 1 WHERE id = %s", [row[1]]
-            )
+            cur.execute(sql.GIVE_SEAT_BACK, [row[1]])
         _write_event(OutboxEvent.Kind.CANCELLED, reservation_id, row[0], {})
     return Reservation.objects.get(pk=reservation_id)
 
 
-# The release statement, for one hold or many (``unnest`` of ids and expected versions):
-# 1. ``off`` locks every offering involved, ascending id. The UPDATE reads it through a scalar
-#    subquery, which PostgreSQL evaluates once, in full, before the first hold row qualifies:
-#    all offerings are locked before any hold (offerings before reservations).
-# 2. ``released_rows`` moves each hold that is still held at the version its caller saw and has
-#    expired to released, recording that version.
-# 3. ``seat`` gives the seats back, one UPDATE per offering; ``ev`` writes one
-#    ``reservation.released`` outbox event per hold.
-# 4. An optional ``AttachedWrite`` (the caller's, e.g. a receipt) reads ``released_rows``.
-# "(status = 'held') IS TRUE" keeps the planner on the primary key: a plain status = 'held' lets
-# it pick the partial held-index and filter by id, which scans every held row when the table's
-# statistics are stale (seen after bulk inserts: 80 ms per release).
-RELEASED_ROWS = "released_rows"
-_RELEASE_CTES = f"""
-WITH wanted AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(versions)s::int[]) AS w(id, version)
-), off AS (
-    SELECT o.id FROM {O} o
-    WHERE o.id IN (SELECT offering_id FROM {R} WHERE id = ANY(%(ids)s::bigint[]))
-    ORDER BY o.id
-    FOR UPDATE
-), {RELEASED_ROWS} AS (
-    UPDATE {R} r
-    SET status = 'released', released_version = r.version, released_at = now(),
-        release_reason = %(reason)s::text, updated_at = now()
-    FROM wanted
-    WHERE r.id = wanted.id AND r.version = wanted.version
-      AND r.offering_id = ANY((SELECT array_agg(id) FROM off)::bigint[])
-      AND {eligible_sql("r", _NOW, off_the_held_index=True)}
-    RETURNING r.id, r.offering_id, r.version, r.expires_at
-), seat AS (
-    UPDATE {O} o SET seats_available = o.seats_available + g.n
-    FROM (SELECT offering_id, count(*) AS n FROM {RELEASED_ROWS} GROUP BY offering_id) g
-    WHERE o.id = g.offering_id
-    RETURNING o.id
-), ev AS (
-    INSERT INTO {E} (kind, reservation_id, version, payload, created_at)
-    SELECT 'reservation.released', x.id, x.version,
-           jsonb_build_object('offering_id', x.offering_id, 'expires_at', x.expires_at,
-                              'reason', %(reason)s::text),
-           now()
-    FROM {RELEASED_ROWS} x
-    RETURNING id
-)"""
-
-
-# The release statement's side of its contract with an ``AttachedWrite``: the CTE it reads,
-# that CTE's columns, and the placeholders the release itself uses.
-RELEASED_COLUMNS = ("id", "offering_id", "version", "expires_at")
-RELEASE_PARAMS = frozenset({"ids", "versions", "reason", "now"})
+# The release statement's side of its contract with an ``AttachedWrite`` (reservations/sql.py).
+RELEASED_ROWS = sql.RELEASED_ROWS
+RELEASED_COLUMNS = sql.RELEASED_COLUMNS
+RELEASE_PARAMS = sql.RELEASE_PARAMS
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
 @functools.lru_cache(maxsize=64)
-def _attached_write_problem(sql: str, params: frozenset[str]) -> str | None:
-    if not re.search(rf"\bFROM\s+{RELEASED_ROWS}\b", sql):
+def _attached_write_problem(statement: str, params: frozenset[str]) -> str | None:
+    if not re.search(rf"\bFROM\s+{RELEASED_ROWS}\b", statement):
         return f"it does not read FROM {RELEASED_ROWS}"
-    used = set(_PLACEHOLDER.findall(sql))
+    used = set(_PLACEHOLDER.findall(statement))
     if used & RELEASE_PARAMS:
         return f"its placeholders {sorted(used & RELEASE_PARAMS)} are the release's own"
     if used - params:
@@ -406,23 +321,17 @@ def release_holds(
         "reason": reason,
         "now": now,
     }
-    sql = _RELEASE_CTES
     if attach is not None:
-        sql += f", attached AS ({attach.sql})"
         params.update(attach.params)
-    sql += f"\nSELECT id FROM {RELEASED_ROWS}"
+    statement = sql.release_statement(None if attach is None else attach.sql)
     outcomes: dict[int, ReleaseOutcome] = {}
-    for (released_id,) in fetch_prepared(sql, params):
+    for (released_id,) in fetch_prepared(statement, params):
         outcomes[released_id] = ReleaseOutcome.RELEASED
     rest = [i for i in ids if i not in outcomes]
     if rest:
         with connection.cursor() as cur:
             # A new statement (a new snapshot under READ COMMITTED) says why.
-            cur.execute(
-                f"SELECT id, status, version, released_version, expires_at <= {_NOW} "
-                f"FROM {R} WHERE id = ANY(%(ids)s)",
-                {"ids": rest, "now": now},
-            )
+            cur.execute(sql.RELEASE_REFUSALS, {"ids": rest, "now": now})
             rows = {row[0]: row[1:] for row in cur.fetchall()}
             for reservation_id in rest:
                 outcomes[reservation_id] = classify_no_release(
@@ -471,38 +380,6 @@ class TransientConflict(Exception):
     """A concurrent change raced a conditional update; retrying gives a definite answer."""
 
 
-# Candidates come from each bucket of the shard in due order (index reservations_claim_bucket_
-# idx, a few rows per bucket), then the oldest-due of them are locked, skipping locked rows.
-# The cost follows the batch and the number of buckets, never the table or other shards'
-# backlogs. Buckets are uniform (id % 1024), so a few rows per bucket fill a batch.
-_CLAIM_SQL = f"""
-WITH cand AS (
-    SELECT c.id, c.next_attempt_at
-    FROM unnest(%(buckets)s::smallint[]) AS b(bucket)
-    CROSS JOIN LATERAL (
-        SELECT id, next_attempt_at FROM {R}
-        WHERE status = 'held' AND bucket = b.bucket AND next_attempt_at <= {_NOW}
-        ORDER BY next_attempt_at
-        LIMIT %(per_bucket)s
-    ) c
-), due AS (
-    SELECT r.id FROM {R} r JOIN cand ON cand.id = r.id
-    WHERE {eligible_sql("r", _NOW)} AND r.next_attempt_at <= {_NOW}
-    ORDER BY cand.next_attempt_at, r.id
-    LIMIT %(batch)s
-    FOR UPDATE OF r SKIP LOCKED
-)
-UPDATE {R} r
-SET claim_count = r.claim_count + 1,
-    last_claimed_at = now(),
-    last_trace_id = %(trace)s,
-    next_attempt_at = CASE WHEN r.claim_count + 1 > %(max_claims)s THEN 'infinity'::timestamptz
-                           ELSE {_NOW} + make_interval(secs => %(lease)s) END
-FROM due WHERE r.id = due.id
-RETURNING r.id, r.version, r.expires_at, r.bucket, r.claim_count
-"""
-
-
 def claim_expired(
     shard: int,
     shards: int,
@@ -513,7 +390,7 @@ def claim_expired(
     trace_id: str = "",
     now: datetime | None = None,
 ) -> list[ClaimedHold]:
-    """Claim up to ``batch_size`` eligible, due holds of a shard, in due order.
+    """Claim up to ``batch_size`` eligible, due holds of a shard, oldest expiry first.
 
     A claim leases the hold: ``next_attempt_at = now() + lease``, so a lost message or a dead
     worker only delays it until a later sweep claims it again. A hold claimed more than
@@ -528,7 +405,7 @@ def claim_expired(
     per_bucket = max(2, -(-2 * batch_size // len(buckets)))
     with connection.cursor() as cur:
         cur.execute(
-            _CLAIM_SQL,
+            sql.CLAIM_EXPIRED,
             {
                 "buckets": buckets,
                 "per_bucket": per_bucket,
@@ -576,30 +453,35 @@ def reschedule_claim(reservation_ids: Iterable[int]) -> int:
 def seat_conservation_violations() -> list[tuple[int, int, int, int, int]]:
     """Offerings where capacity != seats_available + held + confirmed (empty when conserved)."""
     with connection.cursor() as cur:
-        cur.execute(
-            f"SELECT o.id, o.capacity, o.seats_available, "
-            f"count(*) FILTER (WHERE r.status = 'held'), "
-            f"count(*) FILTER (WHERE r.status = 'confirmed') "
-            f"FROM {O} o LEFT JOIN {R} r ON r.offering_id = o.id GROUP BY o.id "
-            f"HAVING o.capacity <> o.seats_available "
-            f"+ count(*) FILTER (WHERE r.status IN ('held', 'confirmed'))"
-        )
+        cur.execute(sql.SEAT_CONSERVATION_VIOLATIONS)
         return [tuple(row) for row in cur.fetchall()]  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """The eligible holds of some buckets, as the gauges, the health page and the autoscaler
+    read them: two bounded statements, never an aggregate over the whole backlog."""
+
+    oldest_age_seconds: float  # now - the oldest eligible hold's expires_at; 0 when none
+    eligible: int  # counted up to the cap
+    capped: bool  # more than the cap
+
+
+def eligible_backlog(buckets: Sequence[int], cap: int) -> Backlog:
+    """The backlog of ``buckets`` (in the caller's transaction, if any)."""
+    with connection.cursor() as cur:
+        cur.execute(sql.OLDEST_ELIGIBLE_AGE, [list(buckets)])
+        row = cur.fetchone()
+        age = max(0.0, float(row[0])) if row and row[0] is not None else 0.0
+        cur.execute(sql.ELIGIBLE_COUNT, [list(buckets), cap + 1])
+        counted = int(cur.fetchone()[0])
+    return Backlog(age, min(counted, cap), counted > cap)
 
 
 def availability(offering_id: int) -> dict[str, int]:
     """Seats a learner can get now: free seats plus the offering's eligible holds."""
     with connection.cursor() as cur:
-        cur.execute(
-            f"SELECT o.capacity, o.seats_available, "
-            f"count(r.id) FILTER (WHERE r.status = 'held'), "
-            f"count(r.id) FILTER (WHERE {eligible_sql('r')}), "
-            f"count(r.id) FILTER (WHERE r.status = 'confirmed') "
-            f"FROM {O} o LEFT JOIN {R} r "
-            f"ON r.offering_id = o.id AND r.status IN ('held', 'confirmed') "
-            f"WHERE o.id = %s GROUP BY o.id",
-            [offering_id],
-        )
+        cur.execute(sql.AVAILABILITY, [offering_id])
         row = cur.fetchone()
     if row is None:
         raise OfferingNotFound(f"offering {offering_id} does not exist")

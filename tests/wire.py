@@ -9,6 +9,8 @@ import time
 import uuid
 from typing import Any
 
+from cleanup.conf import cleanup_settings
+
 RELEASE_TASK = "cleanup.release_reservation"
 
 
@@ -46,8 +48,6 @@ def publish_raw(
     """Publish bytes or text as they are to the release queue, with task headers made by hand:
     none when ``task`` is None, no id headers without ``with_id``, ``headers`` laid over them.
     Returns the task id (in the headers when ``with_id``)."""
-    from django.conf import settings
-
     from config.celery_app import app
 
     task_id = str(uuid.uuid4())
@@ -68,7 +68,7 @@ def publish_raw(
         conn.Producer().publish(
             body,
             exchange="",
-            routing_key=settings.CLEANUP_RELEASE_QUEUE,
+            routing_key=cleanup_settings().release_queue,
             headers=all_headers,
             content_type=content_type,
             content_encoding=encoding,

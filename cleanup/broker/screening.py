@@ -21,11 +21,12 @@ from datetime import UTC, datetime
 from itertools import accumulate
 from typing import Any
 
-from django.conf import settings
 from kombu import compression
 from kombu.exceptions import ContentDisallowed
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
+
+from cleanup.conf import cleanup_settings
 
 # Release messages nest 3 levels ([args, kwargs, embed] → message), batches 5. Well below
 # what json and pickle recurse through (~1,000 levels raise RecursionError).
@@ -66,7 +67,7 @@ def refuse_compressed_bodies() -> None:
 
 
 def max_bytes() -> int:
-    return int(settings.CLEANUP_MAX_MESSAGE_BYTES)
+    return cleanup_settings().max_message_bytes
 
 
 def _as_bytes(data: bytes | bytearray | memoryview | str) -> bytes:

@@ -36,8 +36,11 @@ from prometheus_client import (
 )
 from prometheus_client.registry import Collector
 
+from cleanup import sql
 from cleanup.broker.readers import redis_client
+from cleanup.conf import cleanup_settings
 from cleanup.console.gauges import BacklogCollector
+from reservations.db import scalar
 
 logger = logging.getLogger("cleanup.views")
 
@@ -63,7 +66,7 @@ def _client_allowed(remote: str) -> bool:
         address = ipaddress.ip_address(remote)
     except ValueError:
         return False
-    for entry in settings.METRICS_ALLOW_IPS:
+    for entry in cleanup_settings().metrics_allow_ips:
         try:
             if address in ipaddress.ip_network(entry, strict=False):
                 return True
@@ -73,7 +76,7 @@ def _client_allowed(remote: str) -> bool:
 
 
 def _token_ok(request: HttpRequest) -> bool:
-    token = settings.METRICS_TOKEN
+    token = cleanup_settings().metrics_token
     header = request.headers.get("Authorization", "")
     scheme, _, presented = header.partition(" ")
     if not token or scheme.lower() != "bearer":
@@ -83,8 +86,9 @@ def _token_ok(request: HttpRequest) -> bool:
 
 def metrics_access(request: HttpRequest) -> int | None:
     """None when allowed, else the HTTP status to answer (401 or 403)."""
-    token_set = bool(settings.METRICS_TOKEN)
-    ips_set = bool(settings.METRICS_ALLOW_IPS)
+    conf = cleanup_settings()
+    token_set = bool(conf.metrics_token)
+    ips_set = bool(conf.metrics_allow_ips)
     if not token_set and not ips_set:
         return None if settings.DEBUG else 403
     if token_set and _token_ok(request):
@@ -128,9 +132,7 @@ def _timed(check: Any) -> dict[str, Any]:
 
 
 def _check_database() -> None:
-    with connection.cursor() as cur:
-        cur.execute("SELECT 1")
-        cur.fetchone()
+    scalar(sql.PING)
 
 
 def _check_broker() -> None:
@@ -146,7 +148,8 @@ def _may_see_details(request: HttpRequest) -> bool:
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated and user.is_staff:
         return True
-    if not settings.METRICS_TOKEN and not settings.METRICS_ALLOW_IPS:
+    conf = cleanup_settings()
+    if not conf.metrics_token and not conf.metrics_allow_ips:
         return bool(settings.DEBUG)
     return metrics_access(request) is None
 

@@ -8,20 +8,21 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from cleanup import sql
 from cleanup.broker.readers import queue_stats
-from cleanup.models import CleanupReceipt, DeadLetter
+from cleanup.conf import cleanup_settings
+from cleanup.models import DeadLetter
 from cleanup.pipeline.schedule import installed_shards
 from cleanup.scaling.capacity import DESIRED_WINDOW_S, desired_consumers
 from cleanup.telemetry.metrics import PREFIX
-from reservations.eligibility import ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL
-from reservations.services import shard_buckets
+from reservations.db import rows, set_local_statement_timeout
+from reservations.services import eligible_backlog, shard_buckets
 
 # --- Scrape-time gauges (web process only) ---------------------------------------------------
 #
@@ -38,13 +39,6 @@ from reservations.services import shard_buckets
 # per-scrape gauge instead (``sum_over_time`` counts failed scrapes whichever process answered).
 
 _log = logging.getLogger("cleanup.metrics")
-
-OUTBOX_TABLE = "reservations_outboxevent"
-
-OUTBOX_OLDEST_SQL = (
-    f"SELECT EXTRACT(EPOCH FROM (now() - created_at))::float8 FROM {OUTBOX_TABLE} "
-    f"WHERE published_at IS NULL ORDER BY id LIMIT 1"
-)
 
 Sample = tuple[tuple[str, ...], float]
 
@@ -71,35 +65,26 @@ class BacklogCollector(Collector):
         return installed_shards() or 1
 
     @staticmethod
-    def _db(fn: Callable[[Any], dict[str, list[Sample]]]) -> dict[str, list[Sample]]:
+    def _db(fn: Callable[[], dict[str, list[Sample]]]) -> dict[str, list[Sample]]:
 
         with transaction.atomic():
-            with connection.cursor() as cur:
-                cur.execute(
-                    "SELECT set_config('statement_timeout', %s, true)",
-                    [str(int(settings.METRICS_STATEMENT_TIMEOUT_MS))],
-                )
-                return fn(cur)
+            set_local_statement_timeout(cleanup_settings().metrics_statement_timeout_ms)
+            return fn()
 
     def read_eligible(self) -> dict[str, list[Sample]]:
 
         shards = self._shards()
-        cap = int(settings.CLEANUP_ELIGIBLE_COUNT_CAP)
+        cap = cleanup_settings().eligible_count_cap
 
-        def run(cur: Any) -> dict[str, list[Sample]]:
+        def run() -> dict[str, list[Sample]]:
             oldest: list[Sample] = []
             count: list[Sample] = []
             capped: list[Sample] = []
             for k in range(shards):
-                buckets = shard_buckets(k, shards)
-                cur.execute(OLDEST_ELIGIBLE_SQL, [buckets])
-                row = cur.fetchone()
-                age = row[0] if row else None
-                oldest.append(((str(k),), max(0.0, float(age)) if age is not None else 0.0))
-                cur.execute(ELIGIBLE_COUNT_SQL, [buckets, cap + 1])
-                n = int(cur.fetchone()[0])
-                count.append(((str(k),), float(min(n, cap))))
-                capped.append(((str(k),), 1.0 if n > cap else 0.0))
+                backlog = eligible_backlog(shard_buckets(k, shards), cap)
+                oldest.append(((str(k),), backlog.oldest_age_seconds))
+                count.append(((str(k),), float(backlog.eligible)))
+                capped.append(((str(k),), 1.0 if backlog.capped else 0.0))
             return {
                 "oldest_eligible_reservation_age_seconds": oldest,
                 "eligible_reservations": count,
@@ -114,11 +99,8 @@ class BacklogCollector(Collector):
         depth: list[Sample] = []
         age: list[Sample] = []
         unacked: list[Sample] = []
-        for queue in (
-            settings.CLEANUP_SWEEP_QUEUE,
-            settings.CLEANUP_RELEASE_QUEUE,
-            settings.CLEANUP_MAINTENANCE_QUEUE,
-        ):
+        conf = cleanup_settings()
+        for queue in (conf.sweep_queue, conf.release_queue, conf.maintenance_queue):
             stats = queue_stats(queue)
             depth.append(((queue,), float(stats.depth)))
             if stats.oldest_age_seconds is not None:
@@ -136,28 +118,22 @@ class BacklogCollector(Collector):
         }
 
     def read_outbox(self) -> dict[str, list[Sample]]:
-        def run(cur: Any) -> dict[str, list[Sample]]:
-            cur.execute(OUTBOX_OLDEST_SQL)
-            row = cur.fetchone()
-            age = max(0.0, float(row[0])) if row else 0.0
+        def run() -> dict[str, list[Sample]]:
+            found = rows(sql.OLDEST_UNPUBLISHED_EVENT_AGE)
+            age = max(0.0, float(found[0][0])) if found else 0.0
             return {"outbox_oldest_unpublished_age_seconds": [((), age)]}
 
         return self._db(run)
 
     def read_dead_letters(self) -> dict[str, list[Sample]]:
 
-        def run(cur: Any) -> dict[str, list[Sample]]:
-            # Served by the partial index cleanup_dl_open_idx (open letters only).
-            cur.execute(
-                f"SELECT reason, count(*) FROM {DeadLetter._meta.db_table} "
-                f"WHERE resolved_at IS NULL GROUP BY reason"
-            )
-            counts = {str(reason): float(n) for reason, n in cur.fetchall()}
+        def run() -> dict[str, list[Sample]]:
+            counts = {str(reason): float(n) for reason, n in rows(sql.OPEN_DEAD_LETTERS_BY_REASON)}
             reasons = [c for c, _ in DeadLetter.Reason.choices]
             reasons += [r for r in counts if r not in reasons]
             return {
                 "dead_letters_open": [((r,), counts.get(r, 0.0)) for r in reasons],
-                "dead_letters_open_cap": [((), float(settings.CLEANUP_DEAD_LETTER_OPEN_CAP))],
+                "dead_letters_open_cap": [((), float(cleanup_settings().dead_letter_open_cap))],
             }
 
         return self._db(run)
@@ -173,13 +149,8 @@ class BacklogCollector(Collector):
         if previous is not None and now > previous[0]:
             growth = (backlog - previous[1]) / (now - previous[0])
 
-        def run(cur: Any) -> dict[str, list[Sample]]:
-            cur.execute(
-                f"SELECT count(*), avg(duration_ms) FROM {CleanupReceipt._meta.db_table} "
-                f"WHERE created_at > now() - make_interval(secs => %s)",
-                [DESIRED_WINDOW_S],
-            )
-            processed, mean_ms = cur.fetchone()
+        def run() -> dict[str, list[Sample]]:
+            ((processed, mean_ms),) = rows(sql.RECENT_RECEIPTS, [DESIRED_WINDOW_S])
             value = desired_consumers(
                 int(processed), float(mean_ms) if mean_ms is not None else None, growth
             )
@@ -256,7 +227,7 @@ class BacklogCollector(Collector):
         yield GaugeMetricFamily(
             f"{PREFIX}_slo_seconds",
             "CLEANUP_SLO_SECONDS: the oldest eligible hold must be released within this",
-            value=float(settings.CLEANUP_SLO_SECONDS),
+            value=float(cleanup_settings().slo_seconds),
         )
         duration = GaugeMetricFamily(
             f"{PREFIX}_scrape_duration_seconds",

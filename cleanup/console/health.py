@@ -16,12 +16,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import current_app as app
-from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
+from cleanup import sql
 from cleanup.broker.readers import QueueStats, queue_stats
+from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupReceipt, DeadLetter, HealthSample, SweepRecord
 from cleanup.pipeline import locks
 from cleanup.pipeline.schedule import (
@@ -33,8 +34,7 @@ from cleanup.pipeline.schedule import (
 from cleanup.scaling.capacity import DESIRED_WINDOW_S, desired_consumers
 from cleanup.telemetry import deliveries
 from reservations import db
-from reservations.eligibility import ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL
-from reservations.services import shard_buckets
+from reservations.services import eligible_backlog, shard_buckets
 
 logger = logging.getLogger("cleanup.health")
 
@@ -43,14 +43,6 @@ WINDOWS_MINUTES = (5, 60)
 PING_TIMEOUT_S = 1.0
 CHART_MINUTES = 60
 SAMPLE_RETENTION = timedelta(days=1)
-LEASE_LOCK_SQL = (
-    "SELECT a.application_name, host(a.client_addr), a.pid, a.backend_start "
-    "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-    "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s "
-    "AND l.objsubid = 2 "
-    # Advisory locks are per database: another database's beat on the same server is not ours.
-    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-)
 
 
 def slo_state(age_seconds: float, slo_seconds: float) -> str:
@@ -137,17 +129,11 @@ def read_shards(shards: int, cap: int) -> list[tuple[float, int, bool]]:
     """(oldest eligible age, eligible count up to cap, capped) per shard, as /metrics reads
     them: one bounded statement each."""
 
-    rows = []
-    with connection.cursor() as cur:
-        for k in range(shards):
-            buckets = shard_buckets(k, shards)
-            cur.execute(OLDEST_ELIGIBLE_SQL, [buckets])
-            row = cur.fetchone()
-            age = max(0.0, float(row[0])) if row and row[0] is not None else 0.0
-            cur.execute(ELIGIBLE_COUNT_SQL, [buckets, cap + 1])
-            n = int(cur.fetchone()[0])
-            rows.append((age, min(n, cap), n > cap))
-    return rows
+    readings = []
+    for k in range(shards):
+        backlog = eligible_backlog(shard_buckets(k, shards), cap)
+        readings.append((backlog.oldest_age_seconds, backlog.eligible, backlog.capped))
+    return readings
 
 
 def window_start(minutes: int, now: float | None = None) -> datetime:
@@ -159,17 +145,8 @@ def window_start(minutes: int, now: float | None = None) -> datetime:
 
 def read_window(minutes: int, now: float) -> WindowCounts:
     since = window_start(minutes, now)
-    receipts = CleanupReceipt._meta.db_table
-    outcomes = dict(
-        db.rows(
-            f"SELECT outcome, count(*) FROM {receipts} WHERE created_at >= %s "
-            f"GROUP BY outcome ORDER BY outcome",
-            [since],
-        )
-    )
-    retries = db.rows(
-        f"SELECT coalesce(sum(attempt - 1), 0) FROM {receipts} WHERE created_at >= %s", [since]
-    )[0][0]
+    outcomes = dict(db.rows(sql.RECEIPT_OUTCOMES_SINCE, [since]))
+    retries = db.scalar(sql.RETRIES_SINCE, [since])
     dead = DeadLetter.objects.filter(created_at__gte=since).count()
     try:
         attempts = deliveries.attempts_since(minutes, now=now)
@@ -188,19 +165,16 @@ def read_window(minutes: int, now: float) -> WindowCounts:
 
 
 def read_open_dead_letters() -> list[tuple[str, str, int]]:
-    counts = dict(
-        db.rows(
-            f"SELECT reason, count(*) FROM {DeadLetter._meta.db_table} "
-            f"WHERE resolved_at IS NULL GROUP BY reason"
-        )
-    )
+    counts = dict(db.rows(sql.OPEN_DEAD_LETTERS_BY_REASON))
     labels = dict(DeadLetter.Reason.choices)
     return [(r, str(labels.get(r, r)), int(n)) for r, n in sorted(counts.items())]
 
 
 def read_lease() -> dict[str, Any] | None:
 
-    rows = db.rows(LEASE_LOCK_SQL, list(locks.beat_lease(settings.CLEANUP_BEAT_LOCK_ID)))
+    rows = db.rows(
+        sql.ADVISORY_LOCK_HOLDERS, list(locks.beat_lease(cleanup_settings().beat_lock_id))
+    )
     if not rows:
         return None
     app_name, client, pid, since = rows[0]
@@ -254,11 +228,7 @@ def read_desired(samples: list[HealthSample]) -> float | None:
         seconds = (b.taken_at - a.taken_at).total_seconds()
         if seconds > 0:
             growth = (b.eligible - a.eligible) / seconds
-    processed, mean_ms = db.rows(
-        f"SELECT count(*), avg(duration_ms) FROM {CleanupReceipt._meta.db_table} "
-        f"WHERE created_at > now() - make_interval(secs => %s)",
-        [DESIRED_WINDOW_S],
-    )[0]
+    ((processed, mean_ms),) = db.rows(sql.RECENT_RECEIPTS, [DESIRED_WINDOW_S])
     return desired_consumers(
         int(processed), float(mean_ms) if mean_ms is not None else None, growth
     )
@@ -269,14 +239,11 @@ def collect(*, with_workers: bool = True) -> Health:
     now = time.time()
     schedule = current_schedule()
     shards = schedule.shards if schedule else (installed_shards() or 1)
-    cap = int(settings.CLEANUP_ELIGIBLE_COUNT_CAP)
-    slo = int(settings.CLEANUP_SLO_SECONDS)
+    conf = cleanup_settings()
+    cap = conf.eligible_count_cap
+    slo = conf.slo_seconds
     with transaction.atomic():
-        with connection.cursor() as cur:
-            cur.execute(
-                "SELECT set_config('statement_timeout', %s, true)",
-                [str(int(settings.METRICS_STATEMENT_TIMEOUT_MS))],
-            )
+        db.set_local_statement_timeout(conf.metrics_statement_timeout_ms)
         readings = read_shards(shards, cap)
     sweeps = {r.shard: r for r in SweepRecord.objects.filter(shards=shards)}
     shard_rows = [
@@ -286,7 +253,7 @@ def collect(*, with_workers: bool = True) -> Health:
     queue: QueueStats | None = None
     queue_error = ""
     try:
-        queue = queue_stats(settings.CLEANUP_RELEASE_QUEUE)
+        queue = queue_stats(conf.release_queue)
     except Exception as exc:  # noqa: BLE001 - shown on the page
         queue_error = f"{type(exc).__name__}: {str(exc)[:200]}"
     samples = list(
@@ -303,9 +270,7 @@ def collect(*, with_workers: bool = True) -> Health:
         except Exception as exc:  # noqa: BLE001 - shown on the page
             workers_error = f"{type(exc).__name__}: {str(exc)[:200]}"
         if workers is not None:
-            running_pool = sum(
-                w.pool or 0 for w in workers if settings.CLEANUP_RELEASE_QUEUE in w.queues
-            )
+            running_pool = sum(w.pool or 0 for w in workers if conf.release_queue in w.queues)
     return Health(
         taken_at=timezone.now(),
         slo_seconds=slo,
@@ -317,7 +282,7 @@ def collect(*, with_workers: bool = True) -> Health:
         queue_error=queue_error,
         windows=[read_window(m, now) for m in WINDOWS_MINUTES],
         open_dead_letters=read_open_dead_letters(),
-        open_dead_letter_cap=int(settings.CLEANUP_DEAD_LETTER_OPEN_CAP),
+        open_dead_letter_cap=conf.dead_letter_open_cap,
         lease=read_lease(),
         last_sent=read_last_sent(),
         workers=workers,
@@ -333,31 +298,21 @@ def collect(*, with_workers: bool = True) -> Health:
 
 def record_sweep(result: Any) -> None:
     """Keep the last sweep of the shard (one upsert per sweep; never fails the sweep)."""
-    table = SweepRecord._meta.db_table
     try:
-        with connection.cursor() as cur:
-            cur.execute(
-                f"INSERT INTO {table} (shard, shards, finished_at, claimed, published, "
-                f"set_aside, backpressure, skipped_locked, duration_ms, trace_id) "
-                f"VALUES (%s, %s, now(), %s, %s, %s, %s, %s, %s, %s) "
-                f"ON CONFLICT (shard) DO UPDATE SET shards = EXCLUDED.shards, "
-                f"finished_at = EXCLUDED.finished_at, claimed = EXCLUDED.claimed, "
-                f"published = EXCLUDED.published, set_aside = EXCLUDED.set_aside, "
-                f"backpressure = EXCLUDED.backpressure, "
-                f"skipped_locked = EXCLUDED.skipped_locked, "
-                f"duration_ms = EXCLUDED.duration_ms, trace_id = EXCLUDED.trace_id",
-                [
-                    result.shard,
-                    result.shards,
-                    result.claimed,
-                    result.published,
-                    result.set_aside,
-                    result.backpressure,
-                    result.skipped_locked,
-                    round(result.duration_s * 1000, 3),
-                    result.trace_id[:64],
-                ],
-            )
+        db.rows(
+            sql.RECORD_SWEEP,
+            [
+                result.shard,
+                result.shards,
+                result.claimed,
+                result.published,
+                result.set_aside,
+                result.backpressure,
+                result.skipped_locked,
+                round(result.duration_s * 1000, 3),
+                result.trace_id[:64],
+            ],
+        )
     except DatabaseError:
         logger.exception("last sweep not recorded", extra={"shard": result.shard})
 
@@ -368,11 +323,11 @@ def take_sample() -> HealthSample:
 
     schedule = current_schedule()
     shards = schedule.shards if schedule else (installed_shards() or 1)
-    cap = int(settings.CLEANUP_ELIGIBLE_COUNT_CAP)
+    cap = cleanup_settings().eligible_count_cap
     readings = read_shards(shards, cap)
     depth: int | None
     try:
-        depth = queue_stats(settings.CLEANUP_RELEASE_QUEUE).depth
+        depth = queue_stats(cleanup_settings().release_queue).depth
     except Exception:  # noqa: BLE001 - a gap in the chart, not a failed sample
         depth = None
     released = CleanupReceipt.objects.filter(

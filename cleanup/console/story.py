@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from django.conf import settings
-from django.db import connection
-
+from cleanup import sql
+from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.pipeline.messages import idempotency_key
 from cleanup.telemetry import deliveries
+from reservations.db import scalar
 from reservations.models import OutboxEvent, Reservation
 
 
@@ -45,9 +45,7 @@ class Story:
 
 
 def _db_now() -> datetime:
-    with connection.cursor() as cur:
-        cur.execute("SELECT now()")
-        return cur.fetchone()[0]  # type: ignore[no-any-return]
+    return scalar(sql.DATABASE_NOW)  # type: ignore[no-any-return]
 
 
 _NEVER = datetime.max.replace(tzinfo=UTC)
@@ -179,7 +177,7 @@ def _verdict(
         )
     eligible_for = _secs(now - hold.expires_at)
     open_letters = [d for d in letters if d.resolved_at is None]
-    set_aside = next_attempt_at is None or hold.claim_count > settings.CLEANUP_MAX_CLAIMS
+    set_aside = next_attempt_at is None or hold.claim_count > cleanup_settings().max_claims
     if set_aside:
         letter = next(
             (d for d in open_letters if d.reason == DeadLetter.Reason.CLAIMS_EXHAUSTED),

@@ -21,9 +21,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from django.conf import settings
-
+from cleanup import sql
 from cleanup.broker import readers as broker
+from cleanup.conf import cleanup_settings
 from cleanup.drills.invariants import invariant_violations
 from cleanup.drills.report import write_outputs
 from cleanup.drills.state import BurstConfig, BurstState, Sample
@@ -32,12 +32,10 @@ from cleanup.pipeline.messages import build, idempotency_key
 from cleanup.pipeline.publish import publish_release_messages, send_sweep
 from cleanup.telemetry import deliveries
 from reservations import services
-from reservations.db import rows
-from reservations.eligibility import eligible_sql
+from reservations.db import rows, scalar
 from reservations.errors import HoldExpired, NotHeld, StaleVersion
 from reservations.seed import seed_holds
 
-R = "reservations_reservation"
 RENEW_TTL_SECONDS = 3600  # renewed holds outlive the drill: they must stay held
 
 
@@ -60,11 +58,7 @@ def _renew_due(cfg: BurstConfig, state: BurstState) -> None:
     """Renew renew-set holds that expire within the next 2.5 s (before they expire)."""
     if not state.renew_set:
         return
-    due = rows(
-        f"SELECT id, version FROM {R} WHERE id = ANY(%s) AND status = 'held' AND version = 1 "
-        f"AND expires_at > now() AND expires_at <= now() + interval '2.5 s'",
-        [list(state.renew_set)],
-    )
+    due = rows(sql.DRILL_HOLDS_TO_RENEW, [list(state.renew_set)])
     for rid, version in due:
         try:
             services.renew(rid, version, ttl_seconds=RENEW_TTL_SECONDS)
@@ -73,9 +67,7 @@ def _renew_due(cfg: BurstConfig, state: BurstState) -> None:
             state.renew_missed += 1
         state.renew_set.discard(rid)
     # Those that expired before we got to them are ordinary eligible holds now.
-    gone = rows(
-        f"SELECT id FROM {R} WHERE id = ANY(%s) AND expires_at <= now()", [list(state.renew_set)]
-    )
+    gone = rows(sql.DRILL_HOLDS_EXPIRED, [list(state.renew_set)])
     for (rid,) in gone:
         state.renew_set.discard(rid)
         state.renew_missed += 1
@@ -86,10 +78,7 @@ def _publish_duplicates(cfg: BurstConfig, state: BurstState) -> None:
     todo = list(state.dup_candidates - state.duplicated)
     if not todo:
         return
-    dupes = rows(
-        f"SELECT id, version, expires_at, bucket FROM {R} WHERE id = ANY(%s) AND claim_count > 0",
-        [todo],
-    )
+    dupes = rows(sql.DRILL_HOLDS_CLAIMED, [todo])
     if not dupes:
         return
     publish_release_messages(
@@ -111,28 +100,16 @@ def sample(
 ) -> Sample:
     lo, hi = state.ids[0], state.ids[-1]
     shards = rows(
-        f"SELECT bucket %% %s, count(*), EXTRACT(EPOCH FROM now() - min(expires_at))::float8 "
-        f"FROM {R} WHERE id BETWEEN %s AND %s AND {eligible_sql()} "
-        f"GROUP BY 1",
+        sql.DRILL_ELIGIBLE_BY_SHARD,
         [cfg.shards, lo, hi],  # only the drill's own holds: other rows never pollute it
     )
     by_shard = {str(s): round(float(age), 2) for s, _c, age in shards}
     eligible = sum(int(c) for _s, c, _a in shards)
-    released = rows(
-        f"SELECT count(*) FROM {R} WHERE id BETWEEN %s AND %s AND status = 'released'", [lo, hi]
-    )[0][0]
-    receipts = rows(
-        "SELECT outcome, count(*), coalesce(sum(attempt - 1), 0) FROM cleanup_cleanupreceipt "
-        "WHERE reservation_id BETWEEN %s AND %s GROUP BY outcome",
-        [lo, hi],
-    )
+    released = scalar(sql.DRILL_RELEASED, [lo, hi])
+    receipts = rows(sql.DRILL_RECEIPT_OUTCOMES, [lo, hi])
     outcomes = {o: int(c) for o, c, _r in receipts}
-    dead = rows(
-        "SELECT count(*) FROM cleanup_deadletter WHERE created_at > now() - "
-        "make_interval(secs => %s)",
-        [t + 60],
-    )[0][0]
-    q = broker.queue_stats(settings.CLEANUP_RELEASE_QUEUE)
+    dead = scalar(sql.DEAD_LETTERS_IN_LAST, [t + 60])
+    q = broker.queue_stats(cleanup_settings().release_queue)
     return Sample(
         t=round(t, 2),
         eligible=eligible,
@@ -313,21 +290,9 @@ def build_report(
     workers: list[WorkerProcess],
 ) -> dict[str, Any]:
     lo, hi = state.ids[0], state.ids[-1]
-    stats = rows(
-        "SELECT count(*), avg(duration_ms), percentile_cont(0.5) WITHIN GROUP (ORDER BY "
-        "duration_ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY queue_age_seconds), "
-        "EXTRACT(EPOCH FROM max(created_at) - min(created_at))::float8 "
-        "FROM cleanup_cleanupreceipt WHERE reservation_id BETWEEN %s AND %s",
-        [lo, hi],
-    )[0]
+    stats = rows(sql.DRILL_RECEIPT_STATS, [lo, hi])[0]
     receipts, mean_ms, median_ms, p99_queue_age, busy_s = stats
-    lateness = rows(
-        f"SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY "
-        f"EXTRACT(EPOCH FROM released_at - expires_at)), "
-        f"max(EXTRACT(EPOCH FROM released_at - expires_at))::float8 "
-        f"FROM {R} WHERE id BETWEEN %s AND %s AND status = 'released'",
-        [lo, hi],
-    )[0]
+    lateness = rows(sql.DRILL_RELEASE_LATENESS, [lo, hi])[0]
     last = state.samples[-1] if state.samples else None
     ages = [s.oldest_eligible_s or 0.0 for s in state.samples]
     above = sum(1 for a in ages if a > cfg.slo)
@@ -346,7 +311,7 @@ def build_report(
         "holds": len(state.ids),
         "first_id": state.ids[0] if state.ids else 0,
         "last_id": state.ids[-1] if state.ids else 0,
-        "release_mode": settings.CLEANUP_RELEASE_MODE,
+        "release_mode": cleanup_settings().release_mode,
         "renewed": len(state.renewed),
         "renew_missed": state.renew_missed,
         "duplicates_published": len(state.duplicated),

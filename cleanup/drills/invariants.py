@@ -6,7 +6,9 @@ An empty list from ``invariant_violations`` means every invariant holds.
 
 from __future__ import annotations
 
+from cleanup import sql
 from reservations.db import rows, scalar
+from reservations.services import seat_conservation_violations
 
 
 def invariant_violations(
@@ -18,30 +20,20 @@ def invariant_violations(
     or cancelled hold is never released by an older message); the ``expected_released`` holds
     released; none of ``expected_not_released`` released."""
     problems: list[str] = []
-    bad_seats = rows(
-        "SELECT o.id FROM reservations_offering o LEFT JOIN reservations_reservation r "
-        "ON r.offering_id = o.id GROUP BY o.id HAVING o.capacity <> o.seats_available "
-        "+ count(*) FILTER (WHERE r.status IN ('held', 'confirmed'))"
-    )
-    if bad_seats:
-        problems.append(f"seats not conserved for offerings {bad_seats[:10]}")
-    multi = rows(
-        "SELECT reservation_id, count(*) FROM reservations_outboxevent "
-        "WHERE kind = 'reservation.released' GROUP BY reservation_id HAVING count(*) > 1"
-    )
-    if multi:
-        problems.append(f"holds with more than one released event: {multi[:10]}")
-    multi_receipts = rows(
-        "SELECT reservation_id, count(*) FROM cleanup_cleanupreceipt "
-        "WHERE outcome = 'released' GROUP BY reservation_id HAVING count(*) > 1"
-    )
-    if multi_receipts:
-        problems.append(f"holds with more than one 'released' receipt: {multi_receipts[:10]}")
-    no_event = scalar(
-        "SELECT count(*) FROM reservations_reservation r WHERE r.status = 'released' AND NOT "
-        "EXISTS (SELECT 1 FROM reservations_outboxevent e WHERE e.reservation_id = r.id "
-        "AND e.kind = 'reservation.released')"
-    )
+    # (offending rows, what the report says before the first ten of them)
+    listed = [
+        (
+            [violation[:1] for violation in seat_conservation_violations()],  # (id,)
+            "seats not conserved for offerings ",
+        ),
+        (rows(sql.HOLDS_RELEASED_TWICE_BY_EVENTS), "holds with more than one released event: "),
+        (
+            rows(sql.HOLDS_RELEASED_TWICE_BY_RECEIPTS),
+            "holds with more than one 'released' receipt: ",
+        ),
+    ]
+    problems += [f"{says}{found[:10]}" for found, says in listed if found]
+    no_event = scalar(sql.RELEASED_HOLDS_WITHOUT_EVENT)
     if no_event:
         problems.append(f"{no_event} released holds without a released event")
     # A release message carries the version it saw; its 'released' receipt records that
@@ -49,30 +41,18 @@ def invariant_violations(
     # confirmed or cancelled in between) shows as a receipt version other than the version
     # the hold was released at. (Holds released without a message — reclaimed by hold_seat,
     # released by an operator — have no 'released' receipt and are not checked here.)
-    wrong_version = rows(
-        "SELECT r.id, c.version, r.released_version FROM reservations_reservation r "
-        "JOIN cleanup_cleanupreceipt c ON c.reservation_id = r.id AND c.outcome = 'released' "
-        "WHERE r.released_version IS DISTINCT FROM c.version ORDER BY r.id"
-    )
+    wrong_version = rows(sql.RELEASED_AT_ANOTHER_VERSION)
     if wrong_version:
         problems.append(
             f"{len(wrong_version)} holds released at a version they no longer had "
             f"(id, message version, released version): {wrong_version[:10]}"
         )
     if expected_released is not None:
-        not_released = scalar(
-            "SELECT count(*) FROM reservations_reservation WHERE id = ANY(%s) "
-            "AND status <> 'released'",
-            [expected_released],
-        )
+        not_released = scalar(sql.HOLDS_NOT_RELEASED, [expected_released])
         if not_released:
             problems.append(f"{not_released} of {len(expected_released)} holds not released")
     if expected_not_released:
-        released = scalar(
-            "SELECT count(*) FROM reservations_reservation WHERE id = ANY(%s) "
-            "AND status = 'released'",
-            [expected_not_released],
-        )
+        released = scalar(sql.HOLDS_RELEASED, [expected_not_released])
         if released:
             problems.append(
                 f"{released} of {len(expected_not_released)} renewed/confirmed holds released"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import getpass
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -107,6 +108,36 @@ def letter_filter(options: dict[str, Any]) -> deadletters.LetterFilter:
         older_than=older_than,
         ids=tuple(options.get("ids") or ()),
     )
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The open letters one run of a command acts on: the first ``limit`` that match, by id,
+    and how many more match beyond them (0 when the limit was not reached)."""
+
+    letters: list[DeadLetter]
+    limit: int
+    more: int
+
+    @property
+    def reasons(self) -> str:
+        """``"<reason> <count>, ..."``, the most frequent first."""
+        return ", ".join(f"{r} {n}" for r, n in deadletters.by_reason(self.letters))
+
+    def write_more(self, out: Any) -> None:
+        """Say, when the limit cut the selection, that more letters match."""
+        if self.more:
+            out.write(
+                f"stopped at --limit {self.limit}: {self.more} more open dead letter(s) match; "
+                f"run it again for the rest"
+            )
+
+
+def take_batch(selection: deadletters.LetterFilter, limit: int) -> Batch:
+    matching = selection.open_letters()
+    letters = list(matching[:limit])
+    more = matching.count() - len(letters) if len(letters) == limit else 0
+    return Batch(letters, limit, more)
 
 
 def first_ids(letters: Iterable[DeadLetter]) -> str:

@@ -21,17 +21,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
-from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
+from cleanup import sql
+from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.pipeline import locks
 from cleanup.pipeline.messages import BATCH_KIND, MalformedMessage, validate, validate_batch
 from cleanup.pipeline.publish import publish_release_messages
 from cleanup.telemetry import metrics
 from reservations import services as reservation_services
+from reservations.db import rows, scalar
 
 logger = logging.getLogger("cleanup.deadletters")
 
@@ -411,17 +413,14 @@ def discard(
             key = "would discard" if letter.resolved_at is None else "already_resolved"
             done.setdefault(key, []).append(letter)
         return done
-    table = DeadLetter._meta.db_table
     resolved: set[int] = set()
     for start in range(0, len(letters), 1000):
         chunk = [int(letter.pk) for letter in letters[start : start + 1000]]
-        with connection.cursor() as cur:
-            cur.execute(
-                f"UPDATE {table} SET resolved_at = %s, resolution = %s, resolved_by = %s, "
-                f"resolution_note = %s WHERE id = ANY(%s) AND resolved_at IS NULL RETURNING id",
-                [timezone.now(), DISCARDED, who, note, chunk],
-            )
-            resolved.update(int(row[0]) for row in cur.fetchall())
+        found = rows(
+            sql.DISCARD_DEAD_LETTERS,
+            {"at": timezone.now(), "resolution": DISCARDED, "by": who, "note": note, "ids": chunk},
+        )
+        resolved.update(int(row[0]) for row in found)
     for letter in letters:
         done.setdefault(DISCARDED if letter.pk in resolved else "already_resolved", []).append(
             letter
@@ -465,8 +464,8 @@ def summarise_beyond_cap(
     open, so the open total can stay a little above the cap (and its alert stays up) until
     someone triages.
     """
-    cap = int(cap or settings.CLEANUP_DEAD_LETTER_OPEN_CAP)
-    batch = int(batch or settings.CLEANUP_PRUNE_BATCH_SIZE)
+    cap = int(cap or cleanup_settings().dead_letter_open_cap)
+    batch = int(batch or cleanup_settings().prune_batch_size)
     total = 0
     started = time.monotonic()
     for _ in range(max_batches):
@@ -482,54 +481,41 @@ def summarise_beyond_cap(
 
 
 def _summarise_batch(cap: int, batch: int) -> int:
-    table = DeadLetter._meta.db_table
-    candidates = "resolved_at IS NULL AND summarised_count = 0 AND NOT (reason = ANY(%s))"
     excluded = [str(r) for r in NOT_SUMMARISED]
-    with transaction.atomic(), connection.cursor() as cur:
-        cur.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", list(locks.DEAD_LETTER_CAP))
-        if not cur.fetchone()[0]:
+    with transaction.atomic():
+        if not locks.try_transaction_lock(locks.DEAD_LETTER_CAP):
             return 0  # another summariser is at work
-        # The newest letter beyond the cap: it and every older candidate are summarised.
-        cur.execute(
-            f"SELECT id FROM {table} WHERE {candidates} ORDER BY id DESC OFFSET %s LIMIT 1",
-            [excluded, cap],
-        )
-        row = cur.fetchone()
-        if row is None:
+        newest = scalar(sql.NEWEST_LETTER_BEYOND_CAP, {"excluded": excluded, "cap": cap})
+        if newest is None:
             return 0
-        cur.execute(
-            f"SELECT id, reason, task_name, created_at FROM {table} WHERE {candidates} "
-            f"AND id <= %s ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED",
-            [excluded, row[0], batch],
+        letters = rows(
+            sql.LETTERS_TO_SUMMARISE, {"excluded": excluded, "newest": newest, "batch": batch}
         )
-        rows = cur.fetchall()
-        if not rows:
+        if not letters:
             return 0
-        groups = _group(rows)
+        groups = _group(letters)
         now = timezone.now()
         for (reason, task), (ids, first, last) in groups.items():
             summary = _summary_letter(reason, task, len(ids), first, last, cap)
-            cur.execute(
-                f"UPDATE {table} SET resolved_at = %s, resolution = %s, resolved_by = %s, "
-                f"resolution_note = %s, payload = '', message = NULL, "
-                f"error = left(error, %s) WHERE id = ANY(%s)",
-                [
-                    now,
-                    SUMMARISED,
-                    AUTOMATIC,
-                    f"summarised into dead letter #{summary.pk}: the open letters reached "
-                    f"CLEANUP_DEAD_LETTER_OPEN_CAP={cap}",
-                    SUMMARY_ERROR_LIMIT,
-                    ids,
-                ],
+            rows(
+                sql.SUMMARISE_LETTERS,
+                {
+                    "at": now,
+                    "resolution": SUMMARISED,
+                    "by": AUTOMATIC,
+                    "note": f"summarised into dead letter #{summary.pk}: the open letters "
+                    f"reached CLEANUP_DEAD_LETTER_OPEN_CAP={cap}",
+                    "error_limit": SUMMARY_ERROR_LIMIT,
+                    "ids": ids,
+                },
             )
-        return len(rows)
+        return len(letters)
 
 
 def _group(
-    rows: Sequence[tuple[Any, ...]],
+    letters: Sequence[tuple[Any, ...]],
 ) -> dict[tuple[str, str], tuple[list[int], datetime, datetime]]:
-    """The rows by (reason, task) with their ids and first/last times; per reason, tasks
+    """The letters by (reason, task) with their ids and first/last times; per reason, tasks
     beyond ``SUMMARY_TASKS_PER_REASON`` (counting those that have an open summary already)
     share ``OTHER_TASKS``."""
     summarised_tasks: dict[str, set[str]] = {}
@@ -537,13 +523,13 @@ def _group(
         resolved_at__isnull=True, summarised_count__gt=0
     ).values_list("reason", "task_name"):
         summarised_tasks.setdefault(reason, set()).add(task)
-    sizes = Counter((str(r[1]), str(r[2])) for r in rows)
+    sizes = Counter((str(r[1]), str(r[2])) for r in letters)
     for reason, task in sorted(sizes, key=lambda k: -sizes[k]):
         known = summarised_tasks.setdefault(reason, set())
         if task not in known and len(known) < SUMMARY_TASKS_PER_REASON:
             known.add(task)
     groups: dict[tuple[str, str], tuple[list[int], datetime, datetime]] = {}
-    for pk, reason, task, created_at in rows:
+    for pk, reason, task, created_at in letters:
         key = (reason, task if task in summarised_tasks[reason] else OTHER_TASKS)
         ids, first, last = groups.get(key, ([], created_at, created_at))
         ids.append(int(pk))

@@ -9,6 +9,9 @@ dead-letter cap 2, shard locks start above 4096, and the beat lease uses
 
 from __future__ import annotations
 
+from cleanup import sql
+from reservations.db import scalar
+
 NAMESPACE = 727
 
 # Serializes "check queue depth → claim → publish" across all sweeps (backpressure).
@@ -28,3 +31,26 @@ def sweep_shard(shard: int, shards: int) -> tuple[int, int]:
 def beat_lease(lock_id: int) -> tuple[int, int]:
     """The single-active-beat lease (``CLEANUP_BEAT_LOCK_ID``)."""
     return (NAMESPACE, lock_id)
+
+
+# Taking and dropping them on Django's connection. A session lock lasts until unlocked (or the
+# session ends); a transaction lock until the caller's transaction ends.
+
+
+def try_lock(key: tuple[int, int]) -> bool:
+    """Take the session lock ``key`` if nobody holds it; whether it was taken."""
+    return bool(scalar(sql.TRY_ADVISORY_LOCK, list(key)))
+
+
+def unlock(key: tuple[int, int]) -> None:
+    scalar(sql.ADVISORY_UNLOCK, list(key))
+
+
+def unlock_all() -> None:
+    """Drop every session lock this connection holds."""
+    scalar(sql.ADVISORY_UNLOCK_ALL)
+
+
+def try_transaction_lock(key: tuple[int, int]) -> bool:
+    """Take the transaction lock ``key`` if nobody holds it; whether it was taken."""
+    return bool(scalar(sql.TRY_TRANSACTION_ADVISORY_LOCK, list(key)))

@@ -12,16 +12,15 @@ resolved dead letters older than ``CLEANUP_RETENTION_DAYS``.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
 
 from celery import current_app as app
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 from kombu import Exchange, Queue
 
-from cleanup.models import CleanupReceipt, DeadLetter
+from cleanup import sql
+from cleanup.conf import cleanup_settings
 from cleanup.pipeline import locks
 from reservations.models import OutboxEvent
 
@@ -30,18 +29,17 @@ logger = logging.getLogger("cleanup.outbox")
 
 def relay_batch(limit: int | None = None) -> int:
 
-    limit = limit or settings.CLEANUP_RELAY_BATCH_SIZE
+    conf = cleanup_settings()
+    limit = limit or conf.relay_batch_size
     queue = Queue(
-        settings.CLEANUP_EVENTS_QUEUE,
+        conf.events_queue,
         exchange=Exchange(""),
-        routing_key=settings.CLEANUP_EVENTS_QUEUE,
+        routing_key=conf.events_queue,
         durable=True,
     )
     with transaction.atomic():
-        with connection.cursor() as cur:
-            cur.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", list(locks.OUTBOX_RELAY))
-            if not cur.fetchone()[0]:
-                return 0
+        if not locks.try_transaction_lock(locks.OUTBOX_RELAY):
+            return 0
         events = list(
             OutboxEvent.objects.filter(published_at__isnull=True)
             .order_by("id")
@@ -73,16 +71,12 @@ def relay_batch(limit: int | None = None) -> int:
     return len(events)
 
 
-def _delete_batches(model: type, condition: str, params: list[Any], batch: int) -> int:
-    table = model._meta.db_table  # type: ignore[attr-defined]
+def _delete_batches(statement: str, before: datetime, batch: int) -> int:
+    """Run a ``cleanup.sql.PRUNE_*`` statement until it deletes less than a batch."""
     total = 0
     while True:
         with connection.cursor() as cur:
-            cur.execute(
-                f"DELETE FROM {table} WHERE id IN "
-                f"(SELECT id FROM {table} WHERE {condition} LIMIT %s)",
-                [*params, batch],
-            )
+            cur.execute(statement, {"before": before, "batch": batch})
             deleted = cur.rowcount
         total += deleted
         if deleted < batch:
@@ -97,17 +91,13 @@ def prune(
     letters are never deleted: the open-letter cap summarises them instead,
     ``deadletters.summarise_beyond_cap``)."""
     now = timezone.now()
-    cutoff = now - timedelta(days=retention_days or settings.CLEANUP_RETENTION_DAYS)
+    cutoff = now - timedelta(days=retention_days or cleanup_settings().retention_days)
     letters_cutoff = now - timedelta(
-        days=dead_letter_retention_days or settings.CLEANUP_DEAD_LETTER_RETENTION_DAYS
+        days=dead_letter_retention_days or cleanup_settings().dead_letter_retention_days
     )
-    batch = settings.CLEANUP_PRUNE_BATCH_SIZE
+    batch = cleanup_settings().prune_batch_size
     return {
-        "outbox_events": _delete_batches(
-            OutboxEvent, "published_at IS NOT NULL AND published_at < %s", [cutoff], batch
-        ),
-        "receipts": _delete_batches(CleanupReceipt, "created_at < %s", [cutoff], batch),
-        "dead_letters": _delete_batches(
-            DeadLetter, "resolved_at IS NOT NULL AND resolved_at < %s", [letters_cutoff], batch
-        ),
+        "outbox_events": _delete_batches(sql.PRUNE_PUBLISHED_EVENTS, cutoff, batch),
+        "receipts": _delete_batches(sql.PRUNE_RECEIPTS, cutoff, batch),
+        "dead_letters": _delete_batches(sql.PRUNE_RESOLVED_DEAD_LETTERS, letters_cutoff, batch),
     }

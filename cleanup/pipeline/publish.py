@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from celery import current_app as app
-from django.conf import settings
 
+from cleanup.conf import cleanup_settings
 from cleanup.pipeline.messages import BATCH_KIND
 
 RELEASE_TASK = "cleanup.release_reservation"
@@ -36,7 +36,7 @@ def publish_release_messages(messages: list[dict[str, Any]]) -> None:
     """
     if not messages:
         return
-    queue = settings.CLEANUP_RELEASE_QUEUE
+    queue = cleanup_settings().release_queue
     with app.producer_or_acquire() as producer, producer.batch(max_size=PUBLISH_PIPELINE):
         for message in messages:
             name = RELEASE_BATCH_TASK if message.get("kind") == BATCH_KIND else RELEASE_TASK
@@ -48,6 +48,6 @@ def send_sweep(shard: int, shards: int, **options: Any) -> None:
     app.send_task(
         SWEEP_TASK,
         kwargs={"shard": shard, "shards": shards},
-        queue=options.pop("queue", settings.CLEANUP_SWEEP_QUEUE),
+        queue=options.pop("queue", cleanup_settings().sweep_queue),
         **options,
     )

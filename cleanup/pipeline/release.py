@@ -20,55 +20,18 @@ from typing import Any
 
 from django.db import connection
 
-from cleanup.models import CleanupReceipt
+from cleanup import sql
 from cleanup.pipeline.messages import ReleaseMessage
-from reservations.services import RELEASED_ROWS, AttachedWrite, ReleaseOutcome, release_holds
+from reservations.services import AttachedWrite, ReleaseOutcome, release_holds
 
 logger = logging.getLogger("cleanup.release")
 
 ALREADY_HANDLED = ReleaseOutcome.ALREADY_HANDLED.value
 RELEASED = ReleaseOutcome.RELEASED.value
-RECEIPT_TABLE = CleanupReceipt._meta.db_table
 # Outcomes that record no receipt, because the same key may legitimately be released later:
 # not_expired (the hold expires later at the same version) and not_found (a message may name
 # an id before its hold exists; a receipt would then block that hold's release for good).
 NO_RECEIPT = {ReleaseOutcome.NOT_EXPIRED.value, ReleaseOutcome.NOT_FOUND.value}
-
-_RECEIPT_COLUMNS = (
-    "idempotency_key, reservation_id, version, outcome, attempt, worker, task_id, trace_id, "
-    "queue_age_seconds, duration_ms, created_at"
-)
-# Receipts of the released holds, written by the release statement itself (``AttachedWrite``):
-# one per released row, its message's key, trace and version joined by hold id. The duration
-# is the Python time before the statement plus the statement's own, as the database measures
-# it.
-# A released hold's receipt replaces a non-released receipt for the same key (one written by an
-# older version of this code, say): exactly one 'released' receipt per hold, and never an
-# integrity error that would leave an expired hold held.
-_RELEASED_RECEIPTS = (
-    f"INSERT INTO {RECEIPT_TABLE} ({_RECEIPT_COLUMNS}) "
-    f"SELECT m.key, x.id, m.version, 'released', %(attempt)s, %(worker)s, %(task)s, m.trace, "
-    f"%(age)s, %(pre_ms)s "
-    f"+ EXTRACT(EPOCH FROM clock_timestamp() - statement_timestamp()) * 1000, now() "
-    f"FROM {RELEASED_ROWS} x "
-    f"JOIN unnest(%(r_ids)s::bigint[], %(r_keys)s::text[], %(r_traces)s::text[], "
-    f"%(r_versions)s::int[]) AS m(id, key, trace, version) ON m.id = x.id "
-    f"ON CONFLICT (idempotency_key) DO UPDATE SET outcome = EXCLUDED.outcome, "
-    f"attempt = EXCLUDED.attempt, worker = EXCLUDED.worker, task_id = EXCLUDED.task_id, "
-    f"trace_id = EXCLUDED.trace_id, queue_age_seconds = EXCLUDED.queue_age_seconds, "
-    f"duration_ms = EXCLUDED.duration_ms, created_at = EXCLUDED.created_at "
-    f"WHERE {RECEIPT_TABLE}.outcome <> 'released' "
-    f"RETURNING reservation_id"
-)
-# Receipts of the other outcomes: a receipt that already exists for a key means the message
-# was handled before (→ already_handled).
-_OTHER_RECEIPTS = (
-    f"INSERT INTO {RECEIPT_TABLE} ({_RECEIPT_COLUMNS}) "
-    f"SELECT k, r, v, o, %(attempt)s, %(worker)s, %(task)s, t, %(age)s, %(ms)s, now() "
-    f"FROM unnest(%(keys)s::text[], %(ids)s::bigint[], %(versions)s::int[], "
-    f"%(outcomes)s::text[], %(traces)s::text[]) AS x(k, r, v, o, t) "
-    f"ON CONFLICT (idempotency_key) DO NOTHING RETURNING reservation_id"
-)
 
 
 @dataclass(frozen=True)
@@ -100,7 +63,7 @@ def release_batch(messages: list[ReleaseMessage], attempt: Attempt) -> dict[int,
         "age": attempt.queue_age_seconds,
     }
     receipts = AttachedWrite(
-        _RELEASED_RECEIPTS,
+        sql.RELEASED_RECEIPTS,
         {
             **common,
             "r_ids": list(by_id),
@@ -122,7 +85,7 @@ def release_batch(messages: list[ReleaseMessage], attempt: Attempt) -> dict[int,
     if recorded:
         with connection.cursor() as cur:
             cur.execute(
-                _OTHER_RECEIPTS,
+                sql.OTHER_RECEIPTS,
                 {
                     **common,
                     "ms": (time.perf_counter() - started) * 1000,

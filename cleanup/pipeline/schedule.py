@@ -26,6 +26,8 @@ from django.db import transaction
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
+from cleanup import sql
+from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupSchedule
 from cleanup.pipeline import locks
 
@@ -128,7 +130,7 @@ def apply_schedule(schedule: CleanupSchedule) -> dict[str, int]:
                 SWEEP_TASK,
                 every,
                 {"shard": k, "shards": shards},
-                settings.CLEANUP_SWEEP_QUEUE,
+                cleanup_settings().sweep_queue,
                 enabled=schedule.enabled,
             )
     return {"shards": shards, "changed": changed, "removed": removed}
@@ -149,7 +151,7 @@ def save_schedule(
 
 
 def _maintenance_entries(relay_every: int, *, overwrite: bool) -> int:
-    queue = settings.CLEANUP_MAINTENANCE_QUEUE
+    queue = cleanup_settings().maintenance_queue
     return (
         _ensure(RELAY_NAME, "cleanup.relay_outbox", relay_every, {}, queue, overwrite=overwrite)
         + _ensure(PRUNE_NAME, "cleanup.prune", 3600, {}, queue, overwrite=overwrite)
@@ -233,7 +235,7 @@ def lease_application_name() -> str:
 
 def _lock_conninfo() -> dict[str, Any]:
     db = settings.DATABASES["default"]
-    timeout_ms = settings.CLEANUP_BEAT_IDLE_SESSION_TIMEOUT * 1000
+    timeout_ms = cleanup_settings().beat_idle_session_timeout * 1000
     params: dict[str, Any] = {
         "dbname": db["NAME"],
         "autocommit": True,
@@ -292,7 +294,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         # Keep the ping interval below the server's idle-session timeout.
         self.max_interval: float = min(
-            float(self.max_interval), max(1, settings.CLEANUP_BEAT_IDLE_SESSION_TIMEOUT // 2)
+            float(self.max_interval), max(1, cleanup_settings().beat_idle_session_timeout // 2)
         )
 
     @property
@@ -316,7 +318,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
         if not self._is_leader or self._lease_conn is None:
             return False
         try:
-            self._lease_conn.execute("SELECT 1")
+            self._lease_conn.execute(sql.PING)
             return True
         except psycopg.Error as exc:
             self._drop_lease(repr(exc))
@@ -329,8 +331,8 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
             if self._lease_conn is None or self._lease_conn.closed:
                 self._lease_conn = psycopg.connect(**_lock_conninfo())
             row = self._lease_conn.execute(
-                "SELECT pg_try_advisory_lock(%s, %s)",
-                list(locks.beat_lease(settings.CLEANUP_BEAT_LOCK_ID)),
+                sql.TRY_ADVISORY_LOCK,
+                list(locks.beat_lease(cleanup_settings().beat_lock_id)),
             ).fetchone()
         except psycopg.Error as exc:
             self._drop_lease(repr(exc))

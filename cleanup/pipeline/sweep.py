@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection, transaction
 
 from cleanup.broker import readers as broker
+from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.pipeline import deadletters, locks
 from cleanup.pipeline.messages import build, build_batch
@@ -69,38 +69,31 @@ class SweepResult:
 
 
 def _try_shard_lock(shard: int, shards: int) -> bool:
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_try_advisory_lock(%s, %s)", list(locks.sweep_shard(shard, shards)))
-        return bool(cur.fetchone()[0])
+    return locks.try_lock(locks.sweep_shard(shard, shards))
 
 
 def _release_shard_lock(shard: int, shards: int) -> None:
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_unlock(%s, %s)", list(locks.sweep_shard(shard, shards)))
+    locks.unlock(locks.sweep_shard(shard, shards))
 
 
 def _drop_leaked_locks() -> None:
     """A sweep starts holding no advisory lock. If an earlier sweep on this (pooled)
     connection was interrupted between taking a lock and its ``finally``, drop what it left."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_unlock_all()")
+    locks.unlock_all()
 
 
 def _acquire_publish_lock(deadline: float) -> bool:
     """Wait for the global publish lock until ``deadline`` (a monotonic time)."""
-    with connection.cursor() as cur:
-        while True:
-            cur.execute("SELECT pg_try_advisory_lock(%s, %s)", list(locks.SWEEP_PUBLISH))
-            if cur.fetchone()[0]:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.02)
+    while True:
+        if locks.try_lock(locks.SWEEP_PUBLISH):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
 
 
 def _release_publish_lock() -> None:
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_advisory_unlock(%s, %s)", list(locks.SWEEP_PUBLISH))
+    locks.unlock(locks.SWEEP_PUBLISH)
 
 
 def _let_go(unlock: Callable[[], None], what: str) -> None:
@@ -133,12 +126,13 @@ def sweep_shard(
 ) -> SweepResult:
     if shards < 1 or not 0 <= shard < shards:
         raise ValueError(f"shard {shard} of {shards} is not a valid shard")
-    batch_size = batch_size or settings.CLEANUP_SWEEP_BATCH_SIZE
-    max_batches = max_batches or settings.CLEANUP_SWEEP_MAX_BATCHES
-    max_queue_depth = max_queue_depth or settings.CLEANUP_MAX_QUEUE_DEPTH
+    conf = cleanup_settings()
+    batch_size = batch_size or conf.sweep_batch_size
+    max_batches = max_batches or conf.sweep_max_batches
+    max_queue_depth = max_queue_depth or conf.max_queue_depth
     result = SweepResult(shard, shards, trace_id or uuid.uuid4().hex)
     started = time.perf_counter()
-    deadline = time.monotonic() + settings.CLEANUP_SWEEP_TIME_BUDGET
+    deadline = time.monotonic() + conf.sweep_time_budget
     shard_locked = False
     try:
         _drop_leaked_locks()
@@ -181,6 +175,7 @@ def _sweep_batches(
     max_batches: int,
     max_queue_depth: int,
 ) -> None:
+    conf = cleanup_settings()
     for _ in range(max_batches):
         if time.monotonic() >= deadline:
             result.budget_exhausted = True
@@ -191,7 +186,7 @@ def _sweep_batches(
             if not publish_locked:
                 result.budget_exhausted = True
                 break
-            depth = broker.queue_depth(settings.CLEANUP_RELEASE_QUEUE)
+            depth = broker.queue_depth(conf.release_queue)
             if depth >= max_queue_depth:
                 result.backpressure = True
                 logger.info(
@@ -207,8 +202,8 @@ def _sweep_batches(
                     shard,
                     shards,
                     batch_size=take,
-                    lease_seconds=settings.CLEANUP_LEASE_SECONDS,
-                    max_claims=settings.CLEANUP_MAX_CLAIMS,
+                    lease_seconds=conf.lease_seconds,
+                    max_claims=conf.max_claims,
                     trace_id=result.trace_id,
                 )
                 to_publish = [c for c in claimed if not c.set_aside]
@@ -247,7 +242,7 @@ def _dead_letter_set_aside(hold: ClaimedHold, shard: int, trace_id: str) -> None
     deadletters.record(
         DeadLetter.Reason.CLAIMS_EXHAUSTED,
         error=(
-            f"hold claimed {hold.claim_count} times (limit {settings.CLEANUP_MAX_CLAIMS}) "
+            f"hold claimed {hold.claim_count} times (limit {cleanup_settings().max_claims}) "
             f"without being released; set aside until requeued"
         ),
         reservation_id=hold.reservation_id,
@@ -260,9 +255,10 @@ def _dead_letter_set_aside(hold: ClaimedHold, shard: int, trace_id: str) -> None
 
 def _messages_for(holds: list[ClaimedHold], shard: int, trace_id: str) -> list[dict[str, Any]]:
     """One message per hold (default), or one per batch of holds in the batched mode."""
-    if settings.CLEANUP_RELEASE_MODE != "batch":
+    conf = cleanup_settings()
+    if conf.release_mode != "batch":
         return [build(c.reservation_id, c.version, c.expires_at, shard, trace_id) for c in holds]
-    size = settings.CLEANUP_RELEASE_BATCH_SIZE
+    size = conf.release_batch_size
     return [
         build_batch(
             [(c.reservation_id, c.version, c.expires_at) for c in holds[i : i + size]],

@@ -34,14 +34,16 @@ from typing import Any, cast
 
 from celery.worker import state as worker_state
 from celery.worker.autoscale import Autoscaler
-from django.conf import settings
 from django.db import connection, transaction
 
+from cleanup import sql
 from cleanup.broker.readers import queue_stats
+from cleanup.conf import cleanup_settings
 from cleanup.scaling.capacity import ceil_consumers, compute_desired_consumers
 from cleanup.telemetry import metrics
-from reservations.eligibility import ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL
+from reservations.db import rows, set_local_statement_timeout
 from reservations.models import BUCKETS
+from reservations.services import eligible_backlog
 
 log = logging.getLogger("cleanup.autoscale")
 
@@ -209,30 +211,22 @@ class Reader:
 
     def _database(self) -> tuple[int, bool, float, float, int]:
 
-        buckets = list(range(BUCKETS))
-        cap = int(settings.CLEANUP_ELIGIBLE_COUNT_CAP)
-        with transaction.atomic(), connection.cursor() as cur:
-            cur.execute(
-                "SELECT set_config('statement_timeout', %s, true)",
-                [str(int(settings.CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS))],
+        cap = cleanup_settings().eligible_count_cap
+        with transaction.atomic():
+            set_local_statement_timeout(cleanup_settings().autoscale_statement_timeout_ms)
+            backlog = eligible_backlog(range(BUCKETS), cap)
+            ((processed, recent, others),) = rows(
+                sql.AUTOSCALE_WINDOW_RECEIPTS,
+                {"half": self.window_s / 2, "hostname": self.hostname, "window": self.window_s},
             )
-            cur.execute(OLDEST_ELIGIBLE_SQL, [buckets])
-            row = cur.fetchone()
-            oldest = max(0.0, float(row[0])) if row and row[0] is not None else 0.0
-            cur.execute(ELIGIBLE_COUNT_SQL, [buckets, cap + 1])
-            n = int(cur.fetchone()[0])
-            # Served by cleanup_receipt_created_idx.
-            cur.execute(
-                "SELECT count(*), "
-                "count(*) FILTER (WHERE created_at > now() - make_interval(secs => %s)), "
-                "count(DISTINCT worker) FILTER (WHERE worker <> %s) "
-                "FROM cleanup_cleanupreceipt "
-                "WHERE created_at > now() - make_interval(secs => %s)",
-                [self.window_s / 2, self.hostname, self.window_s],
-            )
-            processed, recent, others = cur.fetchone()
         self._processed_halves = (int(processed) - int(recent), int(recent))
-        return min(n, cap), n > cap, oldest, int(processed) / self.window_s, int(others) + 1
+        return (
+            backlog.eligible,
+            backlog.capped,
+            backlog.oldest_age_seconds,
+            int(processed) / self.window_s,
+            int(others) + 1,
+        )
 
     def _sustained_arrivals(self, now: float, backlog: int) -> float | None:
         """Holds arriving per second, as a *sustained* rate: arrivals (processed + backlog
@@ -263,7 +257,7 @@ class Reader:
             connection.close()
             return Reading(now, error=f"database: {exc!r}"[:300])
         try:
-            stats = queue_stats(settings.CLEANUP_RELEASE_QUEUE)
+            stats = queue_stats(cleanup_settings().release_queue)
         except Exception as exc:  # noqa: BLE001
             return Reading(now, error=f"broker: {exc!r}"[:300])
 
@@ -273,7 +267,7 @@ class Reader:
             history.popleft()
         arrival = None if capped else self._sustained_arrivals(now, backlog)
 
-        per_consumer = float(settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S or 0)
+        per_consumer = cleanup_settings().capacity_per_consumer_per_s
         if per_consumer > 0:
             service, source = 1.0 / per_consumer, "configured"
         elif own_service is not None:
@@ -313,13 +307,13 @@ class BacklogAutoscaler(Autoscaler):
         mutex: Any = None,
     ) -> None:
 
-        interval = float(settings.CLEANUP_AUTOSCALE_INTERVAL)
+        interval = cleanup_settings().autoscale_interval
         # Celery's event loop calls maybe_scale every `keepalive` seconds.
         super().__init__(pool, max_concurrency, min_concurrency, worker, interval, mutex)
         self.interval = interval
         self.policy = self._policy()
         hostname = getattr(worker, "hostname", "") or ""
-        self.reader = Reader(hostname, float(settings.CLEANUP_AUTOSCALE_WINDOW), self._procs)
+        self.reader = Reader(hostname, cleanup_settings().autoscale_window, self._procs)
         self._reading: Reading | None = None
         self._reading_lock = threading.Lock()
         self._last_change_at: float | None = None
@@ -333,16 +327,17 @@ class BacklogAutoscaler(Autoscaler):
 
     def _policy(self) -> Policy:
 
+        conf = cleanup_settings()
         return Policy(
             min_procs=int(self.min_concurrency),
             max_procs=int(self.max_concurrency),
-            slo_seconds=float(settings.CLEANUP_SLO_SECONDS),
-            slo_target=float(settings.CLEANUP_AUTOSCALE_SLO_TARGET),
-            utilization=float(settings.CLEANUP_AUTOSCALE_UTILIZATION),
-            headroom=float(settings.CLEANUP_CAPACITY_HEADROOM),
-            cooldown_seconds=float(settings.CLEANUP_AUTOSCALE_COOLDOWN),
+            slo_seconds=float(conf.slo_seconds),
+            slo_target=conf.autoscale_slo_target,
+            utilization=conf.autoscale_utilization,
+            headroom=conf.capacity_headroom,
+            cooldown_seconds=conf.autoscale_cooldown,
             stale_after_seconds=max(3 * self.interval, 10.0),
-            default_service_time_s=float(settings.CLEANUP_AUTOSCALE_SERVICE_TIME),
+            default_service_time_s=conf.autoscale_service_time,
         )
 
     def _procs(self) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from django.conf import settings
+from cleanup.conf import cleanup_settings
 
 # Floating-point noise (2.0000000001) must not add a whole consumer.
 _EPSILON = 1e-9
@@ -210,9 +210,10 @@ def desired_consumers(
     - ``CLEANUP_CAPACITY_HEADROOM`` as the retry/headroom ratio; ``TARGET_UTILIZATION``.
     None (not exported) while no service time is known.
     """
-    planned = float(getattr(settings, "CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S", 0) or 0)
-    per_consumer = float(getattr(settings, "CLEANUP_CAPACITY_PER_CONSUMER_PER_S", 0) or 0)
-    headroom = float(getattr(settings, "CLEANUP_CAPACITY_HEADROOM", 0.5) or 0)
+    conf = cleanup_settings()
+    planned = conf.capacity_peak_arrivals_per_s
+    per_consumer = conf.capacity_per_consumer_per_s
+    headroom = conf.capacity_headroom
     arrivals = max(planned, processed_in_window / DESIRED_WINDOW_S + max(0.0, backlog_growth_per_s))
     if per_consumer > 0:
         service_time = 1.0 / per_consumer

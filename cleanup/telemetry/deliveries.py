@@ -23,11 +23,12 @@ import os
 import threading
 import time
 
-from django.conf import settings
-from django.db import connection, models
+from django.db import models
 
-from cleanup import redis_clients
+from cleanup import redis_clients, sql
+from cleanup.conf import cleanup_settings
 from cleanup.models import DeliveryCount
+from reservations.db import scalar
 
 logger = logging.getLogger("cleanup.deliveries")
 
@@ -44,26 +45,19 @@ _flusher: list[threading.Thread] = []  # this process's flush thread, once start
 
 def increment(key: str) -> int:
     """Count one more redelivery of ``key`` and return the redeliveries counted so far."""
-    url = settings.CLEANUP_COUNTER_REDIS_URL
+    url = cleanup_settings().counter_redis_url
     if url:
         pipe = redis_clients.client(url).pipeline(transaction=False)
         pipe.incr(KEY_PREFIX + key)
-        pipe.expire(KEY_PREFIX + key, settings.CLEANUP_DELIVERY_COUNTER_TTL)
+        pipe.expire(KEY_PREFIX + key, cleanup_settings().delivery_counter_ttl)
         return int(pipe.execute()[0])
-    table = DeliveryCount._meta.db_table
-    with connection.cursor() as cur:  # autocommit: outside any transaction by design
-        cur.execute(
-            f"INSERT INTO {table} (idempotency_key, count, updated_at) VALUES (%s, 1, now()) "
-            f"ON CONFLICT (idempotency_key) DO UPDATE SET count = {table}.count + 1, "
-            f"updated_at = now() RETURNING count",
-            [key],
-        )
-        return int(cur.fetchone()[0])
+    # autocommit: outside any transaction by design
+    return int(scalar(sql.COUNT_DELIVERY, [key]))
 
 
 def tally(attempts: int = 1) -> None:
     """Count release attempts (one per hold) for the per-minute tally; never raises."""
-    if not settings.CLEANUP_COUNTER_REDIS_URL:
+    if not cleanup_settings().counter_redis_url:
         return
     minute = current_minute()
     with _pending_lock:
@@ -82,7 +76,7 @@ def _flush_forever() -> None:
 
 def flush_tally() -> None:
     """Add this process's pending tally to Redis (one pipelined round trip); never raises."""
-    url = settings.CLEANUP_COUNTER_REDIS_URL
+    url = cleanup_settings().counter_redis_url
     with _pending_lock:
         pending = dict(_pending)
         _pending.clear()
@@ -110,7 +104,7 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def current(key: str) -> int:
-    url = settings.CLEANUP_COUNTER_REDIS_URL
+    url = cleanup_settings().counter_redis_url
     if url:
         value = redis_clients.client(url).get(KEY_PREFIX + key)
         return int(value) if value is not None else 0
@@ -125,7 +119,7 @@ def current_minute(now: float | None = None) -> int:
 
 def _tallied(first: int, last: int) -> int | None:
     """Attempts flushed for minutes ``first``..``last``; None without a Redis counter."""
-    url = settings.CLEANUP_COUNTER_REDIS_URL
+    url = cleanup_settings().counter_redis_url
     if not url:
         return None
     keys = [f"{TALLY_PREFIX}{m}" for m in range(first, last + 1)]
@@ -147,7 +141,7 @@ def attempts_from(minute: int) -> int:
 
 def total(keys: list[str]) -> int:
     """Redeliveries counted for these keys, summed (the burst drill's report)."""
-    url = settings.CLEANUP_COUNTER_REDIS_URL
+    url = cleanup_settings().counter_redis_url
     if not url:
         return int(
             DeliveryCount.objects.filter(pk__in=keys).aggregate(n=models.Sum("count"))["n"] or 0

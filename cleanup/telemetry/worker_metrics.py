@@ -28,8 +28,8 @@ from collections import defaultdict
 from typing import Any
 
 from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
-from django.conf import settings
 
+from cleanup.conf import cleanup_settings
 from cleanup.telemetry import worker_boot
 
 logger = logging.getLogger("cleanup.observability")
@@ -196,7 +196,7 @@ def start_metrics_server(port: int, addr: str = "0.0.0.0", consumer: Any = None)
         registry.register(PoolCollector(consumer))  # type: ignore[arg-type]
     server = start_http_server(port, addr=addr, registry=registry)
 
-    interval = float(settings.WORKER_METRICS_COMPACT_INTERVAL)
+    interval = cleanup_settings().worker_metrics_compact_interval
     threading.Thread(
         target=_compactor, args=(path, interval), name="metrics-compactor", daemon=True
     ).start()
@@ -207,17 +207,17 @@ def start_metrics_server(port: int, addr: str = "0.0.0.0", consumer: Any = None)
 @worker_ready.connect
 def serve_worker_metrics(sender: Any = None, **_: Any) -> None:
 
-    if settings.WORKER_METRICS_PORT > 0:
+    conf = cleanup_settings()
+    if conf.worker_metrics_port > 0:
         from cleanup.telemetry import metrics  # noqa: PLC0415 - prometheus_client chooses its multiprocess mode at first import (docs/LIBRARY-NOTES.md §3)
 
         metrics.initialize_worker_series()
         try:
-            start_metrics_server(
-                settings.WORKER_METRICS_PORT, settings.WORKER_METRICS_ADDR, consumer=sender
-            )
+            port, addr = conf.worker_metrics_port, conf.worker_metrics_addr
+            start_metrics_server(port, addr, consumer=sender)
         except OSError:
             logger.exception(
-                "worker metrics port unavailable", extra={"port": settings.WORKER_METRICS_PORT}
+                "worker metrics port unavailable", extra={"port": conf.worker_metrics_port}
             )
 
 

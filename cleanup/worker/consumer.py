@@ -24,11 +24,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from celery.worker.consumer import Consumer
-from django.conf import settings
 from kombu.exceptions import ContentDisallowed, DecodeError
 from vine import promise
 
 from cleanup.broker import screening
+from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.worker.signals import dead_letter_message, dead_letter_undecodable
 
@@ -110,7 +110,7 @@ class DeadLetteringConsumer(_Consumer):
             headers,
             payload[2],
             time_limits=(self.app.conf.task_time_limit, self.app.conf.task_soft_time_limit),
-            eta_bound_seconds=settings.CLEANUP_RETRY_BACKOFF_MAX,
+            eta_bound_seconds=cleanup_settings().retry_backoff_max,
             now=datetime.now(UTC),
         )
         if problem:

@@ -21,9 +21,9 @@ from typing import Any
 
 from celery.worker import control, pidbox
 from celery.worker.consumer.control import Control
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from cleanup.conf import cleanup_settings
 from cleanup.telemetry import metrics
 
 logger = logging.getLogger("cleanup.remote_control")
@@ -39,7 +39,7 @@ _MATCHERS = (None, "glob")
 
 def allowed_commands() -> frozenset[str]:
     """The configured commands, each one Celery knows (a typo fails the worker's start)."""
-    names = frozenset(settings.CLEANUP_REMOTE_CONTROL_COMMANDS)
+    names = frozenset(cleanup_settings().remote_control_commands)
     unknown = sorted(names - set(control.Panel.data))
     if unknown:
         raise ImproperlyConfigured(

@@ -8,7 +8,8 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
-from config.env import env_bool, env_float, env_int, env_list, env_str, parse_database_url
+from cleanup.conf import CleanupSettings
+from config.env import env_bool, env_int, env_list, env_str, env_typed, parse_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -102,98 +103,24 @@ if not CELERY_BROKER_URL.startswith(("redis://", "rediss://", "amqp://", "amqps:
     )
 BROKER_IS_REDIS = CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
 
-CLEANUP_SWEEP_QUEUE = env_str("CLEANUP_SWEEP_QUEUE", "sweep")
-CLEANUP_RELEASE_QUEUE = env_str("CLEANUP_RELEASE_QUEUE", "cleanup")
-CLEANUP_MAINTENANCE_QUEUE = env_str("CLEANUP_MAINTENANCE_QUEUE", "maintenance")
-CLEANUP_EVENTS_QUEUE = env_str("CLEANUP_EVENTS_QUEUE", "reservation-events")
-# The largest message body a worker looks at; anything larger is dead-lettered unread
-# (a batch of 1,000 holds is about 170 KB). See docs/HARDENING.md.
-CLEANUP_MAX_MESSAGE_BYTES = env_int("CLEANUP_MAX_MESSAGE_BYTES", 1024 * 1024, minimum=64 * 1024)
-
-# Time limits bound a stuck release; the soft limit leaves room to roll back and log. A release
-# is one statement (milliseconds) and a sweep stops at its time budget, so 30 s is generous; it
-# is kept short because the visibility timeout (below) must cover it, and that timeout is how
-# long a lost node's messages wait before coming back.
-CLEANUP_TASK_TIME_LIMIT = env_int("CLEANUP_TASK_TIME_LIMIT", 30, minimum=1)
-CLEANUP_TASK_SOFT_TIME_LIMIT = env_int("CLEANUP_TASK_SOFT_TIME_LIMIT", 25, minimum=1)
-# Retries: exponential backoff with full jitter, capped well below the visibility timeout.
-CLEANUP_MAX_RETRIES = env_int("CLEANUP_MAX_RETRIES", 5, minimum=0)
-CLEANUP_RETRY_BACKOFF_MAX = env_int("CLEANUP_RETRY_BACKOFF_MAX", 30, minimum=1)
-# Deliveries of one idempotency key before the message is dead-lettered without any work: bounds
-# a poison message that kills its worker (reject_on_worker_lost requeues it without limit).
-CLEANUP_MAX_DELIVERIES = env_int("CLEANUP_MAX_DELIVERIES", 8, minimum=1)
-CLEANUP_DELIVERY_COUNTER_TTL = env_int("CLEANUP_DELIVERY_COUNTER_TTL", 86400, minimum=60)
-# Sweeps: a claim leases a hold for this long; after it a later sweep takes the hold again.
-CLEANUP_LEASE_SECONDS = env_int("CLEANUP_LEASE_SECONDS", 300, minimum=1)
-CLEANUP_SWEEP_BATCH_SIZE = env_int("CLEANUP_SWEEP_BATCH_SIZE", 500, minimum=1)
-CLEANUP_SWEEP_MAX_BATCHES = env_int("CLEANUP_SWEEP_MAX_BATCHES", 20, minimum=1)
-CLEANUP_MAX_CLAIMS = env_int("CLEANUP_MAX_CLAIMS", 10, minimum=1)
-# A sweep stops starting new batches after this many seconds (default: half the soft time
-# limit), so waiting for the publish lock or a slow broker never runs into the time limit.
-CLEANUP_SWEEP_TIME_BUDGET = env_float("CLEANUP_SWEEP_TIME_BUDGET", 0, minimum=0)
-# Backpressure: a sweep stops publishing while the release queue is deeper than this.
-CLEANUP_MAX_QUEUE_DEPTH = env_int("CLEANUP_MAX_QUEUE_DEPTH", 20000, minimum=1)
-# "single" = one message per hold (default); "batch" = one message per batch of holds.
-CLEANUP_RELEASE_MODE = env_str("CLEANUP_RELEASE_MODE", "single")
-if CLEANUP_RELEASE_MODE not in {"single", "batch"}:
-    raise ImproperlyConfigured(
-        f"CLEANUP_RELEASE_MODE={CLEANUP_RELEASE_MODE!r}: expected 'single' or 'batch'"
-    )
-CLEANUP_RELEASE_BATCH_SIZE = env_int("CLEANUP_RELEASE_BATCH_SIZE", 100, minimum=1)
-# Redis used for the delivery counter; defaults to the broker when the broker is Redis.
-# With RabbitMQ and no Redis, deliveries are counted in PostgreSQL (autocommit upsert).
-CLEANUP_COUNTER_REDIS_URL = env_str(
-    "CLEANUP_COUNTER_REDIS_URL", CELERY_BROKER_URL if BROKER_IS_REDIS else ""
+# The cleanup's settings are declared (type, default, bound, one-line doc) and cross-checked in
+# cleanup.conf.CleanupSettings; they are read here, from the environment, so a bad value fails
+# at start-up naming its variable, and published under their variables' names
+# (CLEANUP_RELEASE_QUEUE, METRICS_TOKEN, ...), where cleanup.conf.cleanup_settings() and the
+# tests' overrides find them. docs/ARCHITECTURE.md, "Settings".
+_cleanup = CleanupSettings.from_environment(
+    env_typed,
+    # The delivery counters live in the broker's Redis when it is Redis; with RabbitMQ and no
+    # Redis they are counted in PostgreSQL (autocommit upsert).
+    defaults={"CLEANUP_COUNTER_REDIS_URL": CELERY_BROKER_URL if BROKER_IS_REDIS else ""},
 )
-CLEANUP_RETENTION_DAYS = env_int("CLEANUP_RETENTION_DAYS", 14, minimum=1)
-CLEANUP_PRUNE_BATCH_SIZE = env_int("CLEANUP_PRUNE_BATCH_SIZE", 5000, minimum=1)
-# Resolved dead letters are deleted this many days after they were resolved (cleanup.prune).
-CLEANUP_DEAD_LETTER_RETENTION_DAYS = env_int("CLEANUP_DEAD_LETTER_RETENTION_DAYS", 14, minimum=1)
-# Open dead letters kept in full; the oldest beyond it are summarised (one open summary letter
-# per reason and task) by cleanup.sample_health. docs/OPERATOR-CONSOLE.md, "Dead-letter triage".
-CLEANUP_DEAD_LETTER_OPEN_CAP = env_int("CLEANUP_DEAD_LETTER_OPEN_CAP", 10000, minimum=1)
-CLEANUP_RELAY_BATCH_SIZE = env_int("CLEANUP_RELAY_BATCH_SIZE", 500, minimum=1)
-CLEANUP_SLO_SECONDS = env_int("CLEANUP_SLO_SECONDS", 300, minimum=1)
-CLEANUP_ELIGIBLE_COUNT_CAP = env_int("CLEANUP_ELIGIBLE_COUNT_CAP", 100000, minimum=1)
-CLEANUP_BEAT_LOCK_ID = env_int("CLEANUP_BEAT_LOCK_ID", 727_001)
-CLEANUP_BEAT_IDLE_SESSION_TIMEOUT = env_int("CLEANUP_BEAT_IDLE_SESSION_TIMEOUT", 30, minimum=1)
-
-# Redis visibility timeout: a message fetched but not acked comes back after this long — also
-# when its worker is lost, so recovery after a node loss is about this + the restore interval
-# (default 75 + 5 s, measured ≈ 80 s). The clock starts when the worker fetches the message, so
-# it must exceed the longest a fetched message can stay unacked without anything being wrong:
-# a retry is an ETA message held unacked in the worker for up to the backoff cap and then run
-# for up to the hard time limit; longer, and a running or waiting task is delivered twice
-# (docs/PIPELINE.md "Recovery times" has the trade-off; docs/LIBRARY-NOTES.md §2 the ETA case).
-CLEANUP_VISIBILITY_TIMEOUT = env_int("CLEANUP_VISIBILITY_TIMEOUT", 75, minimum=1)
-_longest_hold = CLEANUP_TASK_TIME_LIMIT + CLEANUP_RETRY_BACKOFF_MAX
-if CLEANUP_VISIBILITY_TIMEOUT <= _longest_hold:
-    raise ImproperlyConfigured(
-        f"CLEANUP_VISIBILITY_TIMEOUT={CLEANUP_VISIBILITY_TIMEOUT} must exceed "
-        f"CLEANUP_TASK_TIME_LIMIT + CLEANUP_RETRY_BACKOFF_MAX ({_longest_hold}): a retry waits "
-        f"unacked for up to the backoff cap, then runs for up to the time limit"
-    )
-if CLEANUP_MAX_DELIVERIES <= CLEANUP_MAX_RETRIES:
-    # Each Celery retry is a delivery too; a cap below the retries would dead-letter a message
-    # that is merely retrying a transient error.
-    raise ImproperlyConfigured(
-        f"CLEANUP_MAX_DELIVERIES={CLEANUP_MAX_DELIVERIES} must exceed "
-        f"CLEANUP_MAX_RETRIES={CLEANUP_MAX_RETRIES}"
-    )
-if not CLEANUP_SWEEP_TIME_BUDGET:
-    CLEANUP_SWEEP_TIME_BUDGET = CLEANUP_TASK_SOFT_TIME_LIMIT / 2
-if CLEANUP_TASK_SOFT_TIME_LIMIT >= CLEANUP_TASK_TIME_LIMIT:
-    raise ImproperlyConfigured("CLEANUP_TASK_SOFT_TIME_LIMIT must be below CLEANUP_TASK_TIME_LIMIT")
-# How often an idle consumer scans for unacked messages past the visibility timeout. kombu's
-# default scans about every 100 s; one scan every few seconds bounds a dead worker's recovery
-# at visibility_timeout + this interval.
-CLEANUP_UNACKED_RESTORE_INTERVAL = env_int("CLEANUP_UNACKED_RESTORE_INTERVAL", 5, minimum=1)
+globals().update(_cleanup.as_django_settings())
 
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if BROKER_IS_REDIS:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "visibility_timeout": CLEANUP_VISIBILITY_TIMEOUT,
-        "unacked_restore_interval": CLEANUP_UNACKED_RESTORE_INTERVAL,
+        "visibility_timeout": _cleanup.visibility_timeout,
+        "unacked_restore_interval": _cleanup.unacked_restore_interval,
         "unacked_restore_throttle": 1,
     }
 if CELERY_BROKER_URL.startswith("redis://"):
@@ -224,20 +151,20 @@ CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True
 # the fewest messages behind a lost worker (each waits for the visibility timeout); higher
 # values hide the broker round trip between two tasks (docs/PERFORMANCE.md measures both).
 CELERY_WORKER_PREFETCH_MULTIPLIER = env_int("CELERY_WORKER_PREFETCH_MULTIPLIER", 1, minimum=1)
-CELERY_TASK_TIME_LIMIT = CLEANUP_TASK_TIME_LIMIT
-CELERY_TASK_SOFT_TIME_LIMIT = CLEANUP_TASK_SOFT_TIME_LIMIT
+CELERY_TASK_TIME_LIMIT = _cleanup.task_time_limit
+CELERY_TASK_SOFT_TIME_LIMIT = _cleanup.task_soft_time_limit
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
-CELERY_TASK_DEFAULT_QUEUE = CLEANUP_RELEASE_QUEUE
+CELERY_TASK_DEFAULT_QUEUE = _cleanup.release_queue
 CELERY_TASK_QUEUES = [
-    Queue(CLEANUP_SWEEP_QUEUE, routing_key=CLEANUP_SWEEP_QUEUE),
-    Queue(CLEANUP_RELEASE_QUEUE, routing_key=CLEANUP_RELEASE_QUEUE),
-    Queue(CLEANUP_MAINTENANCE_QUEUE, routing_key=CLEANUP_MAINTENANCE_QUEUE),
+    Queue(_cleanup.sweep_queue, routing_key=_cleanup.sweep_queue),
+    Queue(_cleanup.release_queue, routing_key=_cleanup.release_queue),
+    Queue(_cleanup.maintenance_queue, routing_key=_cleanup.maintenance_queue),
 ]
 CELERY_TASK_ROUTES = {
-    "cleanup.sweep_shard": {"queue": CLEANUP_SWEEP_QUEUE},
-    "cleanup.release_reservation": {"queue": CLEANUP_RELEASE_QUEUE},
-    "cleanup.release_batch": {"queue": CLEANUP_RELEASE_QUEUE},
-    "cleanup.*": {"queue": CLEANUP_MAINTENANCE_QUEUE},
+    "cleanup.sweep_shard": {"queue": _cleanup.sweep_queue},
+    "cleanup.release_reservation": {"queue": _cleanup.release_queue},
+    "cleanup.release_batch": {"queue": _cleanup.release_queue},
+    "cleanup.*": {"queue": _cleanup.maintenance_queue},
 }
 # Flower shows nothing without task events; the benchmark measures their cost.
 CELERY_WORKER_SEND_TASK_EVENTS = env_bool("CELERY_TASK_EVENTS", True)
@@ -250,43 +177,7 @@ CELERY_BEAT_SYNC_EVERY = 1
 CELERY_BEAT_MAX_LOOP_INTERVAL = env_int("CELERY_BEAT_MAX_LOOP_INTERVAL", 5, minimum=1)
 CELERY_TIMEZONE = "UTC"
 
-# --- Observability -------------------------------------------------------------------------
-METRICS_TOKEN = env_str("METRICS_TOKEN", "")
-METRICS_ALLOW_IPS = env_list("METRICS_ALLOW_IPS", [])
-METRICS_STATEMENT_TIMEOUT_MS = env_int("METRICS_STATEMENT_TIMEOUT_MS", 2000, minimum=1)
-WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0, minimum=0)
-# The worker metrics endpoint has no authentication: loopback unless a deployment binds it to
-# the private network its Prometheus scrapes from (compose does).
-WORKER_METRICS_ADDR = env_str("WORKER_METRICS_ADDR", "127.0.0.1")
-# How often a worker's main process folds dead pool children's metric files into an archive.
-WORKER_METRICS_COMPACT_INTERVAL = env_float("WORKER_METRICS_COMPACT_INTERVAL", 30, minimum=0.1)
-# Inputs of cleanup.scaling.capacity.desired_consumers (the desired_consumers gauge, the
-# autoscaler): a planned peak arrival rate (a floor under the measured one), the measured
-# per-consumer rate from a burst report (else the receipts' mean duration is used), and retry
-# headroom.
-CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S = env_float(
-    "CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S", 0, minimum=0
-)
-CLEANUP_CAPACITY_PER_CONSUMER_PER_S = env_float("CLEANUP_CAPACITY_PER_CONSUMER_PER_S", 0, minimum=0)
-CLEANUP_CAPACITY_HEADROOM = env_float("CLEANUP_CAPACITY_HEADROOM", 0.5, minimum=0)
-# The pool autoscaler (cleanup.scaling.autoscale, used with `celery worker --autoscale=MAX,MIN`):
-# how often it reads the backlog, the window its rates are measured over, the fraction of the SLO
-# the oldest eligible hold may reach before the backlog must be drained, the utilization target,
-# how long a lower target must persist before the pool shrinks, and the service time per pool
-# process assumed until one is measured (CLEANUP_CAPACITY_PER_CONSUMER_PER_S overrides both).
-CLEANUP_AUTOSCALE_INTERVAL = env_float("CLEANUP_AUTOSCALE_INTERVAL", 5, minimum=0.2)
-CLEANUP_AUTOSCALE_WINDOW = env_float("CLEANUP_AUTOSCALE_WINDOW", 60, minimum=1)
-CLEANUP_AUTOSCALE_SLO_TARGET = env_float("CLEANUP_AUTOSCALE_SLO_TARGET", 0.5, minimum=0.01)
-CLEANUP_AUTOSCALE_UTILIZATION = env_float("CLEANUP_AUTOSCALE_UTILIZATION", 0.7, minimum=0.01)
-CLEANUP_AUTOSCALE_COOLDOWN = env_float("CLEANUP_AUTOSCALE_COOLDOWN", 60, minimum=0)
-CLEANUP_AUTOSCALE_SERVICE_TIME = env_float("CLEANUP_AUTOSCALE_SERVICE_TIME", 0.05, minimum=0.0001)
-CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS = env_int(
-    "CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS", 2000, minimum=1
-)
-if CLEANUP_AUTOSCALE_SLO_TARGET > 1 or CLEANUP_AUTOSCALE_UTILIZATION > 1:
-    raise ImproperlyConfigured(
-        "CLEANUP_AUTOSCALE_SLO_TARGET and CLEANUP_AUTOSCALE_UTILIZATION must be <= 1"
-    )
+# --- Observability and scaling (their settings: cleanup.conf) -----------------------------
 # Only used when a worker runs with --autoscale; without it the pool has a fixed size.
 CELERY_WORKER_AUTOSCALER = "cleanup.scaling.autoscale:BacklogAutoscaler"
 LOG_FORMAT = env_str("LOG_FORMAT", "text")
@@ -316,23 +207,5 @@ LOGGING = {
 CELERY_WORKER_CONSUMER = "cleanup.worker.consumer:DeadLetteringConsumer"
 # Remote control (the pidbox broadcast channel): anyone who can write to the broker can send a
 # command, so a worker runs only these and drops the rest with a log line and a counted metric
-# (cleanup.worker.remote_control). The default is what `manage.py worker_health`,
-# `celery inspect` and Flower's read-only pages use; add e.g. pool_grow or shutdown only
-# with a broker you trust.
+# (cleanup.worker.remote_control; CLEANUP_REMOTE_CONTROL_COMMANDS in cleanup.conf).
 CELERY_WORKER_ENABLE_REMOTE_CONTROL = env_bool("CELERY_WORKER_ENABLE_REMOTE_CONTROL", True)
-CLEANUP_REMOTE_CONTROL_COMMANDS = env_list(
-    "CLEANUP_REMOTE_CONTROL_COMMANDS",
-    [
-        "ping",
-        "stats",
-        "active",
-        "reserved",
-        "scheduled",
-        "revoked",
-        "registered",
-        "active_queues",
-        "query_task",
-        "clock",
-        "enable_events",
-    ],
-)

@@ -24,6 +24,7 @@ from django.conf import settings
 from prometheus_client.parser import text_string_to_metric_families
 
 # The invariants moved to the product (the burst drill checks them too); re-exported here.
+from cleanup.conf import cleanup_settings
 from cleanup.drills.invariants import invariant_violations as invariant_violations
 from cleanup.drills.workers import CeleryProcess, WorkerProcess
 from reservations.db import rows as sql
@@ -88,9 +89,9 @@ def broker_is_redis() -> bool:
 
 def test_queues() -> list[str]:
     return [
-        settings.CLEANUP_SWEEP_QUEUE,
-        settings.CLEANUP_RELEASE_QUEUE,
-        settings.CLEANUP_MAINTENANCE_QUEUE,
+        cleanup_settings().sweep_queue,
+        cleanup_settings().release_queue,
+        cleanup_settings().maintenance_queue,
         *EXTRA_QUEUES,
     ]
 
@@ -168,8 +169,8 @@ def delivery_totals(keys: list[str]) -> list[int]:
     from cleanup import redis_clients
     from cleanup.telemetry import deliveries
 
-    if settings.CLEANUP_COUNTER_REDIS_URL:
-        client = redis_clients.client(settings.CLEANUP_COUNTER_REDIS_URL)
+    if cleanup_settings().counter_redis_url:
+        client = redis_clients.client(cleanup_settings().counter_redis_url)
         full = [deliveries.KEY_PREFIX + k for k in keys]
         values = [v for at in range(0, len(full), 2000) for v in client.mget(full[at : at + 2000])]
         return [int(v or 0) for v in values]

@@ -32,6 +32,7 @@ from django.urls import reverse
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from cleanup.broker import readers as broker
+from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupSchedule
 from cleanup.pipeline.schedule import (
     RELAY_NAME,
@@ -202,9 +203,7 @@ def test_schedule_edits_take_effect_without_restarting_beat(workers, schedule, b
 
 def beat_max_interval() -> int:
     """The scheduler's tick bound (LeaderDatabaseScheduler: half the idle-session timeout)."""
-    from django.conf import settings
-
-    return max(1, settings.CLEANUP_BEAT_IDLE_SESSION_TIMEOUT // 2)
+    return max(1, cleanup_settings().beat_idle_session_timeout // 2)
 
 
 def _median(values: list[float]) -> float:
@@ -274,9 +273,7 @@ def test_a_leader_that_stops_pinging_loses_its_lease_and_sends_nothing_after(
 
 
 def beat_idle_timeout() -> int:
-    from django.conf import settings
-
-    return int(settings.CLEANUP_BEAT_IDLE_SESSION_TIMEOUT)
+    return cleanup_settings().beat_idle_session_timeout
 
 
 # --- the Cleanup schedule admin object drives beat ---------------------------------------

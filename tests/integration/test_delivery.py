@@ -16,9 +16,9 @@ import uuid
 from typing import Any
 
 import pytest
-from django.conf import settings
 
 from cleanup.broker import readers as broker
+from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.telemetry import deliveries
 from tests.wire import GOOD, publish_raw
@@ -106,7 +106,7 @@ def test_a_worker_killed_whole_mid_release_is_recovered_by_another_worker(
         # the message is not lost, and no consumer runs now: on Redis it waits in kombu's
         # unacked set for the visibility timeout; RabbitMQ puts it back in the queue as soon
         # as the dead worker's connection closes
-        queue = settings.CLEANUP_RELEASE_QUEUE
+        queue = cleanup_settings().release_queue
         if broker_is_redis():
             assert (broker.queue_depth(queue), broker.unacked_count(queue)) == (0, 1)
         else:
@@ -123,10 +123,10 @@ def test_a_worker_killed_whole_mid_release_is_recovered_by_another_worker(
             wait_until(lambda: deliveries.current(key) >= 1, timeout=90, what="redelivery")
             wait_until(lambda: status_of(hold_id) == "released", timeout=30, what="released")
             recovery = time.monotonic() - killed_at
-            wait_until(lambda: queue_settled(settings.CLEANUP_RELEASE_QUEUE), timeout=30)
+            wait_until(lambda: queue_settled(cleanup_settings().release_queue), timeout=30)
     how = (
-        f"visibility timeout {settings.CLEANUP_VISIBILITY_TIMEOUT}s, restore scan every "
-        f"{settings.CLEANUP_UNACKED_RESTORE_INTERVAL}s"
+        f"visibility timeout {cleanup_settings().visibility_timeout}s, restore scan every "
+        f"{cleanup_settings().unacked_restore_interval}s"
         if broker_is_redis()
         else "RabbitMQ requeues on connection loss; includes the second worker's start"
     )
@@ -140,7 +140,7 @@ def test_a_worker_killed_whole_mid_release_is_recovered_by_another_worker(
         # it came back through the visibility timeout (never before it): the restore path, not
         # a requeue by the dead worker. How long after is printed above, not asserted. (On
         # RabbitMQ the requeue on connection loss is seen above, before any worker ran.)
-        assert recovery >= settings.CLEANUP_VISIBILITY_TIMEOUT - 1
+        assert recovery >= cleanup_settings().visibility_timeout - 1
 
 
 def test_a_terminated_database_connection_is_retried_then_released_once(

@@ -231,13 +231,12 @@ def failing(event: str, table: str) -> Iterator[None]:
 def test_an_outbox_relay_failing_mid_batch_publishes_again_and_its_letter_clears(
     clean, exclusive_workers, tmp_path: Path
 ) -> None:
-    from django.conf import settings
-
     from cleanup.broker.readers import queue_depth
+    from cleanup.conf import cleanup_settings
     from cleanup.tasks import relay_outbox_task
 
     ids = fleet.create_eligible_holds(3, offerings=1)
-    events = settings.CLEANUP_EVENTS_QUEUE
+    events = cleanup_settings().events_queue
     unpublished = "SELECT count(*) FROM reservations_outboxevent WHERE published_at IS NULL"
     with fleet.dedicated(tmp_path, {"env": ENV}):
         fleet.run_sweeps(1)
@@ -373,8 +372,7 @@ def test_readyz_is_503_naming_the_broker_while_redis_is_down_and_recovers(
 def test_a_worker_whose_redis_dies_during_brpop_reconnects_and_releases(
     clean, exclusive_workers, tmp_path: Path
 ) -> None:
-    from django.conf import settings
-
+    from cleanup.conf import cleanup_settings
     from cleanup.pipeline.publish import RELEASE_TASK
     from config.celery_app import app
 
@@ -410,7 +408,7 @@ def test_a_worker_whose_redis_dies_during_brpop_reconnects_and_releases(
                 app.send_task(
                     RELEASE_TASK,
                     args=(message,),
-                    queue=settings.CLEANUP_RELEASE_QUEUE,
+                    queue=cleanup_settings().release_queue,
                     connection=conn,
                 )
             fleet.wait_until(
@@ -526,9 +524,10 @@ def test_requeue_with_the_broker_down_keeps_the_letter_open_naming_the_error(
         assert up.returncode == 0, up.stdout + up.stderr
         assert "republished 1" in up.stdout
         import redis
-        from django.conf import settings
 
-        queue = settings.CLEANUP_RELEASE_QUEUE
+        from cleanup.conf import cleanup_settings
+
+        queue = cleanup_settings().release_queue
         assert redis.Redis.from_url(server.url).llen(queue) == 1
     finally:
         server.stop()

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
+from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.pipeline.messages import build
 from cleanup.pipeline.publish import publish_release_messages
@@ -57,7 +58,7 @@ def push_redis_entry(entry: bytes | str) -> str:
     Redis could: no kombu envelope at all, or a broken one."""
     from cleanup.broker.readers import redis_client
 
-    redis_client().lpush(settings.CLEANUP_RELEASE_QUEUE, entry)
+    redis_client().lpush(cleanup_settings().release_queue, entry)
     return ""
 
 

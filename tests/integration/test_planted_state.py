@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from django.conf import settings
 
 from cleanup.broker.readers import redis_client
+from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 
 from .fleet import (
@@ -72,7 +72,7 @@ def test_a_bad_unacked_entry_is_set_aside_and_a_dead_workers_message_is_still_re
     client.zadd("unacked_index", {PLANTED_TAG: fetched_at})
     if scan == "at_start":
         # both past the visibility timeout before another worker starts
-        visible_at = fetched_at + settings.CLEANUP_VISIBILITY_TIMEOUT + 1
+        visible_at = fetched_at + cleanup_settings().visibility_timeout + 1
         time.sleep(max(0.0, visible_at - time.time()))
 
     # when: another worker runs
@@ -85,7 +85,7 @@ def test_a_bad_unacked_entry_is_set_aside_and_a_dead_workers_message_is_still_re
 
         wait_until(released_or_stopped, timeout=60, what="the stranded hold released")
         assert worker_b.alive() and worker_b.pid == main_pid, worker_b.log_tail(30)
-        wait_until(lambda: queue_settled(settings.CLEANUP_RELEASE_QUEUE), timeout=30)
+        wait_until(lambda: queue_settled(cleanup_settings().release_queue), timeout=30)
         # ... and the planted entry is gone from the hash and its index, as one dead letter
         assert not client.hexists("unacked", PLANTED_TAG)
         assert client.zscore("unacked_index", PLANTED_TAG) is None
@@ -93,7 +93,7 @@ def test_a_bad_unacked_entry_is_set_aside_and_a_dead_workers_message_is_still_re
         assert [letter.reason for letter in letters] == [DeadLetter.Reason.REJECTED]
         assert "unacked entry is nested deeper" in letters[0].error
         # and the same main process is still running a few scans later
-        time.sleep(settings.CLEANUP_UNACKED_RESTORE_INTERVAL * 3)
+        time.sleep(cleanup_settings().unacked_restore_interval * 3)
         assert worker_b.alive() and worker_b.pid == main_pid
     assert outcome_counts() == {"released": 1}
     assert invariant_violations(expected_released=[hold_id]) == []

@@ -30,6 +30,8 @@ from typing import Any
 
 import pytest
 
+from tests.quick_start import quick_start_env
+
 from .prodstack import (
     ROOT,
     Browser,
@@ -73,18 +75,7 @@ def _unavailable(reason: str) -> None:
 
 
 def _dotenv() -> dict[str, str]:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_env", ROOT / "scripts" / "make_env.py")
-    assert spec and spec.loader
-    make_env = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_env)
-    rendered = make_env.render((ROOT / ".env.example").read_text())
-    env = dict(
-        line.split("=", 1) for line in rendered.splitlines() if "=" in line and line[0] != "#"
-    )
-    env.update(DRILL_SETTINGS)
-    return env
+    return {**quick_start_env(), **DRILL_SETTINGS}
 
 
 def _manage_py_shell(code: str) -> list[str]:

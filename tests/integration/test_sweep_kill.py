@@ -18,8 +18,8 @@ from contextlib import contextmanager
 
 import psycopg
 import pytest
-from django.conf import settings
 
+from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 
 from . import fleet
@@ -79,7 +79,7 @@ def test_a_worker_killed_mid_sweep_leaves_its_batch_due_at_once_not_leased(
     # that hold's dead letter), after the claim and before the publish
     ids = fleet.create_eligible_holds(20, offerings=2)
     worn, others = ids[0], ids[1:]
-    limit = settings.CLEANUP_MAX_CLAIMS
+    limit = cleanup_settings().max_claims
     fleet.sql("UPDATE reservations_reservation SET claim_count = %s WHERE id = %s", [limit, worn])
     with fleet.dedicated(tmp_path, {"concurrency": 1}) as (sweeper,):
         with dead_letters_locked():
@@ -130,7 +130,7 @@ def test_a_worker_killed_between_the_publish_and_the_commit_leaves_messages_that
                 fleet.blocked_backends, timeout=30, what="the sweep parked at its commit"
             )
             # then: the whole batch is already published while the claim is uncommitted
-            assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == len(ids), (
+            assert queue_depth(cleanup_settings().release_queue) == len(ids), (
                 "the sweep reached its commit before publishing its batch"
             )
             # when: the whole worker is SIGKILLed at that commit (and the server ends its
@@ -150,7 +150,7 @@ def test_a_worker_killed_between_the_publish_and_the_commit_leaves_messages_that
     # and when a worker consumes only the release queue (no sweep can run), the messages the
     # dead sweep published release every hold, each once
     with fleet.dedicated(
-        tmp_path, {"concurrency": 1, "extra_args": ["-Q", settings.CLEANUP_RELEASE_QUEUE]}
+        tmp_path, {"concurrency": 1, "extra_args": ["-Q", cleanup_settings().release_queue]}
     ):
         fleet.wait_until(
             lambda: fleet.released_count(ids) == len(ids),

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from django.conf import settings
 from django.db import connection
 
+from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.pipeline import deadletters
 from cleanup.pipeline.messages import build
@@ -165,7 +165,7 @@ def test_a_worker_whose_delivery_counter_is_unreachable_still_releases(
             )
             message = build(hold_id, 1, expires_at, 0, "counter-down")
             app.send_task(
-                RELEASE_TASK, args=(message,), queue=settings.CLEANUP_RELEASE_QUEUE, retries=1
+                RELEASE_TASK, args=(message,), queue=cleanup_settings().release_queue, retries=1
             )
         fleet.wait_until(
             lambda: fleet.outcome_counts() == {"released": 5}, timeout=60, what="released"

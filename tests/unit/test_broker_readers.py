@@ -19,6 +19,7 @@ from django.conf import settings
 from prometheus_client import REGISTRY
 
 from cleanup.broker import readers as broker_module
+from cleanup.conf import cleanup_settings
 from cleanup.console import health
 from cleanup.console.gauges import BacklogCollector
 from cleanup.models import DeadLetter
@@ -29,7 +30,7 @@ from tests.wire import GOOD, RELEASE_TASK, task_body
 
 pytestmark = pytest.mark.skipif(not settings.BROKER_IS_REDIS, reason="Redis broker state")
 
-QUEUE = settings.CLEANUP_RELEASE_QUEUE
+QUEUE = cleanup_settings().release_queue
 GOOD_AGE = 120.0
 
 
@@ -226,7 +227,7 @@ def test_the_restore_sets_a_bad_unacked_entry_aside_and_restores_the_rest(
     # given: two messages stranded past the visibility timeout, as a SIGKILLed worker leaves
     # them, and a bad entry between them (the scan goes newest first, so it meets the bad
     # entry before the older good one)
-    stranded = time.time() - settings.CLEANUP_VISIBILITY_TIMEOUT - 60
+    stranded = time.time() - cleanup_settings().visibility_timeout - 60
     broker.hset("unacked", mapping={"newer": unacked_entry(), "bad": bad, "older": unacked_entry()})
     broker.zadd("unacked_index", {"newer": stranded + 20, "bad": stranded + 10, "older": stranded})
     before = skipped("unacked_restore")

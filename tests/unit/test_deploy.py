@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.quick_start import quick_start_env
+
 ROOT = Path(__file__).resolve().parents[2]
 METRIC = re.compile(r"\breservation_cleanup_[a-z_]+\b")
 COMPOSE_VAR = re.compile(r"(?<!\$)\$\{([A-Z_][A-Z0-9_]*)")
@@ -224,19 +226,6 @@ def _start_web_settings(dotenv: dict[str, str], probe: str) -> Any:
     )
 
 
-def _quick_start_env() -> dict[str, str]:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("make_env", ROOT / "scripts" / "make_env.py")
-    assert spec and spec.loader
-    make_env = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_env)
-    rendered = make_env.render((ROOT / ".env.example").read_text())
-    return dict(
-        line.split("=", 1) for line in rendered.splitlines() if "=" in line and line[0] != "#"
-    )
-
-
 def test_the_quick_start_env_passes_the_production_settings_checks() -> None:
     """`scripts/make_env.py` + docker-compose.yml give the app containers an environment that
     config.settings.production accepts (it refuses weak or development secrets)."""
@@ -244,7 +233,7 @@ def test_the_quick_start_env_passes_the_production_settings_checks() -> None:
         "import django; django.setup(); from django.conf import settings as s; "
         "print(s.DEBUG, s.SECURE_SSL_REDIRECT, s.CELERY_BROKER_URL.split('@')[-1])"
     )
-    done = _start_web_settings(_quick_start_env(), probe)
+    done = _start_web_settings(quick_start_env(), probe)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False", "False", "redis:6379/0"]
 
@@ -263,7 +252,7 @@ def test_an_example_credential_left_in_the_env_stops_the_app_containers(
     """.env.example copied by hand with one placeholder left in: production settings refuse it,
     naming the variable the app reads, without repeating the placeholder."""
     example = _example_env()[example_variable]
-    dotenv = {**_quick_start_env(), example_variable: example}
+    dotenv = {**quick_start_env(), example_variable: example}
     done = _start_web_settings(dotenv, "import django; django.setup()")
     assert done.returncode != 0
     message = done.stderr.strip().splitlines()[-1]
@@ -287,7 +276,7 @@ def test_the_web_answers_prometheus_at_web_8000_under_the_compose_environment() 
         "    print(host, c.get('/healthz', HTTP_HOST=host).status_code,"
         " c.get('/metrics', HTTP_HOST=host).status_code)\n"
     )
-    done = _start_web_settings(_quick_start_env(), probe)
+    done = _start_web_settings(quick_start_env(), probe)
     assert done.returncode == 0, done.stderr[-2000:]
     answers = dict(line.split(" ", 1) for line in done.stdout.splitlines())
     # /metrics without the token: 401 means the Host passed and the token check answered.
@@ -298,7 +287,7 @@ def test_the_web_answers_prometheus_at_web_8000_under_the_compose_environment() 
 
 def test_an_operators_own_allowed_hosts_keep_web() -> None:
     done = _start_web_settings(
-        {**_quick_start_env(), "ALLOWED_HOSTS": "reservations.example.com"},
+        {**quick_start_env(), "ALLOWED_HOSTS": "reservations.example.com"},
         "import django; django.setup(); from django.conf import settings as s; "
         "print(','.join(s.ALLOWED_HOSTS))",
     )
@@ -313,7 +302,7 @@ def test_every_setting_in_dotenv_reaches_the_app_services() -> None:
     for name in ("migrate", "web", "worker", "beat", "flower"):
         assert services[name].get("env_file") == ".env", name
     dotenv = {
-        **_quick_start_env(),
+        **quick_start_env(),
         "CLEANUP_MAX_QUEUE_DEPTH": "1234",
         "METRICS_ALLOW_IPS": "10.9.0.0/16",
         "CLEANUP_CAPACITY_PER_CONSUMER_PER_S": "42",

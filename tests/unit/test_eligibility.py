@@ -17,9 +17,9 @@ from cleanup.console.gauges import BacklogCollector
 from cleanup.drills.burst import sample
 from cleanup.drills.state import BurstConfig, BurstState
 from cleanup.telemetry import deliveries
-from reservations import services
+from reservations import services, sql
 from reservations.db import rows, scalar
-from reservations.eligibility import ELIGIBLE_COUNT_SQL, OLDEST_ELIGIBLE_SQL, eligible_sql
+from reservations.eligibility import eligible_sql
 from reservations.models import BUCKETS, Reservation
 from reservations.seed import seed_holds
 
@@ -64,15 +64,19 @@ def test_every_reader_of_eligibility_sees_the_same_holds() -> None:
     assert {
         r[0]
         for r in rows(
-            f"SELECT r.id FROM reservations_reservation r "
-            f"WHERE {eligible_sql('r', off_the_held_index=True)}"
+            f"SELECT hold.id FROM reservations_reservation hold "
+            f"WHERE {eligible_sql('hold', off_the_held_index=True)}"
         )
     } == eligible
 
     # the backlog statements (gauges, health page, autoscaler) over every bucket
     all_buckets = list(range(BUCKETS))
-    assert scalar(ELIGIBLE_COUNT_SQL, [all_buckets, 1000]) == n
-    assert oldest_age <= scalar(OLDEST_ELIGIBLE_SQL, [all_buckets]) < oldest_age + 60
+    assert scalar(sql.ELIGIBLE_COUNT, [all_buckets, 1000]) == n
+    assert oldest_age <= scalar(sql.OLDEST_ELIGIBLE_AGE, [all_buckets]) < oldest_age + 60
+    backlog = services.eligible_backlog(all_buckets, cap=1000)
+    assert (backlog.eligible, backlog.capped) == (n, False)
+    assert oldest_age <= backlog.oldest_age_seconds < oldest_age + 60
+    assert services.eligible_backlog(all_buckets, cap=n - 1).capped
 
     # the health page, shard by shard, and the /metrics gauges
     shards = health.read_shards(SHARDS, cap=1000)

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cleanup.console.endpoints import metrics_registry
 from cleanup.console.gauges import BacklogCollector
+from reservations.db import rows
 from tests.integration.fleet import create_eligible_holds
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -193,8 +194,8 @@ def test_a_failing_section_keeps_its_last_value_and_counts_an_error(settings) ->
     original = collector.read_eligible
 
     def slow() -> dict:
-        def run(cur) -> dict:  # type: ignore[no-untyped-def]
-            cur.execute("SELECT pg_sleep(0.1)")
+        def run() -> dict:
+            rows("SELECT pg_sleep(0.1)")
             return {}
 
         return collector._db(run)

@@ -336,6 +336,15 @@ def _state(tasks: list[PeriodicTask]) -> dict[str, bool]:
     )
 
 
+def _run_action(client: Any, action: str, tasks: list[PeriodicTask]) -> Any:
+    """Post a bulk action of the periodic tasks' list on ``tasks``, as its form does."""
+    return client.post(
+        reverse(PERIODIC_TASKS),
+        {"action": action, "_selected_action": [t.pk for t in tasks], "index": 0},
+        follow=True,
+    )
+
+
 def _queued(broker: Any, tasks: list[PeriodicTask]) -> int:
     return sum(int(broker.llen(q)) for q in {t.queue for t in tasks})
 
@@ -353,11 +362,7 @@ def test_a_periodic_task_viewer_is_offered_no_beat_action_and_a_forged_post_does
     assert RELAY_NAME in html  # the viewer does see the list
     for name in BEAT_ACTIONS:
         assert f'value="{name}"' not in html
-    forged = viewer.post(
-        reverse(PERIODIC_TASKS),
-        {"action": action, "_selected_action": [t.pk for t in tasks], "index": 0},
-        follow=True,
-    )
+    forged = _run_action(viewer, action, tasks)
     assert forged.status_code == 200
     assert _state(tasks) == before
     assert _queued(broker, tasks) == 0
@@ -400,11 +405,7 @@ def test_a_user_who_may_change_periodic_tasks_runs_each_beat_action_and_each_row
     editor = _beat_staff("editor", "view_periodictask", "change_periodictask")
     page = editor.get(reverse(PERIODIC_TASKS))
     assert f'value="{action}"' in page.content.decode()
-    done = editor.post(
-        reverse(PERIODIC_TASKS),
-        {"action": action, "_selected_action": [t.pk for t in tasks], "index": 0},
-        follow=True,
-    )
+    done = _run_action(editor, action, tasks)
     assert done.status_code == 200
     assert _state(tasks) == after
     editor_id = User.objects.get(username="editor").pk

@@ -1,10 +1,13 @@
-"""The contract between the domain's release statement (reservations/services.py) and the
-receipts the cleanup attaches to it (cleanup/pipeline/release.py): the CTE the receipts read,
-its columns, and the placeholders each side owns. A rename on one side fails here, not in the
-first real release.
+"""The contract between the domain's release statement (reservations/sql.py) and the receipts
+the cleanup attaches to it (cleanup/sql.py's ``RELEASED_RECEIPTS``): the CTE the receipts read
+(``RELEASED_ROWS``), its columns (``RELEASED_COLUMNS``) and the placeholders each side owns
+(``RELEASE_PARAMS`` are the release's). Both statements are written with those names, and a
+change that breaks the contract fails here, not in the first real release.
 
-Break: rename ``RELEASED_ROWS``'s value, or the receipts' ``%(attempt)s`` to ``%(reason)s``, or
-drop ``r.expires_at`` from the CTE's RETURNING: one of these fails.
+Break: the receipts read ``released.bucket`` (a column the CTE does not return), or use
+``%(reason)s`` instead of ``%(attempt)s``; or the release statement gains a placeholder that
+``RELEASE_PARAMS`` does not list (``%(lease)s``), or its CTE returns ``hold.bucket`` besides
+``RELEASED_COLUMNS``: one of these fails.
 """
 
 from __future__ import annotations
@@ -13,38 +16,38 @@ import re
 
 import pytest
 
-from cleanup.pipeline import release
-from reservations import services
-from reservations.services import (
-    RELEASE_PARAMS,
-    RELEASED_COLUMNS,
-    RELEASED_ROWS,
-    AttachedWrite,
-)
+from cleanup import sql as cleanup_sql
+from reservations import sql as reservations_sql
+from reservations.services import AttachedWrite
+from reservations.sql import RELEASE_PARAMS, RELEASED_COLUMNS, RELEASED_ROWS
 
 PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
 def test_the_release_statement_keeps_its_side() -> None:
-    ctes = services._RELEASE_CTES
-    assert set(PLACEHOLDER.findall(ctes)) == RELEASE_PARAMS
-    updated = re.search(rf"{RELEASED_ROWS} AS \((.*?)\)\s*,\s*seat AS", ctes, re.S)
-    assert updated is not None, f"no {RELEASED_ROWS} CTE in the release statement"
-    returning = re.search(r"RETURNING (.*)$", updated.group(1).strip())
+    statement = reservations_sql.release_statement()
+    assert set(PLACEHOLDER.findall(statement)) == RELEASE_PARAMS
+    released = re.search(rf"\b{RELEASED_ROWS} AS \((.*?)\)\s*,\s*seats AS", statement, re.S)
+    assert released is not None, f"no {RELEASED_ROWS} CTE in the release statement"
+    returning = re.search(r"RETURNING (.*)$", released.group(1).strip())
     assert returning is not None
-    columns = [c.strip().removeprefix("r.") for c in returning.group(1).split(",")]
+    columns = [c.strip().removeprefix("hold.") for c in returning.group(1).split(",")]
     assert tuple(columns) == RELEASED_COLUMNS
+    assert statement.rstrip().endswith(f"SELECT id FROM {RELEASED_ROWS}")
 
 
 def test_the_receipts_keep_theirs() -> None:
-    sql = release._RELEASED_RECEIPTS
-    assert re.search(rf"FROM {RELEASED_ROWS} x\b", sql)
-    read = set(re.findall(r"\bx\.(\w+)", sql))
+    receipts = cleanup_sql.RELEASED_RECEIPTS
+    assert re.search(rf"\bFROM {RELEASED_ROWS} released\b", receipts)
+    read = set(re.findall(r"\breleased\.(\w+)", receipts))
     assert read and read <= set(RELEASED_COLUMNS), read
-    used = set(PLACEHOLDER.findall(sql))
+    used = set(PLACEHOLDER.findall(receipts))
     assert not used & RELEASE_PARAMS
-    # the write the cleanup makes is accepted (every placeholder has a value)
-    AttachedWrite(sql, dict.fromkeys(used))
+    # the write the cleanup makes is accepted (every placeholder has a value) and becomes one
+    # CTE of the statement the domain runs
+    AttachedWrite(receipts, dict.fromkeys(used))
+    statement = reservations_sql.release_statement(receipts)
+    assert f"attached AS ({receipts})" in statement
 
 
 @pytest.mark.parametrize(

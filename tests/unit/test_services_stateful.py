@@ -228,7 +228,7 @@ class ReservationMachine(RuleBasedStateMachine):
                 and self._expired(h, self.clock)
                 and (h.id % 1024) % shards == shard
             ),
-            key=lambda h: (h.next_attempt_at, h.id),
+            key=lambda h: (h.expires_at, h.id),  # oldest expiry first
         )[:batch]
         claimed = services.claim_expired(
             shard,

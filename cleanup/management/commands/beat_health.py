@@ -15,23 +15,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
-from django.db import connection
-
+from cleanup import sql
+from cleanup.conf import cleanup_settings
 from cleanup.pipeline import locks
+from reservations.db import rows
 from reservations.management.base import ProjectCommand
-
-LEADER_SQL = (
-    "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
-    "WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database() "
-    "AND l.classid = %s::bigint::oid AND l.objid = %s::bigint::oid AND l.objsubid = 2"
-)
 
 
 def leaders() -> int:
-    with connection.cursor() as cur:
-        cur.execute(LEADER_SQL, list(locks.beat_lease(settings.CLEANUP_BEAT_LOCK_ID)))
-        return int(cur.fetchone()[0])
+    """Sessions of this database holding the beat lease (1 when a beat leads)."""
+    return len(
+        rows(sql.ADVISORY_LOCK_HOLDERS, list(locks.beat_lease(cleanup_settings().beat_lock_id)))
+    )
 
 
 class Command(ProjectCommand):

@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import CommandError, CommandParser
 
+from cleanup.conf import cleanup_settings
 from cleanup.drills.burst import run
 from cleanup.drills.state import BurstConfig
 from reservations.management.base import ProjectCommand
@@ -79,7 +79,7 @@ class Command(ProjectCommand):
             "--slo",
             type=float,
             help="SLO for the oldest eligible hold, seconds (default: CLEANUP_SLO_SECONDS, "
-            f"{settings.CLEANUP_SLO_SECONDS})",
+            f"{cleanup_settings().slo_seconds})",
         )
         parser.add_argument(
             "--timeout",
@@ -119,7 +119,7 @@ class Command(ProjectCommand):
             concurrency=o["concurrency"],
             send_sweeps=not o["no_sweeps"],
             sweep_every=o["sweep_every"],
-            slo=o["slo"] or float(settings.CLEANUP_SLO_SECONDS),
+            slo=o["slo"] or float(cleanup_settings().slo_seconds),
             timeout=o["timeout"],
             out=out,
             seed=o["seed"],

@@ -50,18 +50,15 @@ class Command(ProjectCommand):
                 why = clean_why(options["why"])
             except ValueError as exc:
                 raise CommandError(f"--why: {exc}") from None
-        matching = selection.open_letters()
-        limit = options["limit"]
-        letters = list(matching[:limit])
-        more = matching.count() - len(letters) if len(letters) == limit else 0
+        batch = triage.take_batch(selection, options["limit"])
+        letters = batch.letters
         if not letters:
             self.stdout.write("no open dead letters matched")
             return
-        reasons = ", ".join(f"{r} {n}" for r, n in by_reason(letters))
         if options["dry_run"]:
-            self.stdout.write(f"would discard {len(letters)} open dead letter(s) ({reasons})")
+            self.stdout.write(f"would discard {len(letters)} open dead letter(s) ({batch.reasons})")
             self.stdout.write(f"first ids: {triage.first_ids(letters)}")
-            self._more(more, limit)
+            batch.write_more(self.stdout)
             self.stdout.write("nothing changed (--dry-run)")
             return
         done = discard(letters, by=options["by"], why=why)
@@ -72,11 +69,4 @@ class Command(ProjectCommand):
             f"discarded {len(discarded)} ({', '.join(f'{r} {n}' for r, n in by_reason(discarded))})"
             f", already resolved (left as they are) {skipped}; by {options['by']}; why: {why}"
         )
-        self._more(more, limit)
-
-    def _more(self, more: int, limit: int) -> None:
-        if more:
-            self.stdout.write(
-                f"stopped at --limit {limit}: {more} more open dead letter(s) match; run it "
-                f"again for the rest"
-            )
+        batch.write_more(self.stdout)

@@ -10,7 +10,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from cleanup.management import triage
 from cleanup.models import DeadLetter
-from cleanup.pipeline.deadletters import by_reason, requeue
+from cleanup.pipeline.deadletters import requeue
 from reservations.management.base import ProjectCommand
 
 COMMAND = "requeue_dead_letters"
@@ -39,21 +39,18 @@ class Command(ProjectCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["limit"] < 1:
             raise CommandError("--limit must be at least 1")
-        matching = triage.letter_filter(options).open_letters()
-        limit = options["limit"]
-        letters = list(matching[:limit])
-        more = matching.count() - len(letters) if len(letters) == limit else 0
+        batch = triage.take_batch(triage.letter_filter(options), options["limit"])
+        letters, reasons = batch.letters, batch.reasons
         if not letters:
             self.stdout.write("no open dead letters matched")
             return
-        reasons = ", ".join(f"{r} {n}" for r, n in by_reason(letters))
         if options["dry_run"]:
             plan = requeue(letters, dry_run=True)
             self.stdout.write(f"would requeue {len(letters)} open dead letter(s) ({reasons})")
             for action, count in sorted(plan.items()):
                 self.stdout.write(f"would requeue: {action}: {count}")
             self.stdout.write(f"first ids: {triage.first_ids(letters)}")
-            self._more(more, limit)
+            batch.write_more(self.stdout)
             self.stdout.write("nothing changed (--dry-run)")
             return
         self.stdout.write(f"requeueing {len(letters)} open dead letter(s) ({reasons})")
@@ -80,7 +77,7 @@ class Command(ProjectCommand):
         for action, count in sorted(results.items()):
             self.stdout.write(f"requeued: {action}: {count}")
         self.stdout.write(self._summary(results))
-        self._more(more, limit)
+        batch.write_more(self.stdout)
         if results["error"]:
             raise CommandError(
                 f"{results['error']} requeue(s) ended in error; those letters stay open. "
@@ -98,10 +95,3 @@ class Command(ProjectCommand):
             f"{results['rescheduled']}), failed {results['error']}, skipped "
             f"{sum(skipped.values())}" + (f" ({detail})" if detail else "")
         )
-
-    def _more(self, more: int, limit: int) -> None:
-        if more:
-            self.stdout.write(
-                f"stopped at --limit {limit}: {more} more open dead letter(s) match; run it "
-                f"again for the rest"
-            )

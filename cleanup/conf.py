@@ -1,0 +1,423 @@
+"""The cleanup's settings, as one typed object.
+
+Each field of ``CleanupSettings`` names its environment variable (also its name among Django's
+settings), its type, its default, its lower bound and a one-line doc; the checks that relate
+fields to each other live in ``CleanupSettings.check``. Django's settings stay the source a
+deployer sets and a test overrides: ``config/settings/base.py`` reads the environment with
+``CleanupSettings.from_environment`` (start-up fails naming the variable) and publishes every
+field under its variable's name, and the code reads ``cleanup_settings()``, built from
+``django.conf.settings`` and rebuilt whenever ``override_settings`` (or pytest-django's
+``settings`` fixture) changes a setting. docs/ARCHITECTURE.md, "Settings".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+
+# The keys of a field's metadata (what tests/unit/test_conf.py checks the README against).
+ENV = "env"
+DOC = "doc"
+MINIMUM = "minimum"
+DEFAULT_TEXT = "default_text"
+
+RELEASE_MODES = ("single", "batch")
+DEFAULT_REMOTE_CONTROL_COMMANDS = (
+    "ping",
+    "stats",
+    "active",
+    "reserved",
+    "scheduled",
+    "revoked",
+    "registered",
+    "active_queues",
+    "query_task",
+    "clock",
+    "enable_events",
+)
+
+
+def setting(
+    env: str,
+    default: object,
+    doc: str,
+    *,
+    minimum: float | None = None,
+    default_text: str | None = None,
+    secret: bool = False,
+) -> Any:
+    """A field of ``CleanupSettings``; ``default_text`` is how the README states a default that
+    the project computes (the broker's URL, half the soft time limit). A ``secret`` (a token, a
+    URL that may carry a password) is left out of the object's repr, which may reach a log."""
+    metadata = {ENV: env, DOC: doc, MINIMUM: minimum, DEFAULT_TEXT: default_text}
+    return field(default=default, metadata=metadata, repr=not secret)
+
+
+@dataclass(frozen=True)
+class CleanupSettings:
+    # --- queues and messages ---------------------------------------------------------------
+    sweep_queue: str = setting("CLEANUP_SWEEP_QUEUE", "sweep", "queue of beat's sweep messages")
+    release_queue: str = setting(
+        "CLEANUP_RELEASE_QUEUE", "cleanup", "queue of the release messages (Celery's default)"
+    )
+    maintenance_queue: str = setting(
+        "CLEANUP_MAINTENANCE_QUEUE", "maintenance", "queue of relay, prune and health samples"
+    )
+    events_queue: str = setting(
+        "CLEANUP_EVENTS_QUEUE", "reservation-events", "queue the outbox events are relayed to"
+    )
+    # A batch of 1,000 holds is about 170 KB. docs/HARDENING.md.
+    max_message_bytes: int = setting(
+        "CLEANUP_MAX_MESSAGE_BYTES",
+        1024 * 1024,
+        "largest message body a worker reads; larger ones are dead-lettered unread",
+        minimum=64 * 1024,
+    )
+    # --- time limits, retries, deliveries --------------------------------------------------
+    # Time limits bound a stuck release; the soft limit leaves room to roll back and log. A
+    # release is one statement (milliseconds) and a sweep stops at its time budget, so 30 s is
+    # generous; it is kept short because the visibility timeout must cover it, and that timeout
+    # is how long a lost node's messages wait before coming back.
+    task_time_limit: int = setting(
+        "CLEANUP_TASK_TIME_LIMIT", 30, "hard time limit of every task, seconds", minimum=1
+    )
+    task_soft_time_limit: int = setting(
+        "CLEANUP_TASK_SOFT_TIME_LIMIT", 25, "soft time limit, seconds (below the hard)", minimum=1
+    )
+    # Retries: exponential backoff with full jitter, capped well below the visibility timeout.
+    max_retries: int = setting(
+        "CLEANUP_MAX_RETRIES", 5, "retries of a transient error before dead-lettering", minimum=0
+    )
+    retry_backoff_max: int = setting(
+        "CLEANUP_RETRY_BACKOFF_MAX", 30, "cap of the jittered retry backoff, seconds", minimum=1
+    )
+    # Bounds a poison message that kills its worker (reject_on_worker_lost requeues it without
+    # limit).
+    max_deliveries: int = setting(
+        "CLEANUP_MAX_DELIVERIES",
+        8,
+        "deliveries of one idempotency key before it is dead-lettered unworked",
+        minimum=1,
+    )
+    delivery_counter_ttl: int = setting(
+        "CLEANUP_DELIVERY_COUNTER_TTL", 86400, "lifetime of a delivery counter, seconds", minimum=60
+    )
+    counter_redis_url: str = setting(
+        "CLEANUP_COUNTER_REDIS_URL",
+        "",
+        "Redis of the delivery counters; empty: counted in PostgreSQL",
+        default_text="the broker, if Redis",
+        secret=True,
+    )
+    # --- sweeps ----------------------------------------------------------------------------
+    # A claim leases a hold for lease_seconds; after it a later sweep takes the hold again.
+    lease_seconds: int = setting(
+        "CLEANUP_LEASE_SECONDS",
+        300,
+        "a claimed hold is retaken by a later sweep after this",
+        minimum=1,
+    )
+    sweep_batch_size: int = setting(
+        "CLEANUP_SWEEP_BATCH_SIZE", 500, "holds claimed per sweep batch", minimum=1
+    )
+    sweep_max_batches: int = setting(
+        "CLEANUP_SWEEP_MAX_BATCHES", 20, "batches per sweep", minimum=1
+    )
+    max_claims: int = setting(
+        "CLEANUP_MAX_CLAIMS", 10, "claims of one hold before it is set aside", minimum=1
+    )
+    sweep_time_budget: float = setting(
+        "CLEANUP_SWEEP_TIME_BUDGET",
+        0.0,
+        "a sweep starts no batch after this many seconds; 0: half the soft time limit",
+        minimum=0,
+        default_text="half the soft time limit",
+    )
+    max_queue_depth: int = setting(
+        "CLEANUP_MAX_QUEUE_DEPTH",
+        20000,
+        "backpressure: sweeps stop publishing above this release-queue depth",
+        minimum=1,
+    )
+    release_mode: str = setting(
+        "CLEANUP_RELEASE_MODE", "single", "'single': a message per hold; 'batch': per batch"
+    )
+    release_batch_size: int = setting(
+        "CLEANUP_RELEASE_BATCH_SIZE", 100, "holds per message in the batch mode", minimum=1
+    )
+    # --- retention and relay ---------------------------------------------------------------
+    retention_days: int = setting(
+        "CLEANUP_RETENTION_DAYS", 14, "days receipts and relayed events are kept", minimum=1
+    )
+    prune_batch_size: int = setting(
+        "CLEANUP_PRUNE_BATCH_SIZE", 5000, "rows deleted per prune statement", minimum=1
+    )
+    dead_letter_retention_days: int = setting(
+        "CLEANUP_DEAD_LETTER_RETENTION_DAYS",
+        14,
+        "days a resolved dead letter is kept after it was resolved",
+        minimum=1,
+    )
+    # The summaries: one open letter per reason and task, written by cleanup.sample_health.
+    # docs/OPERATOR-CONSOLE.md, "Dead-letter triage".
+    dead_letter_open_cap: int = setting(
+        "CLEANUP_DEAD_LETTER_OPEN_CAP",
+        10000,
+        "open dead letters kept in full; the oldest beyond it are summarised",
+        minimum=1,
+    )
+    relay_batch_size: int = setting(
+        "CLEANUP_RELAY_BATCH_SIZE", 500, "outbox events relayed per batch", minimum=1
+    )
+    # --- the operator's view and beat ------------------------------------------------------
+    slo_seconds: int = setting(
+        "CLEANUP_SLO_SECONDS", 300, "SLO for the age of the oldest eligible hold", minimum=1
+    )
+    eligible_count_cap: int = setting(
+        "CLEANUP_ELIGIBLE_COUNT_CAP", 100000, "eligible holds counted at most", minimum=1
+    )
+    beat_lock_id: int = setting(
+        "CLEANUP_BEAT_LOCK_ID", 727_001, "PostgreSQL advisory lock key of the beat lease"
+    )
+    beat_idle_session_timeout: int = setting(
+        "CLEANUP_BEAT_IDLE_SESSION_TIMEOUT",
+        30,
+        "seconds after which a silent beat leader's session (and lease) ends",
+        minimum=1,
+    )
+    # --- Redis redelivery ------------------------------------------------------------------
+    # A message fetched but not acked comes back after the visibility timeout, also when its
+    # worker is lost, so recovery after a node loss is about this + the restore interval
+    # (default 75 + 5 s, measured about 80 s). The clock starts when the worker fetches the
+    # message, so it must exceed the longest a fetched message can stay unacked without
+    # anything being wrong: a retry is an ETA message held unacked in the worker for up to the
+    # backoff cap and then run for up to the hard time limit; longer, and a running or waiting
+    # task is delivered twice (docs/PIPELINE.md "Recovery times", docs/LIBRARY-NOTES.md §2).
+    # kombu's default restore scan runs about every 100 s; one every few seconds bounds a dead
+    # worker's recovery at visibility timeout + this interval.
+    visibility_timeout: int = setting(
+        "CLEANUP_VISIBILITY_TIMEOUT",
+        75,
+        "seconds a fetched, unacked Redis message waits before it is delivered again",
+        minimum=1,
+    )
+    unacked_restore_interval: int = setting(
+        "CLEANUP_UNACKED_RESTORE_INTERVAL",
+        5,
+        "seconds between an idle consumer's scans for messages past the visibility timeout",
+        minimum=1,
+    )
+    # The default is what `manage.py worker_health`, `celery inspect` and Flower's read-only
+    # pages use; add e.g. pool_grow or shutdown only with a broker you trust. docs/HARDENING.md.
+    remote_control_commands: tuple[str, ...] = setting(
+        "CLEANUP_REMOTE_CONTROL_COMMANDS",
+        DEFAULT_REMOTE_CONTROL_COMMANDS,
+        "remote-control commands a worker runs; any other is dropped and counted",
+    )
+    # --- metrics ---------------------------------------------------------------------------
+    metrics_token: str = setting("METRICS_TOKEN", "", "bearer token of /metrics", secret=True)
+    metrics_allow_ips: tuple[str, ...] = setting(
+        "METRICS_ALLOW_IPS", (), "addresses and networks that may read /metrics without it"
+    )
+    metrics_statement_timeout_ms: int = setting(
+        "METRICS_STATEMENT_TIMEOUT_MS", 2000, "statement timeout of /metrics' queries", minimum=1
+    )
+    # The worker metrics endpoint has no authentication: loopback unless a deployment binds it
+    # to the private network its Prometheus scrapes from (compose does).
+    worker_metrics_port: int = setting(
+        "WORKER_METRICS_PORT", 0, "port of a worker's own metrics endpoint; 0: none", minimum=0
+    )
+    worker_metrics_addr: str = setting(
+        "WORKER_METRICS_ADDR", "127.0.0.1", "address that endpoint binds (it has no auth)"
+    )
+    worker_metrics_compact_interval: float = setting(
+        "WORKER_METRICS_COMPACT_INTERVAL",
+        30.0,
+        "seconds between folds of dead pool children's metric files",
+        minimum=0.1,
+    )
+    # --- capacity and the pool autoscaler --------------------------------------------------
+    # Inputs of cleanup.scaling.capacity.desired_consumers (the desired_consumers gauge, the
+    # autoscaler); the autoscaler is cleanup.scaling.autoscale (`celery worker --autoscale`),
+    # and CLEANUP_CAPACITY_PER_CONSUMER_PER_S overrides its assumed service time.
+    capacity_peak_arrivals_per_s: float = setting(
+        "CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S",
+        0.0,
+        "planned peak arrival rate, a floor under the measured one",
+        minimum=0,
+    )
+    capacity_per_consumer_per_s: float = setting(
+        "CLEANUP_CAPACITY_PER_CONSUMER_PER_S",
+        0.0,
+        "measured releases per second of one consumer; 0: the receipts' mean duration",
+        minimum=0,
+    )
+    capacity_headroom: float = setting(
+        "CLEANUP_CAPACITY_HEADROOM", 0.5, "retry headroom on the arrival rate", minimum=0
+    )
+    autoscale_interval: float = setting(
+        "CLEANUP_AUTOSCALE_INTERVAL", 5.0, "seconds between autoscaler decisions", minimum=0.2
+    )
+    autoscale_window: float = setting(
+        "CLEANUP_AUTOSCALE_WINDOW",
+        60.0,
+        "seconds the autoscaler's rates are measured over",
+        minimum=1,
+    )
+    autoscale_slo_target: float = setting(
+        "CLEANUP_AUTOSCALE_SLO_TARGET",
+        0.5,
+        "fraction of the SLO the oldest hold may reach before the backlog must be drained",
+        minimum=0.01,
+    )
+    autoscale_utilization: float = setting(
+        "CLEANUP_AUTOSCALE_UTILIZATION", 0.7, "utilization the pool is sized for", minimum=0.01
+    )
+    autoscale_cooldown: float = setting(
+        "CLEANUP_AUTOSCALE_COOLDOWN",
+        60.0,
+        "seconds a lower target must persist before the pool shrinks",
+        minimum=0,
+    )
+    autoscale_service_time: float = setting(
+        "CLEANUP_AUTOSCALE_SERVICE_TIME",
+        0.05,
+        "seconds per release of a pool process, until one is measured",
+        minimum=0.0001,
+    )
+    autoscale_statement_timeout_ms: int = setting(
+        "CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS",
+        2000,
+        "statement timeout of the autoscaler's queries",
+        minimum=1,
+    )
+
+    def __post_init__(self) -> None:
+        self.check()
+        if not self.sweep_time_budget:
+            # Half the soft limit: waiting for the publish lock or a slow broker never runs a
+            # sweep into its time limit.
+            object.__setattr__(self, "sweep_time_budget", self.task_soft_time_limit / 2)
+
+    def check(self) -> None:
+        """Each bound, then the rules between fields; the message names the variables."""
+        for spec in dataclasses.fields(self):
+            minimum = spec.metadata[MINIMUM]
+            value = getattr(self, spec.name)
+            if minimum is not None and value < minimum:
+                raise ImproperlyConfigured(f"{spec.metadata[ENV]}={value} must be >= {minimum}")
+        if self.release_mode not in RELEASE_MODES:
+            raise ImproperlyConfigured(
+                f"CLEANUP_RELEASE_MODE={self.release_mode!r}: expected 'single' or 'batch'"
+            )
+        longest_hold = self.task_time_limit + self.retry_backoff_max
+        if self.visibility_timeout <= longest_hold:
+            raise ImproperlyConfigured(
+                f"CLEANUP_VISIBILITY_TIMEOUT={self.visibility_timeout} must exceed "
+                f"CLEANUP_TASK_TIME_LIMIT + CLEANUP_RETRY_BACKOFF_MAX ({longest_hold}): a retry "
+                f"waits unacked for up to the backoff cap, then runs for up to the time limit"
+            )
+        if self.max_deliveries <= self.max_retries:
+            # Each Celery retry is a delivery too; a cap below the retries would dead-letter a
+            # message that is merely retrying a transient error.
+            raise ImproperlyConfigured(
+                f"CLEANUP_MAX_DELIVERIES={self.max_deliveries} must exceed "
+                f"CLEANUP_MAX_RETRIES={self.max_retries}"
+            )
+        if self.task_soft_time_limit >= self.task_time_limit:
+            raise ImproperlyConfigured(
+                "CLEANUP_TASK_SOFT_TIME_LIMIT must be below CLEANUP_TASK_TIME_LIMIT"
+            )
+        if self.autoscale_slo_target > 1 or self.autoscale_utilization > 1:
+            raise ImproperlyConfigured(
+                "CLEANUP_AUTOSCALE_SLO_TARGET and CLEANUP_AUTOSCALE_UTILIZATION must be <= 1"
+            )
+
+    @classmethod
+    def specs(cls) -> list[tuple[dataclasses.Field[Any], type]]:
+        """(field, type) of every setting; the type is ``str``, ``int``, ``float`` or
+        ``tuple`` (a tuple of strings)."""
+        hints = typing.get_type_hints(cls)
+        return [
+            (spec, typing.get_origin(hints[spec.name]) or hints[spec.name])
+            for spec in dataclasses.fields(cls)
+        ]
+
+    @classmethod
+    def from_environment(
+        cls,
+        read: Callable[[str, type, object], object],
+        defaults: Mapping[str, object] | None = None,
+    ) -> CleanupSettings:
+        """Every field read by ``read(variable, type, default)`` (``config.env.env_typed``,
+        which names the variable of a value it cannot parse); ``defaults`` replaces a default
+        the project computes, by variable name."""
+        defaults = defaults or {}
+        values: dict[str, Any] = {}
+        for spec, kind in cls.specs():
+            env = spec.metadata[ENV]
+            values[spec.name] = read(env, kind, defaults.get(env, spec.default))
+        return cls(**values)
+
+    @classmethod
+    def from_django(cls, source: Any) -> CleanupSettings:
+        """From Django's settings, each value converted to its field's type (a test may set
+        ``CLEANUP_CAPACITY_HEADROOM = 0`` or a list of commands)."""
+        values: dict[str, Any] = {}
+        for spec, kind in cls.specs():
+            env = spec.metadata[ENV]
+            values[spec.name] = _as_type(env, kind, getattr(source, env, spec.default))
+        return cls(**values)
+
+    def as_django_settings(self) -> dict[str, object]:
+        """``{variable: value}``: what ``config/settings/base.py`` publishes (lists, as
+        Django's settings have always held them)."""
+        return {
+            spec.metadata[ENV]: list(value) if isinstance(value, tuple) else value
+            for spec in dataclasses.fields(self)
+            for value in [getattr(self, spec.name)]
+        }
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", tuple: "a list of strings"}
+
+
+def _as_type(env: str, kind: type, value: Any) -> Any:
+    """``value`` as a ``kind``, widening only what cannot lose anything (an int to a float, a
+    list to a tuple); anything else is refused naming the setting (``str(None)`` would be a
+    URL)."""
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is tuple and isinstance(value, list | tuple):
+        if all(isinstance(item, str) for item in value):
+            return tuple(value)
+    elif isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    raise ImproperlyConfigured(f"{env}={value!r} is not {_TYPE_NAMES[kind]}")
+
+
+_cached: CleanupSettings | None = None
+
+
+def cleanup_settings() -> CleanupSettings:
+    """The cleanup's settings from ``django.conf.settings``, built once and again after any
+    setting changes (``override_settings`` sends ``setting_changed``)."""
+    global _cached
+    if _cached is None:
+        _cached = CleanupSettings.from_django(django_settings)
+    return _cached
+
+
+def _forget(**_: object) -> None:
+    global _cached
+    _cached = None
+
+
+setting_changed.connect(_forget, dispatch_uid="cleanup.conf.forget")

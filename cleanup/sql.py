@@ -1,0 +1,248 @@
+"""Every raw SQL statement of the cleanup, by name (the domain's are in reservations/sql.py).
+
+Grouped by the room that runs them: the pipeline (receipts, advisory locks, retention, dead
+letters), telemetry (the delivery counter), the operator console and the autoscaler (reads),
+the drills (the burst drill's samples and the invariants). Callers use the names; the text
+lives here only. Tables are named as Django names them (``<app>_<model>``).
+
+The receipts of released holds are written by the domain's release statement itself: this
+module's ``RELEASED_RECEIPTS`` is the cleanup's side of that contract, reading the CTE named
+``reservations.sql.RELEASED_ROWS`` (columns ``RELEASED_COLUMNS``) with placeholders of its own,
+none of ``RELEASE_PARAMS`` (tests/unit/test_release_contract.py).
+"""
+
+from __future__ import annotations
+
+from reservations.eligibility import eligible_sql
+from reservations.sql import RELEASED_ROWS
+
+# --- Advisory locks (keys: cleanup.pipeline.locks) -------------------------------------------
+
+TRY_ADVISORY_LOCK = "SELECT pg_try_advisory_lock(%s, %s)"
+ADVISORY_UNLOCK = "SELECT pg_advisory_unlock(%s, %s)"
+ADVISORY_UNLOCK_ALL = "SELECT pg_advisory_unlock_all()"
+TRY_TRANSACTION_ADVISORY_LOCK = "SELECT pg_try_advisory_xact_lock(%s, %s)"
+
+# Who holds an advisory lock of this database (classid, objid = the lock's two keys; objsubid 2
+# marks a two-key lock). Advisory locks are per database: another database's beat on the same
+# server is not ours.
+ADVISORY_LOCK_HOLDERS = (
+    "SELECT activity.application_name, host(activity.client_addr), activity.pid, "
+    "activity.backend_start "
+    "FROM pg_locks lock JOIN pg_stat_activity activity ON activity.pid = lock.pid "
+    "WHERE lock.locktype = 'advisory' AND lock.granted "
+    "AND lock.classid = %s::bigint::oid AND lock.objid = %s::bigint::oid "
+    "AND lock.objsubid = 2 "
+    "AND lock.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+PING = "SELECT 1"
+DATABASE_NOW = "SELECT now()"
+
+# --- Receipts (pipeline.release) -------------------------------------------------------------
+
+RECEIPT_COLUMNS = (
+    "idempotency_key, reservation_id, version, outcome, attempt, worker, task_id, trace_id, "
+    "queue_age_seconds, duration_ms, created_at"
+)
+# Receipts of the released holds, written by the release statement itself (an attached write):
+# one per released row, its message's key, trace and version joined by hold id. The duration
+# is the Python time before the statement plus the statement's own, as the database measures
+# it.
+# A released hold's receipt replaces a non-released receipt for the same key (one written by an
+# older version of this code, say): exactly one 'released' receipt per hold, and never an
+# integrity error that would leave an expired hold held.
+RELEASED_RECEIPTS = (
+    f"INSERT INTO cleanup_cleanupreceipt ({RECEIPT_COLUMNS}) "
+    f"SELECT message.key, released.id, message.version, 'released', %(attempt)s, %(worker)s, "
+    f"%(task)s, message.trace, %(age)s, %(pre_ms)s "
+    f"+ EXTRACT(EPOCH FROM clock_timestamp() - statement_timestamp()) * 1000, now() "
+    f"FROM {RELEASED_ROWS} released "
+    f"JOIN unnest(%(r_ids)s::bigint[], %(r_keys)s::text[], %(r_traces)s::text[], "
+    f"%(r_versions)s::int[]) AS message(id, key, trace, version) ON message.id = released.id "
+    f"ON CONFLICT (idempotency_key) DO UPDATE SET outcome = EXCLUDED.outcome, "
+    f"attempt = EXCLUDED.attempt, worker = EXCLUDED.worker, task_id = EXCLUDED.task_id, "
+    f"trace_id = EXCLUDED.trace_id, queue_age_seconds = EXCLUDED.queue_age_seconds, "
+    f"duration_ms = EXCLUDED.duration_ms, created_at = EXCLUDED.created_at "
+    f"WHERE cleanup_cleanupreceipt.outcome <> 'released' "
+    f"RETURNING reservation_id"
+)
+# Receipts of the other outcomes: a receipt that already exists for a key means the message
+# was handled before (→ already_handled).
+OTHER_RECEIPTS = (
+    f"INSERT INTO cleanup_cleanupreceipt ({RECEIPT_COLUMNS}) "
+    f"SELECT message.key, message.id, message.version, message.outcome, %(attempt)s, "
+    f"%(worker)s, %(task)s, message.trace, %(age)s, %(ms)s, now() "
+    f"FROM unnest(%(keys)s::text[], %(ids)s::bigint[], %(versions)s::int[], "
+    f"%(outcomes)s::text[], %(traces)s::text[]) AS message(key, id, version, outcome, trace) "
+    f"ON CONFLICT (idempotency_key) DO NOTHING RETURNING reservation_id"
+)
+
+# --- Retention (pipeline.outbox.prune): bounded batches of finished rows ---------------------
+
+
+def _delete_batch(table: str, condition: str) -> str:
+    return (
+        f"DELETE FROM {table} WHERE id IN "
+        f"(SELECT id FROM {table} WHERE {condition} LIMIT %(batch)s)"
+    )
+
+
+PRUNE_PUBLISHED_EVENTS = _delete_batch(
+    "reservations_outboxevent", "published_at IS NOT NULL AND published_at < %(before)s"
+)
+PRUNE_RECEIPTS = _delete_batch("cleanup_cleanupreceipt", "created_at < %(before)s")
+PRUNE_RESOLVED_DEAD_LETTERS = _delete_batch(
+    "cleanup_deadletter", "resolved_at IS NOT NULL AND resolved_at < %(before)s"
+)
+
+# --- Dead letters (pipeline.deadletters) -----------------------------------------------------
+
+# Resolve open letters as discarded; the ids actually resolved (not resolved meanwhile).
+DISCARD_DEAD_LETTERS = (
+    "UPDATE cleanup_deadletter SET resolved_at = %(at)s, resolution = %(resolution)s, "
+    "resolved_by = %(by)s, resolution_note = %(note)s "
+    "WHERE id = ANY(%(ids)s) AND resolved_at IS NULL RETURNING id"
+)
+# Letters the open-letter cap may summarise: open, not a summary, not of an excluded reason.
+_SUMMARISABLE = "resolved_at IS NULL AND summarised_count = 0 AND NOT (reason = ANY(%(excluded)s))"
+# The newest letter beyond the cap: it and every older summarisable letter are summarised.
+NEWEST_LETTER_BEYOND_CAP = (
+    f"SELECT id FROM cleanup_deadletter WHERE {_SUMMARISABLE} "
+    f"ORDER BY id DESC OFFSET %(cap)s LIMIT 1"
+)
+LETTERS_TO_SUMMARISE = (
+    f"SELECT id, reason, task_name, created_at FROM cleanup_deadletter WHERE {_SUMMARISABLE} "
+    f"AND id <= %(newest)s ORDER BY id LIMIT %(batch)s FOR UPDATE SKIP LOCKED"
+)
+SUMMARISE_LETTERS = (
+    "UPDATE cleanup_deadletter SET resolved_at = %(at)s, resolution = %(resolution)s, "
+    "resolved_by = %(by)s, resolution_note = %(note)s, payload = '', message = NULL, "
+    "error = left(error, %(error_limit)s) WHERE id = ANY(%(ids)s)"
+)
+
+# --- Telemetry -------------------------------------------------------------------------------
+
+# The delivery counter without Redis: one upsert, the count so far.
+COUNT_DELIVERY = (
+    "INSERT INTO cleanup_deliverycount (idempotency_key, count, updated_at) "
+    "VALUES (%s, 1, now()) "
+    "ON CONFLICT (idempotency_key) DO UPDATE SET count = cleanup_deliverycount.count + 1, "
+    "updated_at = now() RETURNING count"
+)
+
+# --- The operator console and the autoscaler (reads) -----------------------------------------
+
+OLDEST_UNPUBLISHED_EVENT_AGE = (
+    "SELECT EXTRACT(EPOCH FROM (now() - created_at))::float8 FROM reservations_outboxevent "
+    "WHERE published_at IS NULL ORDER BY id LIMIT 1"
+)
+# Served by the partial index cleanup_dl_open_idx (open letters only).
+OPEN_DEAD_LETTERS_BY_REASON = (
+    "SELECT reason, count(*) FROM cleanup_deadletter WHERE resolved_at IS NULL GROUP BY reason"
+)
+# Receipts written in the last %s seconds, and their mean duration (desired consumers).
+RECENT_RECEIPTS = (
+    "SELECT count(*), avg(duration_ms) FROM cleanup_cleanupreceipt "
+    "WHERE created_at > now() - make_interval(secs => %s)"
+)
+RECEIPT_OUTCOMES_SINCE = (
+    "SELECT outcome, count(*) FROM cleanup_cleanupreceipt WHERE created_at >= %s "
+    "GROUP BY outcome ORDER BY outcome"
+)
+RETRIES_SINCE = (
+    "SELECT coalesce(sum(attempt - 1), 0) FROM cleanup_cleanupreceipt WHERE created_at >= %s"
+)
+# The autoscaler's window (served by cleanup_receipt_created_idx): receipts in the window, in
+# its second half, and how many other workers wrote them.
+AUTOSCALE_WINDOW_RECEIPTS = (
+    "SELECT count(*), "
+    "count(*) FILTER (WHERE created_at > now() - make_interval(secs => %(half)s)), "
+    "count(DISTINCT worker) FILTER (WHERE worker <> %(hostname)s) "
+    "FROM cleanup_cleanupreceipt "
+    "WHERE created_at > now() - make_interval(secs => %(window)s)"
+)
+# The last sweep of each shard: one upsert per sweep.
+RECORD_SWEEP = (
+    "INSERT INTO cleanup_sweeprecord (shard, shards, finished_at, claimed, published, "
+    "set_aside, backpressure, skipped_locked, duration_ms, trace_id) "
+    "VALUES (%s, %s, now(), %s, %s, %s, %s, %s, %s, %s) "
+    "ON CONFLICT (shard) DO UPDATE SET shards = EXCLUDED.shards, "
+    "finished_at = EXCLUDED.finished_at, claimed = EXCLUDED.claimed, "
+    "published = EXCLUDED.published, set_aside = EXCLUDED.set_aside, "
+    "backpressure = EXCLUDED.backpressure, skipped_locked = EXCLUDED.skipped_locked, "
+    "duration_ms = EXCLUDED.duration_ms, trace_id = EXCLUDED.trace_id"
+)
+
+# --- The burst drill (drills.burst): only the drill's own holds, ids lo..hi ------------------
+
+DRILL_HOLDS_TO_RENEW = (
+    "SELECT id, version FROM reservations_reservation WHERE id = ANY(%s) AND status = 'held' "
+    "AND version = 1 AND expires_at > now() AND expires_at <= now() + interval '2.5 s'"
+)
+DRILL_HOLDS_EXPIRED = (
+    "SELECT id FROM reservations_reservation WHERE id = ANY(%s) AND expires_at <= now()"
+)
+DRILL_HOLDS_CLAIMED = (
+    "SELECT id, version, expires_at, bucket FROM reservations_reservation "
+    "WHERE id = ANY(%s) AND claim_count > 0"
+)
+# Per shard (bucket % shards): eligible holds and the oldest one's age.
+DRILL_ELIGIBLE_BY_SHARD = (
+    f"SELECT bucket %% %s, count(*), EXTRACT(EPOCH FROM now() - min(expires_at))::float8 "
+    f"FROM reservations_reservation WHERE id BETWEEN %s AND %s AND {eligible_sql()} "
+    f"GROUP BY 1"
+)
+DRILL_RELEASED = (
+    "SELECT count(*) FROM reservations_reservation WHERE id BETWEEN %s AND %s "
+    "AND status = 'released'"
+)
+DRILL_RECEIPT_OUTCOMES = (
+    "SELECT outcome, count(*), coalesce(sum(attempt - 1), 0) FROM cleanup_cleanupreceipt "
+    "WHERE reservation_id BETWEEN %s AND %s GROUP BY outcome"
+)
+DEAD_LETTERS_IN_LAST = (
+    "SELECT count(*) FROM cleanup_deadletter WHERE created_at > now() - make_interval(secs => %s)"
+)
+DRILL_RECEIPT_STATS = (
+    "SELECT count(*), avg(duration_ms), percentile_cont(0.5) WITHIN GROUP (ORDER BY "
+    "duration_ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY queue_age_seconds), "
+    "EXTRACT(EPOCH FROM max(created_at) - min(created_at))::float8 "
+    "FROM cleanup_cleanupreceipt WHERE reservation_id BETWEEN %s AND %s"
+)
+DRILL_RELEASE_LATENESS = (
+    "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY "
+    "EXTRACT(EPOCH FROM released_at - expires_at)), "
+    "max(EXTRACT(EPOCH FROM released_at - expires_at))::float8 "
+    "FROM reservations_reservation WHERE id BETWEEN %s AND %s AND status = 'released'"
+)
+
+# --- The pipeline's invariants (drills.invariants) -------------------------------------------
+
+HOLDS_RELEASED_TWICE_BY_EVENTS = (
+    "SELECT reservation_id, count(*) FROM reservations_outboxevent "
+    "WHERE kind = 'reservation.released' GROUP BY reservation_id HAVING count(*) > 1"
+)
+HOLDS_RELEASED_TWICE_BY_RECEIPTS = (
+    "SELECT reservation_id, count(*) FROM cleanup_cleanupreceipt "
+    "WHERE outcome = 'released' GROUP BY reservation_id HAVING count(*) > 1"
+)
+RELEASED_HOLDS_WITHOUT_EVENT = (
+    "SELECT count(*) FROM reservations_reservation hold WHERE hold.status = 'released' "
+    "AND NOT EXISTS (SELECT 1 FROM reservations_outboxevent event "
+    "WHERE event.reservation_id = hold.id AND event.kind = 'reservation.released')"
+)
+# A 'released' receipt records its message's version; the hold records the version it was
+# released at.
+RELEASED_AT_ANOTHER_VERSION = (
+    "SELECT hold.id, receipt.version, hold.released_version FROM reservations_reservation hold "
+    "JOIN cleanup_cleanupreceipt receipt "
+    "ON receipt.reservation_id = hold.id AND receipt.outcome = 'released' "
+    "WHERE hold.released_version IS DISTINCT FROM receipt.version ORDER BY hold.id"
+)
+HOLDS_NOT_RELEASED = (
+    "SELECT count(*) FROM reservations_reservation WHERE id = ANY(%s) AND status <> 'released'"
+)
+HOLDS_RELEASED = (
+    "SELECT count(*) FROM reservations_reservation WHERE id = ANY(%s) AND status = 'released'"
+)

@@ -1,0 +1,261 @@
+"""Every raw SQL statement of the domain, by name.
+
+Callers use the names (``cur.execute(sql.RENEW_HOLD, ...)``); the text lives here only. A
+statement is a constant unless it is assembled from pieces: ``release_statement`` (the release
+CTEs plus the caller's attached write) is the one builder. "Eligible" itself is written once,
+in ``reservations.eligibility.eligible_sql``; the statements here build on it.
+
+Placeholders are named (``%(name)s``) where a statement reads a value more than once or where
+the clock is involved; ``CLOCK`` is "the test clock when given, else the database's".
+
+The release statement is a contract with the cleanup, which attaches its receipts to it
+(``reservations.services.AttachedWrite``): they meet in ``RELEASED_ROWS`` (the CTE the attached
+write reads), ``RELEASED_COLUMNS`` (what that CTE returns) and ``RELEASE_PARAMS`` (the
+placeholders the release itself uses). The statement below is built from those three names, so
+they cannot drift from it; tests/unit/test_release_contract.py checks both sides.
+"""
+
+from __future__ import annotations
+
+from .eligibility import eligible_sql
+
+# ``now`` for SQL: the explicit test clock when given, else the database clock.
+CLOCK = "COALESCE(%(now)s::timestamptz, now())"
+
+# --- Holds: create, renew, confirm, cancel ----------------------------------------------------
+
+# The one INSERT of holds: ``hold_seat`` writes one row through it, drills and tests many.
+INSERT_HOLDS = f"""
+INSERT INTO reservations_reservation (offering_id, holder, status, expires_at, next_attempt_at,
+                 version, claim_count, last_trace_id, created_at, updated_at, release_reason)
+SELECT %(offering)s, wanted.holder, 'held', expiry.at, expiry.at, 1, 0, '', now(), now(), ''
+FROM unnest(%(holders)s::text[], %(secs)s::float8[]) WITH ORDINALITY
+     AS wanted(holder, secs, position)
+CROSS JOIN LATERAL (SELECT {CLOCK} + make_interval(secs => wanted.secs) AS at) expiry
+ORDER BY wanted.position
+RETURNING id, expires_at
+"""
+
+INSERT_OUTBOX_EVENT = (
+    "INSERT INTO reservations_outboxevent (kind, reservation_id, version, payload, created_at) "
+    "VALUES (%(kind)s, %(id)s, %(version)s, %(payload)s::jsonb, now())"
+)
+
+INSERT_OFFERING = (
+    "INSERT INTO reservations_offering (name, capacity, seats_available, created_at) "
+    "VALUES (%s, %s, %s, now()) RETURNING id"
+)
+
+LOCK_OFFERING_SEATS = "SELECT seats_available FROM reservations_offering WHERE id = %s FOR UPDATE"
+OFFERING_SEATS = "SELECT seats_available FROM reservations_offering WHERE id = %s"
+TAKE_SEAT = "UPDATE reservations_offering SET seats_available = seats_available - 1 WHERE id = %s"
+GIVE_SEAT_BACK = (
+    "UPDATE reservations_offering SET seats_available = seats_available + 1 WHERE id = %s"
+)
+
+# The eligible holds of a full offering that ``hold_seat`` releases first, ascending id.
+RECLAIMABLE_HOLDS = (
+    f"SELECT id, version FROM reservations_reservation WHERE offering_id = %(offering)s "
+    f"AND {eligible_sql(now=CLOCK)} ORDER BY id LIMIT %(limit)s"
+)
+
+# Offerings before reservations: the hold's offering, locked.
+LOCK_OFFERING_OF_HOLD = (
+    "SELECT offering.id FROM reservations_offering offering WHERE offering.id = "
+    "(SELECT offering_id FROM reservations_reservation WHERE id = %s) FOR UPDATE"
+)
+
+# Why a conditional update matched no row.
+HOLD_STATE = (
+    f"SELECT status, version, expires_at <= {CLOCK} FROM reservations_reservation WHERE id = %(id)s"
+)
+
+RENEW_HOLD = (
+    f"UPDATE reservations_reservation SET expires_at = {CLOCK} + make_interval(secs => %(ttl)s), "
+    f"next_attempt_at = {CLOCK} + make_interval(secs => %(ttl)s), "
+    f"version = version + 1, updated_at = now() "
+    f"WHERE id = %(id)s AND version = %(version)s AND status = 'held' "
+    f"AND expires_at > {CLOCK} RETURNING version, expires_at"
+)
+
+CONFIRM_HOLD = (
+    f"UPDATE reservations_reservation SET status = 'confirmed', version = version + 1, "
+    f"updated_at = now() "
+    f"WHERE id = %(id)s AND version = %(version)s AND status = 'held' "
+    f"AND expires_at > {CLOCK} RETURNING version"
+)
+
+CANCEL_HOLD = (
+    "UPDATE reservations_reservation SET status = 'cancelled', version = version + 1, "
+    "updated_at = now() "
+    "WHERE id = %(id)s AND version = %(version)s AND status = 'held' "
+    "RETURNING version, offering_id"
+)
+
+# --- The release statement and its contract --------------------------------------------------
+
+# The CTE an attached write reads, its columns, and the placeholders of the release itself.
+RELEASED_ROWS = "released_rows"
+RELEASED_COLUMNS = ("id", "offering_id", "version", "expires_at")
+RELEASE_PARAMS = frozenset({"ids", "versions", "reason", "now"})
+
+# The release statement, for one hold or many (``unnest`` of ids and expected versions):
+# 1. ``locked_offerings`` locks every offering involved, ascending id. The UPDATE reads it
+#    through a scalar subquery, which PostgreSQL evaluates once, in full, before the first hold
+#    row qualifies: all offerings are locked before any hold (offerings before reservations).
+# 2. ``released_rows`` moves each hold that is still held at the version its caller saw and has
+#    expired to released, recording that version.
+# 3. ``seats`` gives the seats back, one UPDATE per offering; ``events`` writes one
+#    ``reservation.released`` outbox event per hold.
+# 4. An optional attached write (the caller's, e.g. a receipt) reads ``released_rows``.
+# "(status = 'held') IS TRUE" keeps the planner on the primary key: a plain status = 'held' lets
+# it pick the partial held-index and filter by id, which scans every held row when the table's
+# statistics are stale (seen after bulk inserts: 80 ms per release).
+RELEASE_CTES = f"""
+WITH wanted AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(versions)s::int[]) AS wanted(id, version)
+), locked_offerings AS (
+    SELECT offering.id FROM reservations_offering offering
+    WHERE offering.id IN (
+        SELECT offering_id FROM reservations_reservation WHERE id = ANY(%(ids)s::bigint[])
+    )
+    ORDER BY offering.id
+    FOR UPDATE
+), {RELEASED_ROWS} AS (
+    UPDATE reservations_reservation hold
+    SET status = 'released', released_version = hold.version, released_at = now(),
+        release_reason = %(reason)s::text, updated_at = now()
+    FROM wanted
+    WHERE hold.id = wanted.id AND hold.version = wanted.version
+      AND hold.offering_id = ANY((SELECT array_agg(id) FROM locked_offerings)::bigint[])
+      AND {eligible_sql("hold", CLOCK, off_the_held_index=True)}
+    RETURNING {", ".join(f"hold.{column}" for column in RELEASED_COLUMNS)}
+), seats AS (
+    UPDATE reservations_offering offering
+    SET seats_available = offering.seats_available + per_offering.released
+    FROM (
+        SELECT offering_id, count(*) AS released FROM {RELEASED_ROWS} GROUP BY offering_id
+    ) per_offering
+    WHERE offering.id = per_offering.offering_id
+    RETURNING offering.id
+), events AS (
+    INSERT INTO reservations_outboxevent (kind, reservation_id, version, payload, created_at)
+    SELECT 'reservation.released', released.id, released.version,
+           jsonb_build_object('offering_id', released.offering_id,
+                              'expires_at', released.expires_at, 'reason', %(reason)s::text),
+           now()
+    FROM {RELEASED_ROWS} released
+    RETURNING id
+)"""
+
+
+def release_statement(attached_write: str | None = None) -> str:
+    """The release statement: ``RELEASE_CTES``, the caller's write as one more CTE when given,
+    and the ids released."""
+    statement = RELEASE_CTES
+    if attached_write is not None:
+        statement += f", attached AS ({attached_write})"
+    return statement + f"\nSELECT id FROM {RELEASED_ROWS}"
+
+
+# Why each hold the release did not release was not released (a new statement: a new snapshot
+# under READ COMMITTED).
+RELEASE_REFUSALS = (
+    f"SELECT id, status, version, released_version, expires_at <= {CLOCK} "
+    f"FROM reservations_reservation WHERE id = ANY(%(ids)s)"
+)
+
+# --- The claim -------------------------------------------------------------------------------
+
+# Candidates come from each bucket of the shard, oldest expiry first (index
+# reservations_held_bucket_idx, the SLO's: a few rows per bucket, leased rows skipped), then the
+# oldest of them are locked, skipping locked rows, and leased. The cost follows the batch and the
+# number of buckets, never the table or other shards' backlogs. Buckets are uniform (id % 1024),
+# so a few rows per bucket fill a batch.
+#
+# The lease (next_attempt_at) is in no index, so a claim changes no indexed column and
+# PostgreSQL can write it as a heap-only (HOT) update: a new row version on the same page and no
+# index entry, where a lease in an index cost one entry in each of the table's indexes per claimed
+# hold (the claim then cost about as much as the release; docs/PERFORMANCE.md). The table keeps
+# free room on each page for it (fillfactor, migration 0003). A leased hold is skipped by reading
+# its row: at most the holds in flight (the queue is capped) and the set-aside ones.
+# The UPDATE finds the locked rows by primary key (= ANY of the locked ids): a join with the CTE
+# let the planner hash the whole table (10 of 46 ms for 500 holds among 20,000).
+CLAIM_EXPIRED = f"""
+WITH candidates AS (
+    SELECT candidate.id, candidate.expires_at
+    FROM unnest(%(buckets)s::smallint[]) AS shard_bucket(bucket)
+    CROSS JOIN LATERAL (
+        SELECT id, expires_at FROM reservations_reservation
+        WHERE bucket = shard_bucket.bucket AND {eligible_sql(now=CLOCK)}
+          AND next_attempt_at <= {CLOCK}
+        ORDER BY expires_at
+        LIMIT %(per_bucket)s
+    ) candidate
+), due AS (
+    SELECT hold.id FROM reservations_reservation hold JOIN candidates ON candidates.id = hold.id
+    WHERE {eligible_sql("hold", CLOCK)} AND hold.next_attempt_at <= {CLOCK}
+    ORDER BY candidates.expires_at, hold.id
+    LIMIT %(batch)s
+    FOR UPDATE OF hold SKIP LOCKED
+)
+UPDATE reservations_reservation hold
+SET claim_count = hold.claim_count + 1,
+    last_claimed_at = now(),
+    last_trace_id = %(trace)s,
+    next_attempt_at = CASE WHEN hold.claim_count + 1 > %(max_claims)s
+                           THEN 'infinity'::timestamptz
+                           ELSE {CLOCK} + make_interval(secs => %(lease)s) END
+WHERE hold.id = ANY(ARRAY(SELECT id FROM due))
+RETURNING hold.id, hold.version, hold.expires_at, hold.bucket, hold.claim_count
+"""
+
+# --- Reads: seats, the backlog ---------------------------------------------------------------
+
+# Offerings where capacity != seats_available + held + confirmed.
+SEAT_CONSERVATION_VIOLATIONS = (
+    "SELECT offering.id, offering.capacity, offering.seats_available, "
+    "count(*) FILTER (WHERE hold.status = 'held'), "
+    "count(*) FILTER (WHERE hold.status = 'confirmed') "
+    "FROM reservations_offering offering "
+    "LEFT JOIN reservations_reservation hold ON hold.offering_id = offering.id "
+    "GROUP BY offering.id "
+    "HAVING offering.capacity <> offering.seats_available "
+    "+ count(*) FILTER (WHERE hold.status IN ('held', 'confirmed'))"
+)
+
+AVAILABILITY = (
+    f"SELECT offering.capacity, offering.seats_available, "
+    f"count(hold.id) FILTER (WHERE hold.status = 'held'), "
+    f"count(hold.id) FILTER (WHERE {eligible_sql('hold')}), "
+    f"count(hold.id) FILTER (WHERE hold.status = 'confirmed') "
+    f"FROM reservations_offering offering LEFT JOIN reservations_reservation hold "
+    f"ON hold.offering_id = offering.id AND hold.status IN ('held', 'confirmed') "
+    f"WHERE offering.id = %s GROUP BY offering.id"
+)
+
+# Index-ordered, per bucket of the shard (reservations_held_bucket_idx: bucket, expires_at
+# WHERE status='held'): one probe per bucket, the minimum of those. Never an aggregate over the
+# backlog, and an empty shard beside a large backlog elsewhere stays cheap.
+OLDEST_ELIGIBLE_AGE = (
+    f"SELECT EXTRACT(EPOCH FROM (now() - min(oldest.expires_at)))::float8 "
+    f"FROM unnest(%s::smallint[]) AS shard_bucket(bucket) CROSS JOIN LATERAL ("
+    f"SELECT expires_at FROM reservations_reservation "
+    f"WHERE bucket = shard_bucket.bucket AND {eligible_sql()} "
+    f"ORDER BY expires_at LIMIT 1) oldest"
+)
+# Counts at most cap + 1 rows: the answer is exact below the cap and "capped" above it.
+ELIGIBLE_COUNT = (
+    f"SELECT count(*) FROM (SELECT 1 FROM reservations_reservation "
+    f"WHERE bucket = ANY(%s::smallint[]) AND {eligible_sql()} "
+    f"LIMIT %s) AS capped"
+)
+
+# --- Maintenance -----------------------------------------------------------------------------
+
+# Fresh statistics, as autovacuum would give a production table after a bulk load.
+ANALYZE_HOLDS_AND_OFFERINGS = ("ANALYZE reservations_reservation", "ANALYZE reservations_offering")
+# The statement timeout of the current transaction only (``SET LOCAL``), in milliseconds.
+LOCAL_STATEMENT_TIMEOUT = "SELECT set_config('statement_timeout', %s, true)"
+# Prepared statements of this connection planned once, generically (reservations/db.py).
+FORCE_GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"

@@ -1,0 +1,259 @@
+"""The cleanup's settings object (cleanup.conf): the README's settings table matches it, bad
+values and broken rules are refused naming the variable, what a deployer sets in the
+environment and what a test overrides is what the code reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from cleanup.conf import DEFAULT_TEXT, DOC, ENV, CleanupSettings, cleanup_settings
+from tests.integration.fleet import service_env
+
+ROOT = Path(__file__).resolve().parents[2]
+# The prefixes of the variables the object owns: a README row naming one it does not declare is
+# stale.
+OWNED_PREFIXES = ("CLEANUP_", "METRICS_", "WORKER_METRICS_")
+BACKTICKED = re.compile(r"`([^`]+)`")
+
+
+def readme_rows() -> list[tuple[list[str], list[str], str]]:
+    """(variables, defaults, meaning) of each row of the README's "Configuration" table; a row
+    that documents several variables separates them, and their defaults, with " / "."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        names, defaults, meaning = (cell.strip() for cell in line.strip().strip("|").split("|"))
+        rows.append(
+            (
+                [BACKTICKED.fullmatch(n.strip()).group(1) for n in names.split(" / ")],  # type: ignore[union-attr]
+                [d.strip() for d in defaults.split(" / ")],
+                meaning,
+            )
+        )
+    return rows
+
+
+def documented_default(spec: dataclasses.Field[Any]) -> str:
+    """How the README states a field's default."""
+    if spec.metadata[DEFAULT_TEXT]:
+        return str(spec.metadata[DEFAULT_TEXT])
+    value = spec.default
+    if value in ("", ()):
+        return "empty"
+    if isinstance(value, tuple):
+        value = ",".join(value)
+    elif isinstance(value, float):
+        value = f"{value:g}"
+    return f"`{value}`"
+
+
+def table_problems(rows: list[tuple[list[str], list[str], str]]) -> list[str]:
+    """What the table gets wrong against the object: a setting without a row, with another
+    default or without a meaning, documented twice, or a row for a setting it does not have."""
+    declared = {spec.metadata[ENV] for spec in dataclasses.fields(CleanupSettings)}
+    problems = [
+        f"{' / '.join(names)}: {len(names)} names, {len(defaults)} defaults"
+        for names, defaults, _ in rows
+        if set(names) & declared and len(names) != len(defaults)
+    ]
+    documented: dict[str, tuple[str, str]] = {}
+    for names, defaults, meaning in rows:
+        for name, default in zip(names, defaults, strict=False):
+            if name in documented:
+                problems.append(f"{name}: documented twice")
+            documented[name] = (default, meaning)
+    for spec in dataclasses.fields(CleanupSettings):
+        env = spec.metadata[ENV]
+        if env not in documented:
+            problems.append(f"{env}: no row")
+        elif documented[env][0] != documented_default(spec):
+            readme, declared_default = documented[env][0], documented_default(spec)
+            problems.append(f"{env}: {readme} in the README, {declared_default} in the object")
+        elif not documented[env][1]:
+            problems.append(f"{env}: no meaning")
+    problems += [
+        f"{name}: no such setting"
+        for name in documented
+        if name.startswith(OWNED_PREFIXES) and name not in declared
+    ]
+    return problems
+
+
+def test_the_readme_table_documents_every_setting_with_its_default_and_nothing_stale() -> None:
+    assert table_problems(readme_rows()) == []
+
+
+def test_the_table_check_notices_a_missing_row_a_wrong_default_and_a_stale_row() -> None:
+    rows = [row for row in readme_rows() if row[0] != ["CLEANUP_LEASE_SECONDS"]]
+    rows = [
+        (names, ["`99`"] + defaults[1:] if names[0] == "CLEANUP_EVENTS_QUEUE" else defaults, m)
+        for names, defaults, m in rows
+    ]
+    rows.append((["CLEANUP_SHARD_COUNT"], ["`4`"], "gone"))
+    assert table_problems(rows) == [
+        "CLEANUP_EVENTS_QUEUE: `99` in the README, `reservation-events` in the object",
+        "CLEANUP_LEASE_SECONDS: no row",
+        "CLEANUP_SHARD_COUNT: no such setting",
+    ]
+
+
+def test_every_setting_has_a_one_line_doc() -> None:
+    missing = [
+        spec.metadata[ENV]
+        for spec in dataclasses.fields(CleanupSettings)
+        if not spec.metadata[DOC] or "\n" in spec.metadata[DOC]
+    ]
+    assert missing == []
+
+
+VALID = CleanupSettings()
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"lease_seconds": 0}, "CLEANUP_LEASE_SECONDS=0 must be >= 1"),
+        ({"max_message_bytes": 1024}, "CLEANUP_MAX_MESSAGE_BYTES=1024 must be >= 65536"),
+        ({"autoscale_interval": 0.1}, "CLEANUP_AUTOSCALE_INTERVAL=0.1 must be >= 0.2"),
+        ({"release_mode": "bulk"}, "CLEANUP_RELEASE_MODE='bulk': expected 'single' or 'batch'"),
+        (
+            {"visibility_timeout": 60},
+            "CLEANUP_VISIBILITY_TIMEOUT=60 must exceed CLEANUP_TASK_TIME_LIMIT + "
+            "CLEANUP_RETRY_BACKOFF_MAX (60)",
+        ),
+        (
+            {"max_deliveries": 5},
+            "CLEANUP_MAX_DELIVERIES=5 must exceed CLEANUP_MAX_RETRIES=5",
+        ),
+        (
+            {"task_soft_time_limit": 30},
+            "CLEANUP_TASK_SOFT_TIME_LIMIT must be below CLEANUP_TASK_TIME_LIMIT",
+        ),
+        (
+            {"autoscale_utilization": 1.5},
+            "CLEANUP_AUTOSCALE_SLO_TARGET and CLEANUP_AUTOSCALE_UTILIZATION must be <= 1",
+        ),
+    ],
+)
+def test_a_bad_value_or_a_broken_rule_is_refused_naming_the_variable(
+    changes: dict[str, Any], words: str
+) -> None:
+    with pytest.raises(ImproperlyConfigured) as refused:
+        dataclasses.replace(VALID, **changes)
+    assert str(refused.value).startswith(words)
+
+
+def test_the_defaults_keep_every_rule_and_the_sweep_budget_is_half_the_soft_limit() -> None:
+    assert VALID.release_mode == "single"
+    assert VALID.sweep_time_budget == VALID.task_soft_time_limit / 2 == 12.5
+    assert CleanupSettings(sweep_time_budget=3).sweep_time_budget == 3
+
+
+def test_the_repr_leaves_out_the_token_and_the_counter_url() -> None:
+    shown = repr(CleanupSettings(metrics_token="t0ken-9f8e", counter_redis_url="redis://:pw9@r/1"))
+    assert "t0ken-9f8e" not in shown and "pw9" not in shown
+    assert "release_queue='cleanup'" in shown
+
+
+def test_what_a_test_overrides_is_what_the_code_reads(settings: Any) -> None:
+    settings.CLEANUP_RELEASE_BATCH_SIZE = 7
+    settings.CLEANUP_CAPACITY_HEADROOM = 0  # an int where the field is a float
+    settings.CLEANUP_REMOTE_CONTROL_COMMANDS = ["ping"]
+    now = cleanup_settings()
+    assert now.release_batch_size == 7
+    assert now.capacity_headroom == 0.0 and isinstance(now.capacity_headroom, float)
+    assert now.remote_control_commands == ("ping",)
+    with override_settings(CLEANUP_RELEASE_BATCH_SIZE=9):
+        assert cleanup_settings().release_batch_size == 9
+    assert cleanup_settings().release_batch_size == 7
+
+
+def test_an_override_that_breaks_a_rule_is_refused_when_read(settings: Any) -> None:
+    settings.CLEANUP_RELEASE_MODE = "bulk"
+    with pytest.raises(ImproperlyConfigured, match="CLEANUP_RELEASE_MODE='bulk'"):
+        cleanup_settings()
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "words"),
+    [
+        ("CLEANUP_COUNTER_REDIS_URL", None, "CLEANUP_COUNTER_REDIS_URL=None is not a string"),
+        ("CLEANUP_LEASE_SECONDS", 2.5, "CLEANUP_LEASE_SECONDS=2.5 is not an integer"),
+        ("CLEANUP_MAX_CLAIMS", True, "CLEANUP_MAX_CLAIMS=True is not an integer"),
+        (
+            "METRICS_ALLOW_IPS",
+            "10.0.0.0/8",
+            "METRICS_ALLOW_IPS='10.0.0.0/8' is not a list of strings",
+        ),
+    ],
+)
+def test_an_override_of_the_wrong_type_is_refused_naming_the_setting(
+    settings: Any, name: str, value: object, words: str
+) -> None:
+    setattr(settings, name, value)
+    with pytest.raises(ImproperlyConfigured) as refused:
+        cleanup_settings()
+    assert str(refused.value) == words
+
+
+def run_with(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=service_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+READ = (
+    "import django, json; django.setup(); from cleanup.conf import cleanup_settings as c; "
+    "s = c(); print(json.dumps([s.release_batch_size, s.autoscale_window, "
+    "list(s.remote_control_commands), s.counter_redis_url, s.sweep_time_budget]))"
+)
+
+
+def test_what_the_environment_sets_is_what_the_code_reads() -> None:
+    out = run_with(
+        READ,
+        CLEANUP_RELEASE_BATCH_SIZE="77",
+        CLEANUP_AUTOSCALE_WINDOW="12.5",
+        CLEANUP_REMOTE_CONTROL_COMMANDS="ping, stats",
+    )
+    assert out.returncode == 0, out.stderr[-800:]
+    batch, window, commands, counter_url, budget = json.loads(out.stdout)
+    assert (batch, window, commands) == (77, 12.5, ["ping", "stats"])
+    # computed defaults: the counters in the broker's Redis; half the test settings' soft limit
+    assert counter_url == django_settings.CELERY_BROKER_URL
+    assert budget == 4.0
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ({"CLEANUP_AUTOSCALE_WINDOW": "soon"}, "CLEANUP_AUTOSCALE_WINDOW='soon' is not a number"),
+        ({"CLEANUP_RELEASE_MODE": "bulk"}, "CLEANUP_RELEASE_MODE='bulk': expected"),
+        # the test settings: time limit 10 + backoff cap 2
+        ({"CLEANUP_VISIBILITY_TIMEOUT": "12"}, "CLEANUP_VISIBILITY_TIMEOUT=12 must exceed"),
+    ],
+)
+def test_start_up_fails_naming_the_variable(env: dict[str, str], words: str) -> None:
+    out = run_with("import django; django.setup()", **env)
+    assert out.returncode != 0
+    assert f"ImproperlyConfigured: {words}" in out.stderr, out.stderr[-800:]
