@@ -19,7 +19,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from django.conf import settings
+
+from cleanup.conf import cleanup_settings
 
 from .fleet import (
     Worker,
@@ -259,7 +260,8 @@ def test_a_database_read_error_keeps_the_current_size(tmp_path: Path) -> None:
         # the copies a busy machine leaves queued once leases run out) would keep a pool
         # process busy, and billiard shrinks idle processes only, so the pool would keep its
         # size whatever the autoscaler decided
-        queues = (settings.CLEANUP_SWEEP_QUEUE, settings.CLEANUP_RELEASE_QUEUE)
+        conf = cleanup_settings()
+        queues = (conf.sweep_queue, conf.release_queue)
         wait_until(
             lambda: all(queue_settled(q) for q in queues),
             timeout=120,
