@@ -2,22 +2,51 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from reservations import services
 from reservations.models import Offering
 
+# A skip for a missing tool fails in CI and is listed at the end of a person's run.
+from .integration.fleet import SessionFleet, purge_broker
+from .missing_tools import (  # noqa: F401  (hooks: pytest finds them by name here)
+    pytest_runtest_logreport,
+    pytest_runtest_makereport,
+    pytest_terminal_summary,
+)
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Unit tests run before the real-worker modules, always.
+    """Unit tests run before the real-worker modules when both are collected (the sort is
+    stable: the order within each group is unchanged).
 
-    Unit tests put messages and ``unacked`` entries straight into the tests' Redis database and
-    read them back. The integration modules start a session-wide worker fleet that consumes
-    those same queues until the session ends, so a unit test running after them would race a
-    live worker for its own entries. Ordering by location keeps the fleet from existing while
-    any unit test runs (the sort is stable: the order within each group is unchanged).
+    This is for speed only: isolation does not depend on it. Unit tests put messages and
+    ``unacked`` entries straight into the tests' Redis database and read them back, so every
+    unit test pauses the session's worker fleet first (``tests/unit/conftest.py``); ordering
+    them first means the fleet is started once, after them, instead of stopped and restarted.
     """
     items.sort(key=lambda item: item.nodeid.startswith("tests/integration/"))
+
+
+@pytest.fixture(scope="session")
+def worker_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("workers")
+
+
+@pytest.fixture(scope="session")
+def session_fleet(django_db_blocker: object, worker_logs: Path) -> Iterator[SessionFleet]:
+    """The session's shared worker fleet (tests/integration/fleet.py): not started until a
+    real-worker test asks for it (``workers``); paused by unit tests and exclusive tests."""
+    with django_db_blocker.unblock():  # type: ignore[attr-defined]
+        purge_broker()
+    shared = SessionFleet(worker_logs)
+    try:
+        yield shared
+    finally:
+        shared.pause()
 
 
 @pytest.fixture

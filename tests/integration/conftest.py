@@ -1,14 +1,13 @@
-"""Fixtures for real-worker tests: one worker fleet per test session, clean state per test."""
+"""Fixtures for real-worker tests: the session's worker fleet (``session_fleet``, defined in
+tests/conftest.py so that the unit tests can pause it too), clean state per test."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from .fleet import Worker, purge_broker
+from .fleet import SessionFleet, Worker, purge_broker
 
 TABLES = (
     "cleanup_cleanupreceipt, cleanup_deadletter, cleanup_deliverycount, "
@@ -16,58 +15,9 @@ TABLES = (
 )
 
 
-@pytest.fixture(scope="session")
-def worker_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("workers")
-
-
-class SessionFleet:
-    """Two worker instances of concurrency 2 on the standard queues, started on first use and
-    shared by the session's tests. Tests that run their own workers on the same queues pause it
-    first (``exclusive_workers``), so no other consumer takes their messages."""
-
-    def __init__(self, logs: Path) -> None:
-        self.logs = logs
-        self.workers: list[Worker] = []
-        self.generation = 0
-
-    def ensure(self) -> list[Worker]:
-        if self.workers and all(w.alive() for w in self.workers):
-            return self.workers
-        self.pause()
-        self.generation += 1
-        self.workers = [
-            Worker(f"itw{i}-g{self.generation}-{os.getpid()}", 2, self.logs / f"worker{i}.log")
-            for i in range(2)
-        ]
-        for w in self.workers:
-            w.start()
-        for w in self.workers:
-            w.wait_ready()
-        return self.workers
-
-    def pause(self) -> None:
-        for w in self.workers:
-            w.stop(timeout=20)
-        self.workers = []
-
-
-@pytest.fixture(scope="session")
-def session_fleet(
-    django_db_setup: None, django_db_blocker: object, worker_logs: Path
-) -> Iterator[SessionFleet]:
-    with django_db_blocker.unblock():  # type: ignore[attr-defined]
-        purge_broker()
-    shared = SessionFleet(worker_logs)
-    try:
-        yield shared
-    finally:
-        shared.pause()
-
-
 @pytest.fixture
-def workers(session_fleet: SessionFleet) -> list[Worker]:
-    """The shared fleet, running."""
+def workers(django_db_setup: None, session_fleet: SessionFleet) -> list[Worker]:
+    """The shared fleet, running (on the test database, created first)."""
     return session_fleet.ensure()
 
 

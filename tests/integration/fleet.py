@@ -499,3 +499,36 @@ def free_port() -> int:
 def total(m: Samples, name: str, **labels: str) -> float:
     want = set(labels.items())
     return sum(v for (n, ls), v in m.items() if n == name and want <= set(ls))
+
+
+class SessionFleet:
+    """Two worker instances of concurrency 2 on the standard queues, started on first use and
+    shared by the session's tests. Tests that run their own workers on the same queues pause it
+    first (``exclusive_workers``), so no other consumer takes their messages; every unit test
+    pauses it too (tests/unit/conftest.py), since unit tests read back the queue entries they
+    wrote."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.workers: list[Worker] = []
+        self.generation = 0
+
+    def ensure(self) -> list[Worker]:
+        if self.workers and all(w.alive() for w in self.workers):
+            return self.workers
+        self.pause()
+        self.generation += 1
+        self.workers = [
+            Worker(f"itw{i}-g{self.generation}-{os.getpid()}", 2, self.logs / f"worker{i}.log")
+            for i in range(2)
+        ]
+        for w in self.workers:
+            w.start()
+        for w in self.workers:
+            w.wait_ready()
+        return self.workers
+
+    def pause(self) -> None:
+        for w in self.workers:
+            w.stop(timeout=20)
+        self.workers = []

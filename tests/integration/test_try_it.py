@@ -10,7 +10,6 @@ once each, the third learner never got a hold, the seats are back. run.py printe
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import signal
@@ -24,6 +23,7 @@ from typing import IO
 import pytest
 
 from config.settings.test import TEST_DEFAULTS
+from tests.missing_tools import skip_for_missing
 
 from .fleet import ROOT, free_port, scalar, service_env, sql, wait_until
 
@@ -33,10 +33,6 @@ import tryit
 pytestmark = [pytest.mark.workers, pytest.mark.slow]
 
 MARK = "@@try-it"
-
-
-def _ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 
 
 def _user_env(port: int, flower_port: int) -> dict[str, str]:
@@ -91,9 +87,7 @@ class RunningSystem:
 @pytest.fixture
 def running_system(clean: None, exclusive_workers: None) -> Iterator[tuple[RunningSystem, int]]:
     if shutil.which("curl") is None:
-        if _ci():
-            pytest.fail("curl is not on PATH: the README's try-it story needs it")
-        pytest.skip("curl is not on PATH: the README's try-it story needs it")
+        skip_for_missing("curl", "not on PATH: the README's try-it story needs it")
     port, flower_port = free_port(), free_port()
     system = RunningSystem(_user_env(port, flower_port))
     try:

@@ -73,8 +73,11 @@ def _free(session: BaseDatabaseWrapper, key: int) -> bool:
 def _lock_holders(key: int) -> int:
     with connection.cursor() as cur:
         cur.execute(
+            # this database's locks only: a test run beside this one (its own database on the
+            # same server) takes the same keys
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-            "AND classid = %s AND objid = %s",
+            "AND classid = %s AND objid = %s "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             [LOCK_NAMESPACE, key],
         )
         return int(cur.fetchone()[0])

@@ -2,8 +2,9 @@
 django's live server.
 
 Outside CI a missing browser skips these tests with the reason; with CI=true it fails them
-(.ci/run installs chromium with apt when it is missing). Screenshots go to ``$SCREENSHOT_DIR``
-when set (docs/screenshots/ was made that way), else to the test's tmp dir.
+(tests/missing_tools.py; scripts/test.sh installs chromium with apt in CI when it is missing).
+Screenshots go to ``$SCREENSHOT_DIR`` when set (docs/screenshots/ was made that way), else to
+the test's tmp dir.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from tests.missing_tools import skip_for_missing
+
 BROWSER_NAMES = ("chromium", "chromium-browser")
 LAUNCH_FLAGS = [
     "--headless",
@@ -29,10 +32,6 @@ LAUNCH_FLAGS = [
     "--no-first-run",
 ]
 USERNAME, PASSWORD = "ops", "ops-pass-1"
-
-
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 def find_chromium() -> str | None:
@@ -51,15 +50,11 @@ def chromium_path() -> str:
             "no chromium on PATH (Debian: apt-get install chromium); "
             "browser tests need the system browser and never download one"
         )
-        if _in_ci():
-            pytest.fail(message + " — CI must have it (.ci/run installs it)")
-        pytest.skip(message)
+        skip_for_missing("chromium", message)
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError as exc:
-        if _in_ci():
-            pytest.fail(f"playwright is not installed: {exc}")
-        pytest.skip(f"playwright is not installed: {exc}")
+        skip_for_missing("playwright", f"playwright is not installed: {exc}")
     return path
 
 
