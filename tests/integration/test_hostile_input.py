@@ -576,31 +576,33 @@ def _protocol_1_body(**fields: Any) -> str:
     )
 
 
-def test_what_the_screening_cannot_foresee_is_caught_by_the_consumers_catch_all(
+def test_protocol_1_messages_are_refused_before_celery_reads_their_body(
     hostile_worker: Worker,
 ) -> None:
-    """The consumer's last line (``cleanup.worker.consumer``, the ``except Exception`` around
-    Celery's handler) is reachable: a protocol-1 message carries its task name and limits in the
-    body, where the header checks do not look, and Celery's handler then raises in the worker's
-    main process (a time limit that is a number, not a pair: "cannot unpack")."""
-    # given: a valid hold behind the message
+    """A Celery protocol-1 message carries its task name and limits in the body, where the
+    header checks do not look. Before the consumer refused them, a scalar time limit in such a
+    body raised inside Celery's handler in the worker's main process ("cannot unpack"), and a
+    protocol-1 built-in task (``celery.chord_unlock``) passed the built-in refusal. The
+    project publishes protocol 2 only, so a message without a 'task' header is refused."""
+    # given: a valid hold behind the messages
     hold_id = create_eligible_holds(1, offerings=1)[0]
     main_pid = hostile_worker.pid
     # when
     publish_raw(_protocol_1_body(timelimit=5), task=None)
+    publish_raw(_protocol_1_body(task="celery.chord_unlock"), task=None)
     _publish_valid(hold_id)
-    # then: the worker's main process got past it and released the hold behind it
+    # then: the worker's main process got past them and released the hold behind them
     wait_until(
         lambda: not hostile_worker.alive() or outcome_counts().get("released") == 1,
         timeout=45,
-        what="the valid hold behind the protocol-1 message",
+        what="the valid hold behind the protocol-1 messages",
     )
     assert hostile_worker.alive() and hostile_worker.pid == main_pid, hostile_worker.log_tail(30)
-    # and the catch-all, not a screening check, set it aside: one dead letter with the error
-    letter = wait_until(lambda: DeadLetter.objects.first(), timeout=15, what="a dead letter")
-    assert DeadLetter.objects.count() == 1
-    assert (letter.reason, letter.error) == (
-        "rejected",
-        "TypeError('cannot unpack non-iterable int object')",
-    )
-    assert log_lines([hostile_worker.log_path], "message raised before reaching a task")
+    # and the screening set both aside, each with the reason (not the consumer's catch-all)
+    wait_until(lambda: DeadLetter.objects.count() >= 2, timeout=15, what="two dead letters")
+    letters = list(DeadLetter.objects.order_by("id"))
+    assert [(d.reason, "no 'task' header" in d.error) for d in letters] == [
+        ("rejected", True),
+        ("rejected", True),
+    ], [(d.reason, d.error) for d in letters]
+    assert not log_lines([hostile_worker.log_path], "message raised before reaching a task")
