@@ -20,15 +20,21 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from cleanup.conf import cleanup_settings
+
 from .fleet import (
     Worker,
     create_eligible_holds,
+    free_port,
     invariant_violations,
     log_fields,
     log_lines,
+    queue_settled,
     released_count,
+    scrape_worker,
     service_env,
     sweep_until,
+    total,
     wait_until,
 )
 
@@ -139,6 +145,9 @@ def write_report(tmp_path: Path, name: str, watch: PoolWatch, worker: Worker) ->
     (out / f"{name}.json").write_text(json.dumps(report, indent=1))
 
 
+# Deadlines: each wait inside ends before the test's own timeout, whose sum they stay under
+# (a stuck step fails saying what it waited for). The drains are generous: a busy machine.
+@pytest.mark.timeout(420)
 def test_a_backlog_grows_the_pool_to_max_and_an_idle_queue_shrinks_it_to_min(
     tmp_path: Path,
 ) -> None:
@@ -154,9 +163,9 @@ def test_a_backlog_grows_the_pool_to_max_and_an_idle_queue_shrinks_it_to_min(
         sweep_until(lambda: watch.now() == 4, shards=2, timeout=60)
         grew_after = time.monotonic() - started
 
-        # then: the pool reached max within a bounded time, while the backlog was there
+        # then: the pool reached max while the backlog was there
         assert released_count(ids) < len(ids), "grew only after the work was done"
-        sweep_until(lambda: released_count(ids) == len(ids), shards=2, timeout=240)
+        sweep_until(lambda: released_count(ids) == len(ids), shards=2, timeout=150)
         drained_after = time.monotonic() - started
 
         # and when the queue is idle, the pool returns to min after the cooldown
@@ -172,7 +181,6 @@ def test_a_backlog_grows_the_pool_to_max_and_an_idle_queue_shrinks_it_to_min(
     # it within the SLO budget; an idle queue always ends at min)
     assert shrinks and shrinks[-1]["target"] == "1", shrinks
     assert {d["reason"] for d in shrinks} <= {"idle", "backlog"}, shrinks
-    assert grew_after < 60 and drained_after < shrank_after
     assert invariant_violations(ids) == []
     print(  # the measurement, shown with -s
         f"grew to 4 after {grew_after:.1f}s, drained after {drained_after:.1f}s, "
@@ -198,8 +206,14 @@ def test_a_burst_the_current_pool_drains_within_the_slo_does_not_grow_it(
 
         # when
         sweep_until(lambda: released_count(ids) == len(ids), shards=2, timeout=120)
-        # a few more decisions after the burst, with the rates measured over it
-        time.sleep(5)
+        # a decision after the burst, with the rates measured over it: the last one logged
+        # saw no backlog (a decision is logged whenever it differs from the one before, and
+        # the first idle reading differs from every busy one)
+        wait_until(
+            lambda: (seen := decisions(worker)) and seen[-1].get("in_backlog") == "0",
+            timeout=30,
+            what="a decision after the burst drained",
+        )
         write_report(tmp_path, "autoscale-burst-no-growth", watch, worker)
 
     # then: every hold released, and the pool never grew
@@ -210,32 +224,74 @@ def test_a_burst_the_current_pool_drains_within_the_slo_does_not_grow_it(
     assert not [d for d in seen if d.get("action") == "grow"]
 
 
+# More failed decisions than the 8 s cooldown holds at one decision per 1 s interval.
+READ_ERROR_DECISIONS = 12
+
+
+def metrics_served(tmp_path: Path, port: int) -> dict[str, str]:
+    """The worker's own metrics on ``port`` (the autoscaler counts every decision there)."""
+    return {
+        "WORKER_METRICS_PORT": str(port),
+        "WORKER_METRICS_ADDR": "127.0.0.1",
+        "WORKER_METRICS_DIR": str(tmp_path / "prom"),
+    }
+
+
+def _decisions_counted(port: int, reason: str) -> float:
+    samples, _ = scrape_worker(port)
+    return total(samples, "reservation_cleanup_autoscale_decisions_total", reason=reason)
+
+
+@pytest.mark.timeout(480)
 def test_a_database_read_error_keeps_the_current_size(tmp_path: Path) -> None:
     # given: a worker grown to 4 by a backlog, which then drains (so it would shrink to 1)
-    with autoscaled_worker(tmp_path, "4,1", **SLOW_SERVICE, CLEANUP_AUTOSCALE_COOLDOWN="8") as (
-        worker,
-        watch,
-    ):
+    port = free_port()
+    with autoscaled_worker(
+        tmp_path,
+        "4,1",
+        **SLOW_SERVICE,
+        **metrics_served(tmp_path, port),
+        CLEANUP_AUTOSCALE_COOLDOWN="8",
+    ) as (worker, watch):
         ids = create_eligible_holds(1500, expired_seconds_ago=1)
         sweep_until(lambda: watch.now() == 4, shards=2, timeout=60)
-        sweep_until(lambda: released_count(ids) == len(ids), shards=2, timeout=240)
+        sweep_until(lambda: released_count(ids) == len(ids), shards=2, timeout=150)
+        # and no task is left to run: a task started under the lock below (a sweep, or one of
+        # the copies a busy machine leaves queued once leases run out) would keep a pool
+        # process busy, and billiard shrinks idle processes only, so the pool would keep its
+        # size whatever the autoscaler decided
+        conf = cleanup_settings()
+        queues = (conf.sweep_queue, conf.release_queue)
+        wait_until(
+            lambda: all(queue_settled(q) for q in queues),
+            timeout=120,
+            what="the sweep and release queues settled",
+        )
 
         # when: the autoscaler's reads fail (the test holds an exclusive lock on the holds
-        # table, so its statements hit their 500 ms timeout) for three cooldowns
+        # table, so its statements hit their 500 ms timeout) for more than a cooldown's worth
+        # of decisions
         dsn = service_env()["DATABASE_URL"]
         with psycopg.connect(dsn) as blocker:
             blocker.execute("LOCK TABLE reservations_reservation IN ACCESS EXCLUSIVE MODE")
-            locked_at = time.monotonic()
             wait_until(
                 lambda: any(d.get("reason") == "read_error" for d in decisions(worker)),
                 timeout=20,
                 what="a read_error decision",
             )
-            while time.monotonic() - locked_at < 24:
-                # then: the pool keeps its size
-                assert watch.now() == 4, watch.timeline()
-                time.sleep(0.5)
+            failed_from = len(watch.samples)
+            # the worker logs only the first of a run of equal decisions, but counts each in
+            # its metrics: wait for more failed decisions than fit in a cooldown (one per
+            # 1 s interval, cooldown 8 s), so the pool would have shrunk meanwhile
+            wait_until(
+                lambda: _decisions_counted(port, "read_error") >= READ_ERROR_DECISIONS,
+                timeout=60,
+                what=f"{READ_ERROR_DECISIONS} read_error decisions",
+            )
+            held = [n for _, n in watch.samples[failed_from:]]
             blocker.rollback()
+        # then: the pool kept its size through every failed reading
+        assert held and set(held) == {4}, watch.timeline()
 
         # and once reads work again it shrinks as usual (so it would have shrunk before)
         wait_until(lambda: watch.now() == 1, timeout=60, what="the pool to shrink after the error")

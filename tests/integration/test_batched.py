@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -164,15 +163,23 @@ def test_batched_renewed_or_confirmed_holds_are_never_released(batch_workers, cl
 def test_batched_pool_child_killed_mid_batch_is_redelivered_and_released_once(batch_workers, clean):
     ids = create_eligible_holds(40, offerings=1)
     offering_id = scalar("SELECT offering_id FROM reservations_reservation WHERE id = %s", [ids[0]])
+    batch = build_batch(_holds(ids), 0, "kill")
+    key = validate_batch(batch).batch_key
     with offering_locked(offering_id):
-        publish_release_messages([build_batch(_holds(ids), 0, "kill")])
+        publish_release_messages([batch])
         wait_until(blocked_backends, timeout=30, what="batch waiting on the row lock")
-        victims = [c for w in batch_workers for c in w.children()]
+        victims = {c for w in batch_workers for c in w.children()}
         # kill every pool child: whichever holds the batch dies mid-transaction
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
-        time.sleep(1)
-    wait_until(lambda: released_count(ids) == len(ids), timeout=90, what="released")
+        # then: the worker requeues the batch (reject_on_worker_lost) and a new child fetches
+        # it again: a redelivery, which the delivery counter counts (the first delivery is not
+        # counted). Seen while the row lock is still held: the dead child's parked statement
+        # commits once the lock is let go, so "every hold released" alone would not show it.
+        wait_until(lambda: delivery_counts([key]) == [1], timeout=60, what="the batch redelivered")
+    wait_until(lambda: released_count(ids) == len(ids), timeout=60, what="released")
+    wait_until(_drained, timeout=30, what="the batch acknowledged")
+    assert delivery_counts([key]) == [1]  # one redelivery: two deliveries in all
     assert outcome_counts() == {"released": len(ids)}
     assert invariant_violations(expected_released=ids) == []
 

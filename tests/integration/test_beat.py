@@ -34,7 +34,12 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from cleanup.broker import readers as broker
 from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupSchedule
-from cleanup.pipeline.schedule import SWEEP_PREFIX, install_schedule, sweep_entry_name
+from cleanup.pipeline.schedule import (
+    RELAY_NAME,
+    SWEEP_PREFIX,
+    install_schedule,
+    sweep_entry_name,
+)
 
 from .fleet import (
     Beat,
@@ -105,10 +110,11 @@ def test_beat_paused_for_several_intervals_catches_up(workers, schedule, beat_lo
     print(f"\nbeat restarted: {len(paused)} waiting holds released in {catch_up:.1f}s")
 
 
-def _sends(beat: Beat) -> dict[str, list[float]]:
-    """Each sweep entry's sends, as the beat logged them (epoch seconds, in order)."""
+def _sends(beat: Beat, prefix: str = SWEEP_PREFIX) -> dict[str, list[float]]:
+    """Each sweep entry's sends (or those of the entries named ``prefix…``), as the beat logged
+    them (epoch seconds, in order)."""
     by_entry: dict[str, list[float]] = {}
-    for line in beat.lines(f"Sending due task {SWEEP_PREFIX}"):
+    for line in beat.lines(f"Sending due task {prefix}"):
         stamp = re.search(r"(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)[.,](\d{3})", line)
         entry = re.search(r"Sending due task (.+?) \(", line)
         assert stamp and entry, line
@@ -131,9 +137,19 @@ def _log_clock_offset(beat: Beat) -> float:
     return round((logged - time.time()) / 900) * 900
 
 
+def _relayed_since(beat: Beat, after: float) -> int:
+    """Sends of the outbox relay entry (every 5 s) after ``after``: proof that beat is ticking
+    and has read the schedule since then, without sleeping for a window."""
+    return len([t for t in _sends(beat, RELAY_NAME).get(RELAY_NAME, []) if t > after])
+
+
 def _all_sent_at_least(beat: Beat, times: int, after: float = 0.0) -> bool:
-    sends = _sends(beat)
     names = [sweep_entry_name(k, SHARDS) for k in range(SHARDS)]
+    return _all_sent_at_least_of(beat, names, times, after)
+
+
+def _all_sent_at_least_of(beat: Beat, names: list[str], times: int, after: float = 0.0) -> bool:
+    sends = _sends(beat)
     return all(len([t for t in sends.get(n, []) if t > after]) >= times for n in names)
 
 
@@ -163,14 +179,13 @@ def test_schedule_edits_take_effect_without_restarting_beat(workers, schedule, b
         _save_sweep_entries(enabled=False)
         disabled_at = time.time() + offset
         held = create_eligible_holds(100, offerings=2)
-        time.sleep(6)  # a window in which nothing may happen
+        # a window in which nothing may happen: from when beat has surely noticed, until it
+        # has sent its relay entry (every 5 s) twice more, while the sweep entries (every 3 s)
+        # would have been due more than once each
+        quiet_from = disabled_at + float(beat_max_interval()) + 1
+        wait_until(lambda: _relayed_since(beat, quiet_from) >= 2, timeout=30, what="two relays")
         # then: nothing is sent once beat noticed, nothing swept
-        late = [
-            t
-            for ts in _sends(beat).values()
-            for t in ts
-            if t > disabled_at + float(beat_max_interval()) + 1
-        ]
+        late = [t for ts in _sends(beat).values() for t in ts if t > quiet_from]
         assert late == []
         assert set(claim_counts(held).values()) == {0}
         assert released_count(held) == 0
@@ -288,33 +303,47 @@ def test_a_real_beat_follows_schedule_edits_saved_in_the_admin(workers, clean, b
     with beats(beat_logs, 1) as (beat,):
         wait_until(beat.is_leader, timeout=60, what="beat lease acquired")
         wait_until(lambda: _sends_of(beat, 4) >= 4, timeout=30, what="first sends of 4 shards")
+        offset = _log_clock_offset(beat)
         # when: 2 shards every 1 s
         _save_in_admin(operator, shards=2, every=1, enabled=True)
-        time.sleep(3)  # beat's max loop interval is 1 s in tests
-        before_4, before_2 = _sends_of(beat, 4), _sends_of(beat, 2)
-        time.sleep(6)
-        # then: only the two new entries are sent, about once a second each
-        assert _sends_of(beat, 4) == before_4
-        fast = _sends_of(beat, 2) - before_2
-        assert 2 * 4 <= fast <= 2 * 8, fast
+        # then: beat follows: each of the two new entries is sent again and again, never twice
+        # within its interval, and no entry of the 4-shard schedule once the new ones are sent
+        new_entries = [sweep_entry_name(k, 2) for k in range(2)]
+        wait_until(
+            lambda: all(len(_sends(beat).get(n, [])) >= 4 for n in new_entries),
+            timeout=30,
+            what="4 sends of each 2-shard entry",
+        )
+        fast = {n: _sends(beat)[n] for n in new_entries}
+        first_new = min(t for ts in fast.values() for t in ts)
+        old_after = [
+            t for n, ts in _sends(beat).items() if n.endswith(" of 4") for t in ts if t > first_new
+        ]
+        assert old_after == []
+        assert min(g for ts in fast.values() for g in _gaps(ts)) >= 0.8, fast
         # when: every 3 s
         _save_in_admin(operator, shards=2, every=3, enabled=True)
-        time.sleep(4)
-        before = _sends_of(beat, 2)
-        time.sleep(6)
-        slow = _sends_of(beat, 2) - before
-        assert slow <= 2 * 3, slow
-        assert slow < fast
+        noticed = time.time() + offset + 2 * float(beat_max_interval())
+        # then: each entry is sent again, never within 3 s of its previous send
+        wait_until(
+            lambda: _all_sent_at_least_of(beat, new_entries, 3, after=noticed),
+            timeout=60,
+            what="3 sends of each 2-shard entry at every=3",
+        )
+        slow = {n: [t for t in _sends(beat)[n] if t > noticed] for n in new_entries}
+        assert min(g for ts in slow.values() for g in _gaps(ts)) >= 2.8, slow
         # when: disabled
         _save_in_admin(operator, shards=2, every=3, enabled=False)
-        time.sleep(4)
-        stopped_at = beat.sends()
         held = create_eligible_holds(60, offerings=2)
         # and the platform restarts its one-off step (what `make run` and compose run)
         call_command("install_cleanup_schedule", "--shards", "4", "--every", "1")
-        time.sleep(6)
+        # a window from when beat has surely noticed both, until it has sent its relay entry
+        # (every 5 s) twice more: any enabled sweep entry would have been sent meanwhile
+        quiet_from = time.time() + offset + float(beat_max_interval()) + 1
+        wait_until(lambda: _relayed_since(beat, quiet_from) >= 2, timeout=30, what="two relays")
         # then: nothing is sent, no hold is claimed, the edit stood
-        assert beat.sends() == stopped_at
+        late = [t for ts in _sends(beat).values() for t in ts if t > quiet_from]
+        assert late == []
         assert set(claim_counts(held).values()) == {0}
         assert released_count(held) == 0
         schedule = CleanupSchedule.objects.get()
@@ -324,4 +353,8 @@ def test_a_real_beat_follows_schedule_edits_saved_in_the_admin(workers, clean, b
         wait_until(lambda: released_count(held) == len(held), timeout=60, what="re-enabled")
     assert invariant_violations(expected_released=held) == []
     assert outcome_counts() == {"released": len(held)}
-    print(f"\nadmin edits: 2 shards every 1 s → {fast} sends in 6 s, every 3 s → {slow}, off → 0")
+    print(
+        "\nadmin edits: send gaps per entry: every=1 → median "
+        f"{_median([g for ts in fast.values() for g in _gaps(ts)]):.2f}s, every=3 → median "
+        f"{_median([g for ts in slow.values() for g in _gaps(ts)]):.2f}s, off → none"
+    )

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from cleanup.broker import readers as broker
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.telemetry import deliveries
@@ -102,6 +103,18 @@ def test_a_worker_killed_whole_mid_release_is_recovered_by_another_worker(
         else:
             time.sleep(1)
             assert status_of(hold_id) == "held"
+        # the message is not lost, and no consumer runs now: on Redis it waits in kombu's
+        # unacked set for the visibility timeout; RabbitMQ puts it back in the queue as soon
+        # as the dead worker's connection closes
+        queue = cleanup_settings().release_queue
+        if broker_is_redis():
+            assert (broker.queue_depth(queue), broker.unacked_count(queue)) == (0, 1)
+        else:
+            wait_until(
+                lambda: broker.queue_depth(queue) == 1,
+                timeout=30,
+                what="RabbitMQ to requeue the dead worker's delivery",
+            )
         with dedicated(tmp_path, {"concurrency": 1}):
             # then: after the visibility timeout another worker's restore scan brings the
             # message back, and it is handled (released, or already_handled)
@@ -125,11 +138,9 @@ def test_a_worker_killed_whole_mid_release_is_recovered_by_another_worker(
     assert invariant_violations(expected_released=[hold_id]) == []
     if broker_is_redis():
         # it came back through the visibility timeout (never before it): the restore path, not
-        # a requeue by the dead worker. How long after is printed above, not asserted.
+        # a requeue by the dead worker. How long after is printed above, not asserted. (On
+        # RabbitMQ the requeue on connection loss is seen above, before any worker ran.)
         assert recovery >= cleanup_settings().visibility_timeout - 1
-    else:
-        # no visibility timeout: the message is back as soon as the dead connection closes
-        assert recovery < cleanup_settings().visibility_timeout
 
 
 def test_a_terminated_database_connection_is_retried_then_released_once(
@@ -251,7 +262,7 @@ def test_malformed_messages_are_dead_lettered_with_a_reason_and_valid_ones_keep_
     by_task = {d.task_id: d for d in letters}
     for name, (_kwargs, reason, words) in MALFORMED.items():
         if name == "no task headers":
-            letter = next(d for d in letters if d.error == "message is not a task message")
+            letter = next(d for d in letters if "no 'task' header" in d.error)
         else:
             letter = by_task[task_ids[name]]
         assert letter.reason == reason, name

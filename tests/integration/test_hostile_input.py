@@ -37,6 +37,7 @@ from .fleet import (
     create_eligible_holds,
     free_port,
     invariant_violations,
+    log_lines,
     outcome_counts,
     purge_broker,
     scalar,
@@ -565,3 +566,43 @@ def test_a_compressed_body_is_refused_before_it_is_decompressed(hostile_worker: 
     grown_kib = hostile_worker.memory()["main"]["VmHWM"] - peak_before
     assert grown_kib < 32 * 1024, f"main process peak grew by {grown_kib} KiB"
     assert DeadLetter.objects.count() == 1
+
+
+def _protocol_1_body(**fields: Any) -> str:
+    """A Celery protocol-1 message body: everything (task name, id, limits) in the body, no
+    task headers; Celery's consumer still accepts this format."""
+    return json.dumps(
+        {"task": RELEASE_TASK, "id": str(uuid.uuid4()), "args": [_good()], "kwargs": {}, **fields}
+    )
+
+
+def test_protocol_1_messages_are_refused_before_celery_reads_their_body(
+    hostile_worker: Worker,
+) -> None:
+    """A Celery protocol-1 message carries its task name and limits in the body, where the
+    header checks do not look. Before the consumer refused them, a scalar time limit in such a
+    body raised inside Celery's handler in the worker's main process ("cannot unpack"), and a
+    protocol-1 built-in task (``celery.chord_unlock``) passed the built-in refusal. The
+    project publishes protocol 2 only, so a message without a 'task' header is refused."""
+    # given: a valid hold behind the messages
+    hold_id = create_eligible_holds(1, offerings=1)[0]
+    main_pid = hostile_worker.pid
+    # when
+    publish_raw(_protocol_1_body(timelimit=5), task=None)
+    publish_raw(_protocol_1_body(task="celery.chord_unlock"), task=None)
+    _publish_valid(hold_id)
+    # then: the worker's main process got past them and released the hold behind them
+    wait_until(
+        lambda: not hostile_worker.alive() or outcome_counts().get("released") == 1,
+        timeout=45,
+        what="the valid hold behind the protocol-1 messages",
+    )
+    assert hostile_worker.alive() and hostile_worker.pid == main_pid, hostile_worker.log_tail(30)
+    # and the screening set both aside, each with the reason (not the consumer's catch-all)
+    wait_until(lambda: DeadLetter.objects.count() >= 2, timeout=15, what="two dead letters")
+    letters = list(DeadLetter.objects.order_by("id"))
+    assert [(d.reason, "no 'task' header" in d.error) for d in letters] == [
+        ("rejected", True),
+        ("rejected", True),
+    ], [(d.reason, d.error) for d in letters]
+    assert not log_lines([hostile_worker.log_path], "message raised before reaching a task")

@@ -7,13 +7,12 @@ import json
 from datetime import timedelta
 from typing import Any
 
-import psycopg.errors
 import pytest
 from django.db import OperationalError
 from django.db.models.functions import Now
 from django.test import Client, RequestFactory
 
-from reservations import api, retry, services
+from reservations import api, services
 from reservations.models import OutboxEvent, Reservation
 
 TOKEN = "api-test-token"
@@ -474,48 +473,8 @@ def test_a_body_over_the_limit_without_content_length_is_a_413(offering):
 # --- transient database errors --------------------------------------------------------------
 
 
-def _deadlock() -> OperationalError:
-    try:
-        try:
-            raise psycopg.errors.DeadlockDetected("deadlock detected")
-        except psycopg.errors.DeadlockDetected as cause:
-            raise OperationalError("deadlock detected") from cause
-    except OperationalError as exc:
-        return exc
-
-
-def test_a_deadlock_is_retried_and_then_succeeds(api_client, offering, monkeypatch):
-    # given: the first call deadlocks, the second goes through
-    real = services.hold_seat
-    calls: list[int] = []
-
-    def flaky(*args: Any, **kwargs: Any) -> Reservation:
-        calls.append(1)
-        if len(calls) == 1:
-            raise _deadlock()
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(services, "hold_seat", flaky)
-    # when
-    response = post(api_client, f"/api/offerings/{offering.pk}/holds", {"holder": "x"})
-    # then
-    assert response.status_code == 201
-    assert len(calls) == 2
-
-
-def test_a_persistent_deadlock_is_a_503_with_retry_after(api_client, offering, monkeypatch):
-    calls: list[int] = []
-
-    def always(*args: Any, **kwargs: Any) -> Reservation:
-        calls.append(1)
-        raise _deadlock()
-
-    monkeypatch.setattr(services, "confirm", always)
-    hold = services.hold_seat(offering.pk, "learner-1")
-    response = post(api_client, f"/api/holds/{hold.pk}/confirm", {"expected_version": 1})
-    assert_error(response, 503, "temporarily_unavailable")
-    assert response["Retry-After"] == "1"
-    assert len(calls) == retry.TRANSIENT_ATTEMPTS
+# Deadlocks (a real one between two sessions, and a persistent one raised by PostgreSQL) are
+# driven through the API in unit/test_failure_paths.py.
 
 
 def test_a_non_transient_operational_error_is_not_retried(offering, monkeypatch):

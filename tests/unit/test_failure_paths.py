@@ -10,11 +10,14 @@ product sees exactly what the driver gives it.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import OperationalError, ProgrammingError, connection
 from django.db.models.functions import Now
@@ -103,6 +106,82 @@ def test_a_persistent_serialization_failure_is_a_503_and_changes_nothing(client,
     hold.refresh_from_db()
     assert (hold.status, hold.version) == ("held", 1)
     assert not OutboxEvent.objects.filter(kind="reservation.confirmed").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_deadlock_is_retried_and_the_seat_is_taken_once(client, caplog):
+    """Two real sessions take the same two locks in opposite orders; PostgreSQL detects the
+    deadlock, aborts the API's transaction (40P01), and the API runs it again."""
+    from tests.integration.fleet import conninfo
+
+    # given: a full offering whose one hold has expired, so a new hold locks the offering and
+    # then that hold, to reclaim it (offerings before reservations)
+    offering = services.create_offering("deadlock", capacity=1)
+    stale = services.hold_seat(offering.pk, "stale", ttl_seconds=60)
+    Reservation.objects.filter(pk=stale.pk).update(expires_at=Now() - timedelta(minutes=1))
+    # and a rogue session holding that hold's row, which then wants the offering: it waits
+    # far longer before checking for a deadlock, so the API's session (1 s) is the one
+    # PostgreSQL aborts
+    rogue = psycopg.connect(conninfo())
+    watcher = psycopg.connect(conninfo(), autocommit=True)
+    rogue.execute("SET deadlock_timeout = '60s'")
+    rogue.execute("SELECT id FROM reservations_reservation WHERE id = %s FOR UPDATE", [stale.pk])
+    rogue_pid = rogue.info.backend_pid
+    errors: list[BaseException] = []
+
+    def rogue_takes_the_offering() -> None:
+        try:
+            deadline = time.monotonic() + 30
+            while not watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND pid <> %s",
+                [rogue_pid],
+            ).fetchone()[0]:  # type: ignore[index]
+                assert time.monotonic() < deadline, "the API never waited for the hold's row"
+                time.sleep(0.02)
+            rogue.execute(
+                "SELECT id FROM reservations_offering WHERE id = %s FOR UPDATE", [offering.pk]
+            )
+            rogue.commit()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            rogue.rollback()
+
+    thread = threading.Thread(target=rogue_takes_the_offering)
+    thread.start()
+    try:
+        # when
+        with caplog.at_level("WARNING", logger="reservations.retry"):
+            response = post(client, f"/api/offerings/{offering.pk}/holds", {"holder": "x"})
+    finally:
+        thread.join(60)
+        rogue.close()
+        watcher.close()
+    # then: the API's first attempt was the deadlock's victim, and the second took the seat
+    assert errors == []
+    retried = [r for r in caplog.records if r.getMessage() == "transient database error, retrying"]
+    assert [getattr(r, "error", None) for r in retried] == ["DeadlockDetected"]
+    assert response.status_code == 201, response.content
+    stale.refresh_from_db()
+    assert stale.status == "released"
+    assert Reservation.objects.filter(offering=offering, status="held").count() == 1
+    assert OutboxEvent.objects.filter(kind="reservation.released").count() == 1
+    offering.refresh_from_db()
+    assert offering.seats_available == 0
+
+
+@pytest.mark.django_db
+def test_a_persistent_deadlock_is_a_503_with_retry_after_and_changes_nothing(client, offering):
+    hold = services.hold_seat(offering.pk, "learner")
+    with failing("UPDATE", "NEW.status = 'confirmed'", "40P01", times=100) as fired:
+        response = post(client, f"/api/holds/{hold.pk}/confirm", {"expected_version": 1})
+        attempts = fired()
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "temporarily_unavailable"
+    assert response["Retry-After"] == str(api.RETRY_AFTER_SECONDS)
+    assert attempts == TRANSIENT_ATTEMPTS
+    hold.refresh_from_db()
+    assert (hold.status, hold.version) == ("held", 1)
 
 
 @pytest.mark.django_db

@@ -299,9 +299,7 @@ def test_beat_still_builds_entries_from_scheduler_entry_and_records_runs_through
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_change_noticed_while_beat_builds_its_heap_never_sends_an_entry_twice(
-    monkeypatch, settings
-):
+def test_a_change_noticed_while_beat_builds_its_heap_never_sends_an_entry_twice(broker, settings):
     """django-celery-beat reloads its entries when the schedule changed and flags its heap for
     a rebuild at the next tick. A change noticed while the heap is being built (right after
     taking the lease, when the heap is rebuilt anyway) leaves that flag set: the next tick
@@ -313,12 +311,6 @@ def test_a_change_noticed_while_beat_builds_its_heap_never_sends_an_entry_twice(
     an_hour_ago = timezone.now() - timedelta(hours=1)
     PeriodicTask.objects.filter(name__startswith=SWEEP_PREFIX).update(last_run_at=an_hour_ago)
     scheduler = LeaderDatabaseScheduler(app=celery_app)
-    sent: list[str] = []
-
-    def record(entry, producer=None, advance=False, **kwargs):  # instead of publishing
-        sent.append(entry.name)
-
-    monkeypatch.setattr(scheduler, "apply_async", record)
     try:
         # another beat starting, or an admin save, after this beat last looked
         PeriodicTasks.update_changed()
@@ -326,5 +318,16 @@ def test_a_change_noticed_while_beat_builds_its_heap_never_sends_an_entry_twice(
             scheduler.tick()
     finally:
         scheduler.close()
-    sweeps = Counter(name for name in sent if name.startswith(SWEEP_PREFIX))
-    assert sweeps == {sweep_entry_name(k, 4): 1 for k in range(4)}, sent
+    # what beat really sent: the sweep messages on the tests' own Redis, one per shard
+    sent = [_sweep_shard_of(entry) for entry in broker.lrange(settings.CLEANUP_SWEEP_QUEUE, 0, -1)]
+    assert Counter(sent) == {k: 1 for k in range(4)}, sent
+
+
+def _sweep_shard_of(entry: bytes) -> int:
+    """The shard a sweep message on a Redis list asks for (kombu's envelope, base64 body)."""
+    import base64
+
+    envelope = json.loads(entry)
+    assert envelope["headers"]["task"] == "cleanup.sweep_shard", envelope["headers"]
+    _args, kwargs, _embed = json.loads(base64.b64decode(envelope["body"]))
+    return int(kwargs["shard"])
