@@ -130,11 +130,14 @@ def test_a_renewed_hold_in_a_redelivered_multi_hold_message_is_not_released(
     assert outcome_counts() == {"released": len(expected), "renewed": 1}
     assert status_of(renewed) == "held"
     assert invariant_violations(expected_released=expected, expected_not_released=[renewed]) == []
-    # the first two messages were delivered again (each redelivery counted under the batch's
-    # key), and their holds still have one receipt each, all from their own message
+    # a killed message came back as a redelivery, counted under its batch's key (a message
+    # whose start the worker's main process had not yet seen is handed to a new process
+    # without one, so not necessarily both), and its holds have one receipt each, all from
+    # that one message
     second = validate_batch(published[1])
     redeliveries = delivery_counts([first.batch_key, second.batch_key])
-    assert min(redeliveries) >= 1, redeliveries
+    assert max(redeliveries) >= 1, redeliveries
+    first = first if redeliveries[0] else second
     by_message = receipts_per_message([m.reservation_id for m in first.items])
     assert len(by_message) == 1
     (holds,) = by_message.values()
@@ -146,5 +149,11 @@ def test_a_renewed_hold_in_a_redelivered_multi_hold_message_is_not_released(
             [holds],
         )
     )
-    assert outcomes.pop(renewed) == "renewed"
+    outcomes.pop(renewed, None)
     assert set(outcomes.values()) == {"released"}
+    assert dict(
+        sql(
+            "SELECT reservation_id, outcome FROM cleanup_cleanupreceipt WHERE reservation_id = %s",
+            [renewed],
+        )
+    ) == {renewed: "renewed"}
