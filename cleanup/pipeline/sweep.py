@@ -230,10 +230,11 @@ def _sweep_batches(
             # in messages whatever their size).
             room = max_queue_depth - depth
             take = min(batch_size, room)
-            # Near the cap every shard's sweep competes for the same room: each takes an equal
-            # share and then ends its run, so the shards publish in turns.
-            share = fair_share(room, shards, batch_size)
-            take = min(take, share)
+            # Near the cap every shard's sweep competes for the same room: each takes at most
+            # its share and then ends its run, so the shards publish in turns.
+            crowded = near_the_cap(room, shards, batch_size)
+            if crowded:
+                take = min(take, fair_share(shards, batch_size, max_queue_depth))
             with transaction.atomic():
                 claimed = claim_expired(
                     shard,
@@ -285,24 +286,30 @@ def _sweep_batches(
                 },
             )
             break
-        if take == share < batch_size:
-            # Its share of the room near the cap: the other shards' sweeps take theirs next.
+        if crowded:
+            # Its turn near the cap is over: the other shards' sweeps take theirs next.
             result.took_share = True
             result.backpressure = True
             logger.info(
                 "sweep took its share of the room near the cap",
-                extra={"shard": shard, "queue_depth": depth, "room": room, "share": share},
+                extra={"shard": shard, "queue_depth": depth, "room": room, "share": take},
             )
             break
 
 
-def fair_share(room: int, shards: int, batch_size: int) -> int:
-    """The most one batch of a shard's sweep takes out of ``room`` (messages left under the
-    cap): all of it when the room is wider than every shard's full batch together (no shard
-    can crowd another out), else an equal share, ceil(room ÷ shards)."""
-    if shards <= 1 or room >= shards * batch_size:
-        return batch_size
-    return max(1, ceil_whole(room / shards))
+def near_the_cap(room: int, shards: int, batch_size: int) -> bool:
+    """True when ``room`` (messages left under the cap) is narrower than every shard's full
+    batch together: one sweep's batches could then take the room the other shards need."""
+    return shards > 1 and room < shards * batch_size
+
+
+def fair_share(shards: int, batch_size: int, cap: int) -> int:
+    """The most one shard's sweep takes in its turn near the cap: an equal share of the whole
+    cap, ceil(cap ÷ shards), never more than a batch. A share of the cap, not of the room left:
+    the sweeps take their turns one after another, and shares of a shrinking room add up to
+    only 1 - (1 - 1/shards)^shards of it (about two thirds with 4 shards), so the queue would
+    never reach its cap and the drain would run below the rate the cap allows."""
+    return max(1, min(batch_size, ceil_whole(cap / shards)))
 
 
 def _dead_letter_set_aside(hold: ClaimedHold, shard: int, trace_id: str) -> None:

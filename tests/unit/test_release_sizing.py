@@ -20,7 +20,7 @@ from cleanup.broker.readers import priority_keys, queue_depth, redis_client
 from cleanup.pipeline import sizing
 from cleanup.pipeline import sweep as sweep_module
 from cleanup.pipeline.sizing import choose_release_size, split_evenly
-from cleanup.pipeline.sweep import fair_share, sweep_shard
+from cleanup.pipeline.sweep import fair_share, near_the_cap, sweep_shard
 from reservations.models import Reservation
 from reservations.seed import seed_holds
 
@@ -267,12 +267,27 @@ def test_the_measured_rate_counts_messages_not_holds(adaptive, broker):
 
 
 def test_the_share_is_the_whole_batch_with_room_to_spare_and_equal_near_the_cap():
-    assert fair_share(room=20_000, shards=4, batch_size=500) == 500
-    assert fair_share(room=2_000, shards=4, batch_size=500) == 500
-    assert fair_share(room=1_999, shards=4, batch_size=500) == 500  # ceil(1,999 / 4)
-    assert fair_share(room=1_000, shards=4, batch_size=500) == 250
-    assert fair_share(room=3, shards=4, batch_size=500) == 1
-    assert fair_share(room=10, shards=1, batch_size=500) == 500  # one shard: all of the room
+    # room wider than every shard's full batch together: no turns
+    assert not near_the_cap(room=20_000, shards=4, batch_size=500)
+    assert not near_the_cap(room=2_000, shards=4, batch_size=500)
+    assert not near_the_cap(room=10, shards=1, batch_size=500)  # one shard: all of the room
+    # narrower: turns, each an equal share of the whole cap, at most a batch
+    assert near_the_cap(room=1_999, shards=4, batch_size=500)
+    assert fair_share(shards=4, batch_size=500, cap=20_000) == 500
+    assert fair_share(shards=4, batch_size=500, cap=1_000) == 250
+    assert fair_share(shards=4, batch_size=500, cap=42) == 11  # ceil(42 / 4)
+    assert fair_share(shards=8, batch_size=500, cap=3) == 1
+
+
+def test_the_shares_of_one_round_fill_the_cap():
+    """Four sweeps taking their turns one after another fill the queue to its cap (shares of
+    the room each found would stop at about two thirds of it, and the drain with them)."""
+    cap, shards, batch, depth = 400, 4, 500, 0
+    for _ in range(shards):
+        room = cap - depth
+        assert near_the_cap(room, shards, batch)
+        depth += min(batch, room, fair_share(shards, batch, cap))
+    assert depth == cap
 
 
 @pytest.mark.django_db(transaction=True)
