@@ -154,7 +154,11 @@ def test_a_backlog_grows_the_pool_to_max_and_an_idle_queue_shrinks_it_to_min(
     # given: one worker that may run 1..4 processes, an SLO of 20 s, a configured service rate of
     # 20 releases/s per process (so the arithmetic does not depend on this machine's speed), and
     # 3,000 holds that just expired: one process needs ~150 s, far past the SLO.
-    with autoscaled_worker(tmp_path, "4,1", **SLOW_SERVICE) as (worker, watch):
+    # (readings get 3 s, not FAST's 500 ms: on a loaded CI machine beside other suites a
+    # 500 ms statement timeout turned readings into read errors, which hold the size)
+    with autoscaled_worker(
+        tmp_path, "4,1", **SLOW_SERVICE, CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS="3000"
+    ) as (worker, watch):
         wait_until(lambda: watch.now() == 1, timeout=30, what="the pool to start at min (1)")
         ids = create_eligible_holds(3000, expired_seconds_ago=1)
         started = time.monotonic()
@@ -169,7 +173,11 @@ def test_a_backlog_grows_the_pool_to_max_and_an_idle_queue_shrinks_it_to_min(
         drained_after = time.monotonic() - started
 
         # and when the queue is idle, the pool returns to min after the cooldown
-        wait_until(lambda: watch.now() == 1, timeout=60, what="the pool to shrink to min (1)")
+        try:
+            wait_until(lambda: watch.now() == 1, timeout=60, what="the pool to shrink to min (1)")
+        except TimeoutError as exc:
+            # the autoscaler's own account of why it held the size
+            raise AssertionError(f"{exc}; last decisions: {decisions(worker)[-6:]}") from exc
         shrank_after = time.monotonic() - started
         write_report(tmp_path, "autoscale-grow-shrink", watch, worker)
 
