@@ -152,15 +152,21 @@ def test_a_backlog_grows_the_pool_to_max_and_an_idle_queue_shrinks_it_to_min(
     tmp_path: Path,
 ) -> None:
     # given: one worker that may run 1..4 processes, an SLO of 20 s, a configured service rate of
-    # 20 releases/s per process (so the arithmetic does not depend on this machine's speed), and
-    # 3,000 holds that just expired: one process needs ~150 s, far past the SLO.
-    # (readings get 3 s, not FAST's 500 ms: on a loaded CI machine beside other suites a
-    # 500 ms statement timeout turned readings into read errors, which hold the size)
+    # 5 releases/s per process (so the arithmetic does not depend on this machine's speed), and
+    # 1,200 holds that just expired: one process needs ~240 s by that rate, far past the SLO.
+    # (The configured rate is below what a process does even on a loaded machine, so the pool is
+    # never sized below what the drain needs; with 3,000 holds at 20/s the drain missed its
+    # 150 s deadline once in clean-clone CI beside other suites. Readings get 3 s, not FAST's
+    # 500 ms: on a loaded CI machine a 500 ms statement timeout turned readings into read errors,
+    # which hold the size.)
     with autoscaled_worker(
-        tmp_path, "4,1", **SLOW_SERVICE, CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS="3000"
+        tmp_path,
+        "4,1",
+        **{**SLOW_SERVICE, "CLEANUP_CAPACITY_PER_CONSUMER_PER_S": "5"},
+        CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS="3000",
     ) as (worker, watch):
         wait_until(lambda: watch.now() == 1, timeout=30, what="the pool to start at min (1)")
-        ids = create_eligible_holds(3000, expired_seconds_ago=1)
+        ids = create_eligible_holds(1200, expired_seconds_ago=1)
         started = time.monotonic()
 
         # when: sweeps publish the backlog

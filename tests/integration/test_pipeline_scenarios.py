@@ -465,8 +465,11 @@ def test_a_burst_under_a_small_queue_cap_stays_bounded_and_enqueues_each_hold_on
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    # when: beat-like sweeps of 4 shards every second (expiring after one interval, as the
-    # installed schedule's expire_seconds does), for the drain window
+    # when: beat-like sweeps of 4 shards every second, for the drain window. They expire after
+    # 5 s, not after one interval as the installed schedule's do: on RabbitMQ beside other suites
+    # on 2 cores, sweeps that expired after 1 s were discarded before a worker got to them and the
+    # queue never reached its cap ("cap reached: None"). Queued sweeps run one after another, and
+    # each checks the cap before it publishes, so the longer expiry cannot raise the bound.
     drain_started = time.monotonic()
     try:
         # until the queue has reached its cap, and then DRAIN_TARGET more holds were released
@@ -482,7 +485,7 @@ def test_a_burst_under_a_small_queue_cap_stays_bounded_and_enqueues_each_hold_on
                 released_at_cap = released_count(ids)
             for shard in range(4):
                 sweep_shard_task.apply_async(
-                    kwargs={"shard": shard, "shards": 4}, queue=CAP_QUEUES["sweep"], expires=1
+                    kwargs={"shard": shard, "shards": 4}, queue=CAP_QUEUES["sweep"], expires=5
                 )
             time.sleep(1)
         # then sweeps stop; what was published drains
