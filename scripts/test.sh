@@ -38,7 +38,7 @@ apt_install() {
 }
 
 declare -a timings=()
-declare -A beside_pid=() beside_log=() beside_start=()
+declare -A lane_pid=() lane_dir=() lane_steps=()
 total_start=$SECONDS
 phase() {
   local name="$1"; shift
@@ -55,8 +55,8 @@ phase() {
 # fail_run RC: let the phases still running beside finish (their output and failures are part
 # of the report, and none is left running after this script), then the timings, then exit.
 fail_run() {
-  local name
-  for name in "${!beside_pid[@]}"; do finish_beside "$name" || true; done
+  local lane
+  for lane in "${!lane_pid[@]}"; do finish_lane "$lane" || true; done
   echo "==> timings"
   printf '%s\n' "${timings[@]}"
   print_left_out
@@ -210,30 +210,44 @@ rabbitmq_suites() {
     && .venv/bin/python -m pytest -p no:cacheprovider "${RABBITMQ_SUITES[@]}" )
 }
 
-# run_beside NAME LOG COMMAND...: start a phase in the background, its output into LOG (printed
-# whole when it ends, so two phases' lines never interleave); finish_beside waits for it.
-run_beside() {
-  local name="$1" log="$2"; shift 2
-  echo "==> $name (beside the next phases; its output follows when it ends)"
-  beside_log[$name]="$log"; beside_start[$name]=$SECONDS
-  "$@" >"$log" 2>&1 &
-  beside_pid[$name]=$!
+# run_lane LANE STEP:FUNCTION...: run the steps one after another in the background, beside the
+# phases that follow; each step's output goes to a file of its own (printed whole when the lane
+# is finished, so two phases' lines never interleave) and each step runs even if one before it
+# failed. finish_lane waits for the lane and reports each step as a phase.
+run_lane() {
+  local lane="$1"; shift
+  local dir spec
+  dir=$(mktemp -d)
+  lane_dir[$lane]="$dir"; lane_steps[$lane]="$*"
+  echo "==> ${*%%:*} (beside the next phases, one after another; output follows when they end)"
+  (
+    for spec in "$@"; do
+      local name="${spec%%:*}" start=$SECONDS rc=0
+      "${spec#*:}" >"$dir/$name.log" 2>&1 || rc=$?
+      echo "$rc $((SECONDS - start))" >"$dir/$name.status"
+    done
+  ) &
+  lane_pid[$lane]=$!
 }
-finish_beside() {
-  local name="$1" rc=0
-  [ -n "${beside_pid[$name]:-}" ] || return 0
-  wait "${beside_pid[$name]}" || rc=$?
-  unset "beside_pid[$name]"
-  echo "==> $name (output)"
-  cat "${beside_log[$name]}"
-  rm -f "${beside_log[$name]}"
-  local took=$((SECONDS - ${beside_start[$name]}))
-  if [ "$rc" = 0 ]; then
-    timings+=("$name: ${took}s ok (beside other phases)")
-  else
-    timings+=("$name: ${took}s FAILED (exit $rc; beside other phases)")
-  fi
-  return "$rc"
+finish_lane() {
+  local lane="$1" failed=0 spec name rc took
+  [ -n "${lane_pid[$lane]:-}" ] || return 0
+  wait "${lane_pid[$lane]}" || true
+  unset "lane_pid[$lane]"
+  for spec in ${lane_steps[$lane]}; do
+    name="${spec%%:*}"
+    echo "==> $name (output)"
+    cat "${lane_dir[$lane]}/$name.log" 2>/dev/null || true
+    read -r rc took <"${lane_dir[$lane]}/$name.status" 2>/dev/null || { rc=1; took=0; }
+    if [ "$rc" = 0 ]; then
+      timings+=("$name: ${took}s ok (beside other phases)")
+    else
+      timings+=("$name: ${took}s FAILED (exit $rc; beside other phases)")
+      failed="$rc"
+    fi
+  done
+  rm -rf "${lane_dir[$lane]}"
+  return "$failed"
 }
 
 # pytest_with NAME DB_SUFFIX BROKER_URL ARGS...: pytest on a test database of its own (the main
@@ -258,24 +272,21 @@ print(urlunsplit(parts._replace(path=f"/{(number + 1) % 16}")))
 PY
 }
 
-# Without pytest arguments the suite runs in three processes at once, each with its own test
-# database and broker space, because most of the real-worker tests wait on workers rather than
-# use the CPU (docs/TESTING.md, "How the suite runs"):
-#   A: the unit tests, then the first half of the real-worker modules (tests' Redis database);
-#   B: the slow waiting real-worker modules (beat, autoscaler, metrics, try-it) on a second
-#      Redis database (second_redis_url) and the test database + _b;
-#   RabbitMQ: the correctness suites again on RabbitMQ (test database + _amqp).
-# Then, in CI (or with RESERVATIONS_DRILLS=1), the drills: the chaos drills beside the
-# production-stack drill (its own servers in network namespaces). A person's run leaves the
-# drills out and says so at the end, with the command that runs them.
+# Without pytest arguments the suite runs in two lanes at once, each pytest process with its own
+# test database and broker space, because most of the real-worker tests wait on workers rather
+# than use the CPU (docs/TESTING.md, "How the suite runs"):
+#   lane 1, pytest-a: the unit tests, then the real-worker modules not in B (tests' Redis database);
+#   lane 2, pytest-b: the slow waiting real-worker modules (beat, autoscaler, metrics, try-it) on
+#      a second Redis database (second_redis_url) and the test database + _b; then
+#      pytest-rabbitmq: the correctness suites again on RabbitMQ (test database + _amqp).
+# Then, in CI (or with RESERVATIONS_DRILLS=1), the drills: the production-stack drill (its own
+# servers in network namespaces) and the chaos drills. A person's run leaves the drills out and
+# says so at the end, with the command that runs them.
 GROUP_B=(tests/integration/test_beat.py tests/integration/test_autoscale.py
          tests/integration/test_metrics.py tests/integration/test_try_it.py)
 DRILLS=(tests/integration/test_chaos.py tests/integration/test_production_stack.py)
-# The production-stack drill runs in CI (and with RESERVATIONS_DRILLS=1). The chaos drills run
-# only with RESERVATIONS_DRILLS=1 (`make test-full`): three of them have not yet passed in a
-# clean-clone CI run on this machine, so CI does not depend on them yet (docs/CHAOS.md).
-prodstack_wanted() { in_ci || [ "${RESERVATIONS_DRILLS:-}" = 1 ]; }
-chaos_wanted() { [ "${RESERVATIONS_DRILLS:-}" = 1 ]; }
+drills_wanted() { in_ci || [ "${RESERVATIONS_DRILLS:-}" = 1 ]; }
+pytest_b() { pytest_with _b "$(second_redis_url)" "${GROUP_B[@]}"; }
 if [ "$#" -gt 0 ]; then
   phase "pytest" .venv/bin/python -m pytest "$@"
   echo "RabbitMQ suites and drills not run: pytest arguments were given"
@@ -283,36 +294,30 @@ else
   ignore_b=() ignore_drills=()
   for f in "${GROUP_B[@]}"; do ignore_b+=("--ignore=$f"); done
   for f in "${DRILLS[@]}"; do ignore_drills+=("--ignore=$f"); done
-  split=1
-  case "$CELERY_BROKER_URL" in redis://*) ;; *) split=0 ;; esac
-  if [ "$split" = 1 ]; then
-    b_log=$(mktemp)
-    run_beside "pytest-b" "$b_log" pytest_with _b "$(second_redis_url)" "${GROUP_B[@]}"
-    phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration \
-      "${ignore_b[@]}" "${ignore_drills[@]}"
-    finish_beside "pytest-b" || fail_run $?
-  else
-    echo "the broker is not Redis: one pytest process for all (no second broker database)"
-    phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration "${ignore_drills[@]}"
-  fi
-  # After A and B, not beside them: beside two other pytest processes on 2 cores, the
-  # small-cap burst scenario's sweeps expired in their queue and it never reached its cap
-  # (1 of 2 clean-clone runs); alone this phase takes about 3 minutes.
-  phase "pytest-rabbitmq" rabbitmq_suites
-  if prodstack_wanted; then
+  case "$CELERY_BROKER_URL" in
+    redis://*)
+      # The RabbitMQ phase follows B in B's lane, so it runs beside A alone, never beside two
+      # other pytest processes (there, on 2 cores, the small-cap burst scenario once never
+      # reached its cap).
+      run_lane "lane-2" "pytest-b:pytest_b" "pytest-rabbitmq:rabbitmq_suites"
+      phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration \
+        "${ignore_b[@]}" "${ignore_drills[@]}"
+      finish_lane "lane-2" || fail_run $?
+      ;;
+    *)
+      echo "the broker is not Redis: one pytest process for all (no second broker database)"
+      phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration "${ignore_drills[@]}"
+      phase "pytest-rabbitmq" rabbitmq_suites
+      ;;
+  esac
+  if drills_wanted; then
     phase "pytest-prodstack" pytest_with _stack "$CELERY_BROKER_URL" \
       tests/integration/test_production_stack.py
+    phase "pytest-chaos" env RESERVATIONS_CHAOS=1 .venv/bin/python -m pytest -p no:cacheprovider \
+      -s tests/integration/test_chaos.py
   else
-    left_out "not run in a person's run: the production-stack drill" \
-      "(tests/integration/test_production_stack.py; CI runs it): make test-full"
-  fi
-  if chaos_wanted; then
-    export RESERVATIONS_CHAOS=1
-    phase "pytest-chaos" .venv/bin/python -m pytest -p no:cacheprovider -s \
-      tests/integration/test_chaos.py
-  else
-    left_out "not run: the chaos drills (tests/integration/test_chaos.py):" \
-      "make test-full (= RESERVATIONS_DRILLS=1 bash scripts/test.sh)"
+    left_out "not run in a person's run: the production-stack drill and the chaos drills" \
+      "(tests/integration/test_production_stack.py, test_chaos.py; CI runs them): make test-full"
   fi
 fi
 

@@ -47,9 +47,11 @@ FAST = {
     "CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS": "500",
 }
 
-# SLO 20 s and a configured 20 releases/s per process: a backlog of B holds needs
-# ceil(B × 0.05 s / (10 s − age)) processes, whatever the measured speed of this machine.
-SLOW_SERVICE = {"CLEANUP_SLO_SECONDS": "20", "CLEANUP_CAPACITY_PER_CONSUMER_PER_S": "20"}
+# SLO 20 s and a configured 5 releases/s per process: a backlog of B holds needs
+# ceil(B × 0.2 s / (10 s − age)) processes, whatever the measured speed of this machine. The rate
+# is below what one process does even on a loaded 2-core machine, so the arithmetic never sizes
+# the pool below what the drain really needs.
+SLOW_SERVICE = {"CLEANUP_SLO_SECONDS": "20", "CLEANUP_CAPACITY_PER_CONSUMER_PER_S": "5"}
 
 
 class PoolWatch:
@@ -152,17 +154,15 @@ def test_a_backlog_grows_the_pool_to_max_and_an_idle_queue_shrinks_it_to_min(
     tmp_path: Path,
 ) -> None:
     # given: one worker that may run 1..4 processes, an SLO of 20 s, a configured service rate of
-    # 5 releases/s per process (so the arithmetic does not depend on this machine's speed), and
-    # 1,200 holds that just expired: one process needs ~240 s by that rate, far past the SLO.
-    # (The configured rate is below what a process does even on a loaded machine, so the pool is
-    # never sized below what the drain needs; with 3,000 holds at 20/s the drain missed its
-    # 150 s deadline once in clean-clone CI beside other suites. Readings get 3 s, not FAST's
-    # 500 ms: on a loaded CI machine a 500 ms statement timeout turned readings into read errors,
-    # which hold the size.)
+    # 5 releases/s per process (SLOW_SERVICE), and 1,200 holds that just expired: one process
+    # needs ~240 s by that rate, far past the SLO. (3,000 holds at 20/s missed the 150 s drain
+    # deadline once in clean-clone CI on a loaded machine. Readings get 3 s, not FAST's 500 ms:
+    # on a loaded CI machine a 500 ms statement timeout turned readings into read errors, which
+    # hold the size.)
     with autoscaled_worker(
         tmp_path,
         "4,1",
-        **{**SLOW_SERVICE, "CLEANUP_CAPACITY_PER_CONSUMER_PER_S": "5"},
+        **SLOW_SERVICE,
         CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS="3000",
     ) as (worker, watch):
         wait_until(lambda: watch.now() == 1, timeout=30, what="the pool to start at min (1)")
@@ -258,7 +258,9 @@ def _decisions_counted(port: int, reason: str) -> float:
 
 @pytest.mark.timeout(480)
 def test_a_database_read_error_keeps_the_current_size(tmp_path: Path) -> None:
-    # given: a worker grown to 4 by a backlog, which then drains (so it would shrink to 1)
+    # given: a worker grown to 4 by a backlog, which then drains (so it would shrink to 1);
+    # 600 holds at a configured 5 releases/s per process need 4 processes by the arithmetic,
+    # and drain in well under a minute even on a loaded machine
     port = free_port()
     with autoscaled_worker(
         tmp_path,
@@ -267,7 +269,7 @@ def test_a_database_read_error_keeps_the_current_size(tmp_path: Path) -> None:
         **metrics_served(tmp_path, port),
         CLEANUP_AUTOSCALE_COOLDOWN="8",
     ) as (worker, watch):
-        ids = create_eligible_holds(1500, expired_seconds_ago=1)
+        ids = create_eligible_holds(600, expired_seconds_ago=1)
         sweep_until(lambda: watch.now() == 4, shards=2, timeout=60)
         sweep_until(lambda: released_count(ids) == len(ids), shards=2, timeout=150)
         # and no task is left to run: a task started under the lock below (a sweep, or one of
