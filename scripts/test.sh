@@ -165,7 +165,9 @@ compose_config() {
   return "$rc"
 }
 phase "compose" compose_config
-phase "library-suites" .venv/bin/python scripts/library_suites.py
+# kombu's and django-celery-beat's own tests against our subclasses (scripts/library_suites.py):
+# first in lane 2 below, beside the unit tests.
+library_suites() { .venv/bin/python scripts/library_suites.py; }
 
 # The real-worker correctness suites again on RabbitMQ (duplicates, renewals after the message,
 # killed worker and pool child, malformed input and dead letters, backpressure), in a vhost of
@@ -276,7 +278,8 @@ PY
 # test database and broker space, because most of the real-worker tests wait on workers rather
 # than use the CPU (docs/TESTING.md, "How the suite runs"):
 #   lane 1, pytest-a: the unit tests, then the real-worker modules not in B (tests' Redis database);
-#   lane 2, pytest-b: the slow waiting real-worker modules (beat, autoscaler, metrics, try-it) on
+#   lane 2, library-suites (the libraries' own tests, CPU-bound, about 30 s), then
+#      pytest-b: the slow waiting real-worker modules (beat, autoscaler, metrics, try-it) on
 #      a second Redis database (second_redis_url) and the test database + _b; then
 #      pytest-rabbitmq: the correctness suites again on RabbitMQ (test database + _amqp).
 # Then, in CI (or with RESERVATIONS_DRILLS=1), the drills: the production-stack drill (its own
@@ -299,13 +302,15 @@ else
       # The RabbitMQ phase follows B in B's lane, so it runs beside A alone, never beside two
       # other pytest processes (there, on 2 cores, the small-cap burst scenario once never
       # reached its cap).
-      run_lane "lane-2" "pytest-b:pytest_b" "pytest-rabbitmq:rabbitmq_suites"
+      run_lane "lane-2" "library-suites:library_suites" "pytest-b:pytest_b" \
+        "pytest-rabbitmq:rabbitmq_suites"
       phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration \
         "${ignore_b[@]}" "${ignore_drills[@]}"
       finish_lane "lane-2" || fail_run $?
       ;;
     *)
       echo "the broker is not Redis: one pytest process for all (no second broker database)"
+      phase "library-suites" library_suites
       phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration "${ignore_drills[@]}"
       phase "pytest-rabbitmq" rabbitmq_suites
       ;;
