@@ -198,24 +198,22 @@ class DeadLetterAdmin(HoldRecordAdmin):
     def requeue(
         self, request: HttpRequest, queryset: QuerySet[DeadLetter]
     ) -> TemplateResponse | None:
-        ids, matching = admin_guard.bounded_ids(queryset, REQUEUE_LIMIT, request)
-        if admin_guard.refuse_oversized_selection(
-            self, request, matching, REQUEUE_LIMIT, what="dead letters", done="requeued"
-        ):
+        selection = admin_guard.bounded_selection(
+            self, request, queryset, REQUEUE_LIMIT, what="dead letters", done="requeued"
+        )
+        if selection is None:
             return None
-        letters = list(DeadLetter.objects.filter(pk__in=ids).order_by("pk"))
+        letters = list(DeadLetter.objects.filter(pk__in=selection.ids).order_by("pk"))
         if not admin_guard.confirmed(request):
             by_reason = Counter(str(letter.reason) for letter in letters)
             planned = deadletters.requeue(letters, dry_run=True)
             return admin_guard.confirmation(
                 self,
                 request,
+                selection,
                 action="requeue",
                 title="Requeue dead letters?",
                 verb="requeue",
-                ids=ids,
-                matching=matching,
-                limit=REQUEUE_LIMIT,
                 breakdown=[
                     *((f"reason: {r}", n) for r, n in sorted(by_reason.items())),
                     *((f"will be: {a}", n) for a, n in sorted(planned.items())),
@@ -249,12 +247,12 @@ class DeadLetterAdmin(HoldRecordAdmin):
     ) -> TemplateResponse | None:
         """Resolve the selected letters as ``discarded``, with the operator's name and why;
         nothing is sent. A confirmation page first says how many, by reason, and asks why."""
-        ids, matching = admin_guard.bounded_ids(queryset, DISCARD_LIMIT, request)
-        if admin_guard.refuse_oversized_selection(
-            self, request, matching, DISCARD_LIMIT, what="dead letters", done="discarded"
-        ):
+        selection = admin_guard.bounded_selection(
+            self, request, queryset, DISCARD_LIMIT, what="dead letters", done="discarded"
+        )
+        if selection is None:
             return None
-        letters = list(DeadLetter.objects.filter(pk__in=ids).order_by("pk"))
+        letters = list(DeadLetter.objects.filter(pk__in=selection.ids).order_by("pk"))
         if not letters:
             self.message_user(
                 request,
@@ -276,12 +274,10 @@ class DeadLetterAdmin(HoldRecordAdmin):
             return admin_guard.confirmation(
                 self,
                 request,
+                selection,
                 action="discard",
                 title="Discard dead letters?",
                 verb="discard",
-                ids=ids,
-                matching=matching,
-                limit=DISCARD_LIMIT,
                 breakdown=[
                     *((f"reason: {r}", n) for r, n in deadletters.by_reason(open_letters)),
                     *([("already resolved: left as they are", resolved)] if resolved else []),

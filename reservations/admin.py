@@ -315,11 +315,12 @@ class ReservationAdmin(admin_guard.ReadOnly, admin.ModelAdmin):
     def release_expired_now(
         self, request: HttpRequest, queryset: QuerySet[Reservation]
     ) -> TemplateResponse | None:
-        ids, matching = admin_guard.bounded_ids(queryset, ADMIN_RELEASE_LIMIT, request)
-        if admin_guard.refuse_oversized_selection(
-            self, request, matching, ADMIN_RELEASE_LIMIT, what="holds", done="released"
-        ):
+        selection = admin_guard.bounded_selection(
+            self, request, queryset, ADMIN_RELEASE_LIMIT, what="holds", done="released"
+        )
+        if selection is None:
             return None
+        ids = selection.ids
         if not admin_guard.confirmed(request):
             eligible = set(
                 Reservation.objects.eligible().filter(pk__in=ids).values_list("pk", flat=True)
@@ -327,12 +328,10 @@ class ReservationAdmin(admin_guard.ReadOnly, admin.ModelAdmin):
             return admin_guard.confirmation(
                 self,
                 request,
+                selection,
                 action="release_expired_now",
                 title="Release expired holds now?",
                 verb="release",
-                ids=ids,
-                matching=matching,
-                limit=ADMIN_RELEASE_LIMIT,
                 breakdown=[
                     ("expired and still held: will be released", len(eligible)),
                     ("not expired or not held: left as they are", len(ids) - len(eligible)),

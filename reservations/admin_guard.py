@@ -73,6 +73,33 @@ def bounded_ids(
     return ids[:limit], queryset.count()
 
 
+@dataclass(frozen=True)
+class Selection:
+    """What one click acts on: the first ``limit`` ids, and how many matched when that is more
+    (None when all of them fit); the confirmation page shows all three."""
+
+    ids: list[int]
+    matching: int | None
+    limit: int
+
+
+def bounded_selection(
+    modeladmin: admin.ModelAdmin,
+    request: HttpRequest,
+    queryset: QuerySet[Any],
+    limit: int,
+    *,
+    what: str,
+    done: str,
+) -> Selection | None:
+    """The action's selection (``bounded_ids``), or None after telling the user when a
+    hand-made selection exceeds ``limit`` (``refuse_oversized_selection``)."""
+    ids, matching = bounded_ids(queryset, limit, request)
+    if refuse_oversized_selection(modeladmin, request, matching, limit, what=what, done=done):
+        return None
+    return Selection(ids, matching, limit)
+
+
 def refuse_oversized_selection(
     modeladmin: admin.ModelAdmin,
     request: HttpRequest,
@@ -96,19 +123,18 @@ def refuse_oversized_selection(
 def confirmation(
     modeladmin: admin.ModelAdmin,
     request: HttpRequest,
+    selection: Selection,
     *,
     action: str,
     title: str,
     verb: str,
-    ids: Sequence[int],
-    matching: int | None,
-    limit: int,
     breakdown: Iterable[tuple[str, int]],
     breakdown_title: str,
     note: str = "",
     inputs: Sequence[ConfirmInput] = (),
 ) -> TemplateResponse:
     opts = modeladmin.model._meta
+    ids = selection.ids
     context = {
         **modeladmin.admin_site.each_context(request),
         "title": title,
@@ -123,8 +149,8 @@ def confirmation(
         "input_errors": [i.error for i in inputs if i.error],
         "shown_ids": list(ids[:SHOWN_IDS]),
         "more_ids": max(0, len(ids) - SHOWN_IDS),
-        "matching": matching,
-        "limit": limit,
+        "matching": selection.matching,
+        "limit": selection.limit,
         "breakdown": list(breakdown),
         "breakdown_title": breakdown_title,
         "note": note,

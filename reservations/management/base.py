@@ -5,11 +5,13 @@ keeps Django's layout (the command's own options first, Django's common ones las
 ``(default: X)`` to an option whose default is a value. A flag (off unless given) and an option
 without a default get nothing appended: their help says what happens when they are not given.
 ``tests/unit/test_commands.py`` walks every command's parser and fails on an option without help.
+A command with many options writes them as a table, one line an option, for ``add_options``.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser, DjangoHelpFormatter
@@ -32,3 +34,16 @@ class ProjectCommand(BaseCommand):
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         kwargs.setdefault("formatter_class", HelpFormatter)
         return super().create_parser(prog_name, subcommand, **kwargs)
+
+
+# One option of a command's table: its flag, its type (``bool``: a flag, off unless given), its
+# default and its help.
+Option = tuple[str, type, object, str]
+
+
+def add_options(parser: CommandParser, options: Iterable[Option]) -> None:
+    for flag, kind, default, text in options:
+        if kind is bool:
+            parser.add_argument(flag, action="store_true", help=text)
+        else:
+            parser.add_argument(flag, type=kind, default=default, help=text)

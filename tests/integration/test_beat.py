@@ -153,6 +153,24 @@ def _all_sent_at_least_of(beat: Beat, names: list[str], times: int, after: float
     return all(len([t for t in sends.get(n, []) if t > after]) >= times for n in names)
 
 
+def _assert_quiet_since(beat: Beat, quiet_from: float, held: list[int]) -> None:
+    """Once beat has sent its relay entry (every 5 s) twice after ``quiet_from``, any enabled
+    sweep entry would have been sent too: none was, and no hold of ``held`` was touched."""
+    wait_until(lambda: _relayed_since(beat, quiet_from) >= 2, timeout=30, what="two relays")
+    late = [t for ts in _sends(beat).values() for t in ts if t > quiet_from]
+    assert late == []
+    assert set(claim_counts(held).values()) == {0}
+    assert released_count(held) == 0
+
+
+def _median_gaps(fast: dict[str, list[float]], slow: dict[str, list[float]]) -> str:
+    """The median gap between sends of one entry at every=1 and at every=3, for the log."""
+    return (
+        f"every=1 → median {_median([g for ts in fast.values() for g in _gaps(ts)]):.2f}s, "
+        f"every=3 → median {_median([g for ts in slow.values() for g in _gaps(ts)]):.2f}s"
+    )
+
+
 def test_schedule_edits_take_effect_without_restarting_beat(workers, schedule, beat_logs):
     with beats(beat_logs, 1) as (beat,):
         wait_until(beat.is_leader, timeout=60, what="beat lease acquired")
@@ -183,22 +201,14 @@ def test_schedule_edits_take_effect_without_restarting_beat(workers, schedule, b
         # has sent its relay entry (every 5 s) twice more, while the sweep entries (every 3 s)
         # would have been due more than once each
         quiet_from = disabled_at + float(beat_max_interval()) + 1
-        wait_until(lambda: _relayed_since(beat, quiet_from) >= 2, timeout=30, what="two relays")
         # then: nothing is sent once beat noticed, nothing swept
-        late = [t for ts in _sends(beat).values() for t in ts if t > quiet_from]
-        assert late == []
-        assert set(claim_counts(held).values()) == {0}
-        assert released_count(held) == 0
+        _assert_quiet_since(beat, quiet_from, held)
         # when: enabled again
         _save_sweep_entries(enabled=True)
         wait_until(lambda: released_count(held) == len(held), timeout=60, what="re-enabled")
     assert invariant_violations(expected_released=held) == []
     assert outcome_counts() == {"released": len(held)}
-    print(
-        "\nsend gaps per entry: every=1 → median "
-        f"{_median([g for ts in fast.values() for g in _gaps(ts)]):.2f}s, every=3 → median "
-        f"{_median([g for ts in slow.values() for g in _gaps(ts)]):.2f}s"
-    )
+    print(f"\nsend gaps per entry: {_median_gaps(fast, slow)}")
 
 
 def beat_max_interval() -> int:
@@ -340,12 +350,8 @@ def test_a_real_beat_follows_schedule_edits_saved_in_the_admin(workers, clean, b
         # a window from when beat has surely noticed both, until it has sent its relay entry
         # (every 5 s) twice more: any enabled sweep entry would have been sent meanwhile
         quiet_from = time.time() + offset + float(beat_max_interval()) + 1
-        wait_until(lambda: _relayed_since(beat, quiet_from) >= 2, timeout=30, what="two relays")
         # then: nothing is sent, no hold is claimed, the edit stood
-        late = [t for ts in _sends(beat).values() for t in ts if t > quiet_from]
-        assert late == []
-        assert set(claim_counts(held).values()) == {0}
-        assert released_count(held) == 0
+        _assert_quiet_since(beat, quiet_from, held)
         schedule = CleanupSchedule.objects.get()
         assert (schedule.shards, schedule.every_seconds, schedule.enabled) == (2, 3, False)
         # when: enabled again
@@ -353,8 +359,4 @@ def test_a_real_beat_follows_schedule_edits_saved_in_the_admin(workers, clean, b
         wait_until(lambda: released_count(held) == len(held), timeout=60, what="re-enabled")
     assert invariant_violations(expected_released=held) == []
     assert outcome_counts() == {"released": len(held)}
-    print(
-        "\nadmin edits: send gaps per entry: every=1 → median "
-        f"{_median([g for ts in fast.values() for g in _gaps(ts)]):.2f}s, every=3 → median "
-        f"{_median([g for ts in slow.values() for g in _gaps(ts)]):.2f}s, off → none"
-    )
+    print(f"\nadmin edits: send gaps per entry: {_median_gaps(fast, slow)}, off → none")

@@ -228,6 +228,18 @@ def failing(event: str, table: str) -> Iterator[None]:
             )
 
 
+def letter_of_a_failing_run(task: Any, event: str, table: str) -> DeadLetter:
+    """Runs the periodic ``task`` once while its ``event`` on ``table`` raises; its one open
+    letter, checked to be a periodic failure carrying the injected error."""
+    with failing(event, table):
+        task.apply_async()
+        fleet.wait_until(open_letters, timeout=60, what=f"{task.name}'s dead letter")
+    (letter,) = open_letters()
+    assert letter.reason == DeadLetter.Reason.PERIODIC_FAILED
+    assert "injected periodic failure" in letter.error
+    return letter
+
+
 def test_an_outbox_relay_failing_mid_batch_publishes_again_and_its_letter_clears(
     clean, exclusive_workers, tmp_path: Path
 ) -> None:
@@ -243,13 +255,8 @@ def test_an_outbox_relay_failing_mid_batch_publishes_again_and_its_letter_clears
         fleet.wait_until(lambda: fleet.released_count(ids) == 3, timeout=60, what="released")
         assert fleet.scalar(unpublished) == 3
         # given: the relay publishes the batch, then marking it published fails
-        with failing("UPDATE", "reservations_outboxevent"):
-            relay_outbox_task.apply_async()
-            fleet.wait_until(open_letters, timeout=60, what="the relay's dead letter")
-        (letter,) = open_letters()
-        assert letter.reason == DeadLetter.Reason.PERIODIC_FAILED
+        letter = letter_of_a_failing_run(relay_outbox_task, "UPDATE", "reservations_outboxevent")
         assert letter.task_name == "cleanup.relay_outbox"
-        assert "injected periodic failure" in letter.error
         # then: the events went out, none is marked: the next relay sends them again
         assert queue_depth(events) == 3
         assert fleet.scalar(unpublished) == 3
@@ -271,13 +278,8 @@ def test_a_health_sample_that_cannot_be_written_is_a_letter_the_next_sample_sett
 
     HealthSample.objects.all().delete()
     with fleet.dedicated(tmp_path, {"env": ENV}):
-        with failing("INSERT", "cleanup_healthsample"):
-            sample_health_task.apply_async()
-            fleet.wait_until(open_letters, timeout=60, what="the sample's dead letter")
-        (letter,) = open_letters()
-        assert letter.reason == DeadLetter.Reason.PERIODIC_FAILED
+        letter = letter_of_a_failing_run(sample_health_task, "INSERT", "cleanup_healthsample")
         assert letter.task_name == "cleanup.sample_health"
-        assert "injected periodic failure" in letter.error
         assert HealthSample.objects.count() == 0
         # when: the next sample is written
         sample_health_task.apply_async()

@@ -16,24 +16,11 @@ from cleanup.broker.readers import redis_client
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 
-from .fleet import (
-    blocked_backends,
-    broker_is_redis,
-    dedicated,
-    invariant_violations,
-    offering_locked,
-    one_eligible_hold,
-    outcome_counts,
-    publish_for,
-    queue_settled,
-    scalar,
-    status_of,
-    wait_until,
-)
+from . import fleet
 
 pytestmark = [
     pytest.mark.workers,
-    pytest.mark.skipif(not broker_is_redis(), reason="kombu's unacked hash is Redis only"),
+    pytest.mark.skipif(not fleet.broker_is_redis(), reason="kombu's unacked hash is Redis only"),
 ]
 
 
@@ -53,15 +40,15 @@ def test_a_bad_unacked_entry_is_set_aside_and_a_dead_workers_message_is_still_re
     # given: worker A parks a release inside its statement and is SIGKILLed whole; the server
     # drops the statement, so the hold is still held and its message stays in kombu's unacked
     # hash, stranded (as in test_delivery.py's whole-worker kill)
-    hold_id, offering_id = one_eligible_hold()
-    with dedicated(tmp_path, {"concurrency": 1}) as (worker_a,):
-        with offering_locked(offering_id):
-            publish_for(hold_id)
-            backends = wait_until(blocked_backends, timeout=30, what="release waiting")
+    hold_id, offering_id = fleet.one_eligible_hold()
+    with fleet.dedicated(tmp_path, {"concurrency": 1}) as (worker_a,):
+        with fleet.offering_locked(offering_id):
+            fleet.publish_for(hold_id)
+            backends = fleet.wait_until(fleet.blocked_backends, timeout=30, what="release waiting")
             worker_a.kill()
-            assert scalar("SELECT pg_terminate_backend(%s)", [backends[0]]) is True
-    wait_until(lambda: not blocked_backends(), timeout=30, what="the statement dropped")
-    assert status_of(hold_id) == "held"
+            assert fleet.scalar("SELECT pg_terminate_backend(%s)", [backends[0]]) is True
+    fleet.wait_until(lambda: not fleet.blocked_backends(), timeout=30, what="the statement dropped")
+    assert fleet.status_of(hold_id) == "held"
     client = redis_client()
     index: list[tuple[bytes, float]] = client.zrange("unacked_index", 0, -1, withscores=True)  # type: ignore[assignment]
     ((tag, fetched_at),) = index
@@ -76,16 +63,16 @@ def test_a_bad_unacked_entry_is_set_aside_and_a_dead_workers_message_is_still_re
         time.sleep(max(0.0, visible_at - time.time()))
 
     # when: another worker runs
-    with dedicated(tmp_path, {"concurrency": 1}) as (worker_b,):
+    with fleet.dedicated(tmp_path, {"concurrency": 1}) as (worker_b,):
         main_pid = worker_b.pid
 
         # then: its restore brings the stranded message back and the hold is released ...
         def released_or_stopped() -> bool:
-            return not worker_b.alive() or status_of(hold_id) == "released"
+            return not worker_b.alive() or fleet.status_of(hold_id) == "released"
 
-        wait_until(released_or_stopped, timeout=60, what="the stranded hold released")
+        fleet.wait_until(released_or_stopped, timeout=60, what="the stranded hold released")
         assert worker_b.alive() and worker_b.pid == main_pid, worker_b.log_tail(30)
-        wait_until(lambda: queue_settled(cleanup_settings().release_queue), timeout=30)
+        fleet.wait_until(lambda: fleet.queue_settled(cleanup_settings().release_queue), timeout=30)
         # ... and the planted entry is gone from the hash and its index, as one dead letter
         assert not client.hexists("unacked", PLANTED_TAG)
         assert client.zscore("unacked_index", PLANTED_TAG) is None
@@ -95,5 +82,5 @@ def test_a_bad_unacked_entry_is_set_aside_and_a_dead_workers_message_is_still_re
         # and the same main process is still running a few scans later
         time.sleep(cleanup_settings().unacked_restore_interval * 3)
         assert worker_b.alive() and worker_b.pid == main_pid
-    assert outcome_counts() == {"released": 1}
-    assert invariant_violations(expected_released=[hold_id]) == []
+    assert fleet.outcome_counts() == {"released": 1}
+    assert fleet.invariant_violations(expected_released=[hold_id]) == []

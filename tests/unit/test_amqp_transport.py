@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 from struct import pack
 from typing import Any
 
@@ -25,8 +22,8 @@ from amqp.serialization import dumps as _dumps
 from cleanup.models import DeadLetter
 from cleanup.worker import amqp_transport
 from cleanup.worker.amqp_transport import MAX_DEPTH, check_content_header
+from tests.child_python import run_python
 
-ROOT = Path(__file__).resolve().parents[2]
 # py-amqp's type stubs lack the message's frame (de)serialization methods used here.
 Message: Any = amqp.Message
 dumps: Any = _dumps
@@ -360,17 +357,7 @@ def test_connections_of_both_transports_read_through_the_screened_handler() -> N
 )
 def test_the_settings_select_the_screened_transport_for_amqp_urls(url: str, transport: str) -> None:
     env = {**os.environ, "CELERY_BROKER_URL": url, "DJANGO_SETTINGS_MODULE": "config.settings.test"}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from config.settings import test; print(test.CELERY_BROKER_TRANSPORT)",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
+    out = run_python(
+        "from config.settings import test; print(test.CELERY_BROKER_TRANSPORT)", env, check=True
     )
     assert out.stdout.strip() == transport

@@ -8,7 +8,6 @@ import dataclasses
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from cleanup.conf import DEFAULT_TEXT, DOC, ENV, CleanupSettings, cleanup_settings
+from tests.child_python import run_python
 from tests.integration.fleet import service_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -211,15 +211,7 @@ def test_an_override_of_the_wrong_type_is_refused_naming_the_setting(
 
 
 def run_with(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env=service_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_python(code, service_env(**env))
 
 
 READ = (

@@ -28,6 +28,7 @@ from cleanup.broker.readers import queue_depth
 from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.pipeline import deadletters, outbox
 from cleanup.pipeline.messages import build
+from tests.child_python import run_python
 from tests.integration.fleet import service_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -565,15 +566,6 @@ def test_metrics_export_the_open_letters_against_the_cap_and_discarding_clears_t
     ],
 )
 def test_the_dead_letter_settings_are_checked_at_start_up_naming_the_variable(name, value, words):
-    env = service_env(**{name: value})
-    out = subprocess.run(
-        [sys.executable, "-c", "import django; django.setup()"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    out = run_python("import django; django.setup()", service_env(**{name: value}))
     assert out.returncode != 0
     assert f"ImproperlyConfigured: {words}" in out.stderr, out.stderr[-800:]

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import child_python
 
 STRONG = {
     "SECRET_KEY": "k3Jq9-vX2mPzR7tWc8YbN4hL6sD1fGa5eU0iOyTqZxCvBnMlKjHg",
@@ -31,15 +29,7 @@ def run_python(code: str, **changes: str | None) -> subprocess.CompletedProcess[
             env.pop(key, None)
         else:
             env[key] = value
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
+    return child_python.run_python(code, env)
 
 
 def load_production(**changes: str | None) -> subprocess.CompletedProcess[str]:
@@ -91,104 +81,69 @@ def refusal(out: subprocess.CompletedProcess[str]) -> str:
 
 # Each refused credential: (variable, value, the words of the message, the secret that must
 # not appear in it). The secrets are what the README, .env.example and docker-compose.yml's
-# quick start publish, or weak or malformed values.
-CREDENTIAL_REFUSALS = [
-    pytest.param(
-        "FLOWER_BASIC_AUTH", "admin:admin", "is a development or example value", "admin",
-        id="flower-readme-local-login",
-    ),
-    pytest.param(
-        "FLOWER_BASIC_AUTH", "admin:change-me-flower", "is a development or example value",
-        "change-me-flower", id="flower-env-example",
-    ),
-    pytest.param(
-        "FLOWER_BASIC_AUTH", "ops:change-me-later-please", "development or example password",
-        "change-me-later-please", id="flower-placeholder-left-in",
-    ),
-    pytest.param(
-        "FLOWER_BASIC_AUTH", "ops:", "has an empty password", None, id="flower-empty-password",
-    ),
-    pytest.param(
-        "FLOWER_BASIC_AUTH", "ops:Sh0rt-pw-X", "has a weak password", "Sh0rt-pw-X",
-        id="flower-short-password",
-    ),
-    pytest.param(
-        "FLOWER_BASIC_AUTH", "ops:zzzzzzzzzzzzzzzz", "has a weak password", "zzzzzzzzzzzzzzzz",
-        id="flower-repetitive-password",
-    ),
-    pytest.param(
-        "FLOWER_BASIC_AUTH", "Qm7vX2pL9rT4wY8s", "is not user:password", "Qm7vX2pL9rT4wY8s",
-        id="flower-no-colon",
-    ),
-    pytest.param(
-        "FLOWER_BASIC_AUTH", ":Qm7vX2pL9rT4wY8s", "is not user:password", "Qm7vX2pL9rT4wY8s",
-        id="flower-no-user",
-    ),
-    pytest.param(
-        "FLOWER_BASIC_AUTH", "ops:9f8e7d6c5b4a-Zq,viewer:admin",
-        "(entry 2 of 2) has a development or example password", "viewer:admin",
-        id="flower-second-pair-example",
-    ),
-    pytest.param(
-        "FLOWER_BASIC_AUTH", "ops:9f8e7d6c5b4a-Zq,viewer:Wk4-short", "(entry 2 of 2) has a weak",
-        "Wk4-short", id="flower-second-pair-weak",
-    ),
-    pytest.param(
-        "FLOWER_BASIC_AUTH", "ops:9f8e7d6c5b4a-Zq,", "(entry 2 of 2) is not user:password",
-        "9f8e7d6c5b4a-Zq", id="flower-trailing-comma",
-    ),
-    pytest.param(
-        "DATABASE_URL", "postgres://reservations:change-me-postgres@postgres:5432/reservations",
-        "carries a development or example password", "change-me-postgres",
-        id="database-env-example",
-    ),
-    pytest.param(
-        "DATABASE_URL", "postgres://app@db.internal:5432/reservations?password=change-me-postgres",
-        "carries a development or example password", "change-me-postgres",
-        id="database-example-password-in-query",
-    ),
-    pytest.param(
-        "CELERY_BROKER_URL", "redis://:change-me-redis@redis:6379/0",
-        "carries a development or example password", "change-me-redis", id="broker-env-example",
-    ),
-    pytest.param(
-        "CELERY_BROKER_URL", "redis://:change%2Dme-redis@redis:6379/0",
-        "carries a development or example password", "change%2Dme-redis",
-        id="broker-env-example-percent-encoded",
-    ),
-    pytest.param(
-        "CELERY_BROKER_URL", "amqp://guest:guest@rabbit.internal:5672//",
-        "carries a development or example password", "guest", id="broker-rabbitmq-guest",
-    ),
-    pytest.param(
-        "CLEANUP_COUNTER_REDIS_URL", "redis://:change-me-redis@counters.internal:6379/1",
-        "carries a development or example password", "change-me-redis",
-        id="counter-redis-env-example",
-    ),
-    pytest.param(
-        "CELERY_BROKER_URL", "redis://redis.internal:6379/0",
-        "has no password and its host (redis.internal) is not local", None,
-        id="broker-redis-unauthenticated-remote",
-    ),
-    pytest.param(
-        "CELERY_BROKER_URL", "amqp://rabbit.internal:5672//",
-        "has no password and its host (rabbit.internal) is not local", None,
-        id="broker-amqp-no-credentials-remote",
-    ),
-    pytest.param(
-        "CELERY_BROKER_URL", "redis://:@10.0.0.7:6379/0",
-        "has no password and its host (10.0.0.7) is not local", None,
-        id="broker-empty-password-remote",
-    ),
-    pytest.param(
-        "CLEANUP_COUNTER_REDIS_URL", "redis://counters.internal:6379/1",
-        "has no password and its host (counters.internal) is not local", None,
-        id="counter-redis-unauthenticated-remote",
-    ),
-    pytest.param(
-        "CELERY_BROKER_URL", None, "must be set", None, id="broker-not-set",
-    ),
+# quick start publish, or weak or malformed values. Grouped by refusal; within a group a row is
+# (value, [words,] secret, id).
+FLOWER_LOGINS = [
+    ("admin:admin", "is a development or example value", "admin", "flower-readme-local-login"),
+    ("admin:change-me-flower", "is a development or example value", "change-me-flower",
+     "flower-env-example"),
+    ("ops:change-me-later-please", "development or example password", "change-me-later-please",
+     "flower-placeholder-left-in"),
+    ("ops:", "has an empty password", None, "flower-empty-password"),
+    ("ops:Sh0rt-pw-X", "has a weak password", "Sh0rt-pw-X", "flower-short-password"),
+    ("ops:zzzzzzzzzzzzzzzz", "has a weak password", "zzzzzzzzzzzzzzzz",
+     "flower-repetitive-password"),
+    ("Qm7vX2pL9rT4wY8s", "is not user:password", "Qm7vX2pL9rT4wY8s", "flower-no-colon"),
+    (":Qm7vX2pL9rT4wY8s", "is not user:password", "Qm7vX2pL9rT4wY8s", "flower-no-user"),
+    ("ops:9f8e7d6c5b4a-Zq,viewer:admin", "(entry 2 of 2) has a development or example password",
+     "viewer:admin", "flower-second-pair-example"),
+    ("ops:9f8e7d6c5b4a-Zq,viewer:Wk4-short", "(entry 2 of 2) has a weak", "Wk4-short",
+     "flower-second-pair-weak"),
+    ("ops:9f8e7d6c5b4a-Zq,", "(entry 2 of 2) is not user:password", "9f8e7d6c5b4a-Zq",
+     "flower-trailing-comma"),
 ]  # fmt: skip
+# URLs carrying a published example password: (variable, URL, the password, id).
+EXAMPLE_PASSWORD_URLS = [
+    ("DATABASE_URL", "postgres://reservations:change-me-postgres@postgres:5432/reservations",
+     "change-me-postgres", "database-env-example"),
+    ("DATABASE_URL", "postgres://app@db.internal:5432/reservations?password=change-me-postgres",
+     "change-me-postgres", "database-example-password-in-query"),
+    ("CELERY_BROKER_URL", "redis://:change-me-redis@redis:6379/0", "change-me-redis",
+     "broker-env-example"),
+    ("CELERY_BROKER_URL", "redis://:change%2Dme-redis@redis:6379/0", "change%2Dme-redis",
+     "broker-env-example-percent-encoded"),
+    ("CELERY_BROKER_URL", "amqp://guest:guest@rabbit.internal:5672//", "guest",
+     "broker-rabbitmq-guest"),
+    ("CLEANUP_COUNTER_REDIS_URL", "redis://:change-me-redis@counters.internal:6379/1",
+     "change-me-redis", "counter-redis-env-example"),
+]  # fmt: skip
+# URLs of a remote server without a password: (variable, URL, its host, id).
+UNAUTHENTICATED_REMOTE_URLS = [
+    ("CELERY_BROKER_URL", "redis://redis.internal:6379/0", "redis.internal",
+     "broker-redis-unauthenticated-remote"),
+    ("CELERY_BROKER_URL", "amqp://rabbit.internal:5672//", "rabbit.internal",
+     "broker-amqp-no-credentials-remote"),
+    ("CELERY_BROKER_URL", "redis://:@10.0.0.7:6379/0", "10.0.0.7", "broker-empty-password-remote"),
+    ("CLEANUP_COUNTER_REDIS_URL", "redis://counters.internal:6379/1", "counters.internal",
+     "counter-redis-unauthenticated-remote"),
+]  # fmt: skip
+CREDENTIAL_REFUSALS = [
+    *(
+        pytest.param("FLOWER_BASIC_AUTH", value, words, secret, id=case)
+        for value, words, secret, case in FLOWER_LOGINS
+    ),
+    *(
+        pytest.param(name, url, "carries a development or example password", secret, id=case)
+        for name, url, secret, case in EXAMPLE_PASSWORD_URLS
+    ),
+    *(
+        pytest.param(
+            name, url, f"has no password and its host ({host}) is not local", None, id=case
+        )
+        for name, url, host, case in UNAUTHENTICATED_REMOTE_URLS
+    ),
+    pytest.param("CELERY_BROKER_URL", None, "must be set", None, id="broker-not-set"),
+]
 
 
 @pytest.mark.parametrize(("name", "value", "words", "secret"), CREDENTIAL_REFUSALS)

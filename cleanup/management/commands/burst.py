@@ -15,86 +15,40 @@ from django.core.management.base import CommandError, CommandParser
 from cleanup.conf import cleanup_settings
 from cleanup.drills.burst import run
 from cleanup.drills.state import BurstConfig
-from reservations.management.base import ProjectCommand
+from reservations.management.base import ProjectCommand, add_options
 
 
 class Command(ProjectCommand):
     help = "Create a burst of expiring holds, watch it drain, check invariants, write a report."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--holds", type=int, default=12000, help="holds to create")
-        parser.add_argument(
-            "--window",
-            type=float,
-            default=300.0,
-            help="seconds over which the holds expire; 0 = all at once",
-        )
-        parser.add_argument(
-            "--offerings", type=int, default=8, help="offerings the holds are spread over"
-        )
-        parser.add_argument(
-            "--shards", type=int, default=4, help="shards to send sweeps for (as the schedule's)"
-        )
-        parser.add_argument(
-            "--lead", type=float, default=3.0, help="seconds before the first hold expires"
-        )
-        parser.add_argument(
-            "--renew-fraction",
-            type=float,
-            default=0.0,
-            help="fraction of the holds renewed before they expire, 0 to 1",
-        )
-        parser.add_argument(
-            "--duplicate-fraction",
-            type=float,
-            default=0.0,
-            help="fraction of the release messages published a second time, 0 to 1",
-        )
-        parser.add_argument(
-            "--workers",
-            type=int,
-            default=0,
-            help="start K workers (0: target an already running fleet)",
-        )
-        parser.add_argument(
-            "--concurrency", type=int, default=1, help="pool processes of each started worker"
-        )
-        parser.add_argument(
-            "--drain-at",
-            type=float,
-            help="SIGTERM one started worker at T s (default: none is drained)",
-        )
-        parser.add_argument(
-            "--kill-at",
-            type=float,
-            help="SIGKILL one started worker at T s (default: none is killed)",
-        )
-        parser.add_argument(
-            "--sweep-every", type=float, default=2.0, help="seconds between the drill's sweeps"
-        )
-        parser.add_argument(
-            "--no-sweeps", action="store_true", help="do not send sweeps (a beat is running)"
-        )
-        parser.add_argument(
-            "--slo",
-            type=float,
-            help="SLO for the oldest eligible hold, seconds (default: CLEANUP_SLO_SECONDS, "
-            f"{cleanup_settings().slo_seconds})",
-        )
-        parser.add_argument(
-            "--timeout",
-            type=float,
-            help="give up after this many seconds (default: lead + window + 600)",
-        )
-        parser.add_argument(
-            "--out",
-            type=Path,
-            help="directory for report.json, report.md and plot.png "
-            "(default: var/burst/<UTC timestamp>/)",
-        )
-        parser.add_argument(
-            "--seed", type=int, default=1, help="random seed of the renew and duplicate choices"
-        )
+        slo_default = f"CLEANUP_SLO_SECONDS, {cleanup_settings().slo_seconds}"
+        add_options(parser, [
+            ("--holds", int, 12000, "holds to create"),
+            ("--window", float, 300.0, "seconds over which the holds expire; 0 = all at once"),
+            ("--offerings", int, 8, "offerings the holds are spread over"),
+            ("--shards", int, 4, "shards to send sweeps for (as the schedule's)"),
+            ("--lead", float, 3.0, "seconds before the first hold expires"),
+            ("--renew-fraction", float, 0.0,
+             "fraction of the holds renewed before they expire, 0 to 1"),
+            ("--duplicate-fraction", float, 0.0,
+             "fraction of the release messages published a second time, 0 to 1"),
+            ("--workers", int, 0, "start K workers (0: target an already running fleet)"),
+            ("--concurrency", int, 1, "pool processes of each started worker"),
+            ("--drain-at", float, None,
+             "SIGTERM one started worker at T s (default: none is drained)"),
+            ("--kill-at", float, None,
+             "SIGKILL one started worker at T s (default: none is killed)"),
+            ("--sweep-every", float, 2.0, "seconds between the drill's sweeps"),
+            ("--no-sweeps", bool, False, "do not send sweeps (a beat is running)"),
+            ("--slo", float, None,
+             f"SLO for the oldest eligible hold, seconds (default: {slo_default})"),
+            ("--timeout", float, None,
+             "give up after this many seconds (default: lead + window + 600)"),
+            ("--out", Path, None, "directory for report.json, report.md and plot.png "
+             "(default: var/burst/<UTC timestamp>/)"),
+            ("--seed", int, 1, "random seed of the renew and duplicate choices"),
+        ])  # fmt: skip
 
     def handle(self, *args: Any, **o: Any) -> None:
         if o["holds"] < 1 or o["window"] < 0:

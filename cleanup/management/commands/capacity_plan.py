@@ -14,62 +14,31 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from cleanup.scaling import capacity
-from reservations.management.base import ProjectCommand
+from reservations.management.base import ProjectCommand, add_options
 
 
 class Command(ProjectCommand):
     help = "Plan cleanup consumers for a burst and print the arithmetic."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "--holds",
-            type=int,
-            help="holds that become eligible in the window (default: none; then --arrival-rate "
-            "or --from-report gives the rate)",
-        )
-        parser.add_argument(
-            "--window-seconds", type=float, help="the burst window, seconds (default: none)"
-        )
-        parser.add_argument(
-            "--arrival-rate",
-            type=float,
-            help="peak msg/s, instead of --holds / --window-seconds (default: none)",
-        )
-        parser.add_argument(
-            "--service-time",
-            type=float,
-            help="seconds per release (default: none; then 1 / --per-worker-rate, or measured "
-            "in --from-report)",
-        )
-        parser.add_argument(
-            "--per-worker-rate",
-            type=float,
-            help="releases/s per consumer, instead of --service-time (default: none)",
-        )
-        parser.add_argument(
-            "--utilization", type=float, default=0.7, help="utilization target per consumer"
-        )
-        parser.add_argument(
-            "--retry-ratio",
-            type=float,
-            default=0.0,
-            help="extra deliveries per message (retries, redeliveries)",
-        )
-        parser.add_argument(
-            "--consumers-per-node", type=int, default=2, help="consumers (pool processes) per node"
-        )
-        parser.add_argument(
-            "--nodes",
-            type=int,
-            default=1,
-            help="nodes that may be lost: >= 1 adds one node of headroom; 0: none",
-        )
-        parser.add_argument(
-            "--from-report",
-            type=Path,
-            help="a burst drill's report.json: its measured service time and rate (default: none)",
-        )
-        parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+        add_options(parser, [
+            ("--holds", int, None, "holds that become eligible in the window (default: none; "
+             "then --arrival-rate or --from-report gives the rate)"),
+            ("--window-seconds", float, None, "the burst window, seconds (default: none)"),
+            ("--arrival-rate", float, None,
+             "peak msg/s, instead of --holds / --window-seconds (default: none)"),
+            ("--service-time", float, None, "seconds per release (default: none; then "
+             "1 / --per-worker-rate, or measured in --from-report)"),
+            ("--per-worker-rate", float, None,
+             "releases/s per consumer, instead of --service-time (default: none)"),
+            ("--utilization", float, 0.7, "utilization target per consumer"),
+            ("--retry-ratio", float, 0.0, "extra deliveries per message (retries, redeliveries)"),
+            ("--consumers-per-node", int, 2, "consumers (pool processes) per node"),
+            ("--nodes", int, 1, "nodes that may be lost: >= 1 adds one node of headroom; 0: none"),
+            ("--from-report", Path, None,
+             "a burst drill's report.json: its measured service time and rate (default: none)"),
+            ("--json", bool, False, "print the plan as JSON"),
+        ])  # fmt: skip
 
     def handle(self, *args: Any, **opts: Any) -> None:
         arrival = opts["arrival_rate"]
