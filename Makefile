@@ -8,12 +8,11 @@ run:
 test:
 	bash scripts/test.sh
 
-# The same plus the chaos drills and the production-stack drill (CI runs the production-stack
-# drill; the chaos drills only here and in make chaos for now: docs/CHAOS.md).
+# The same plus the production-stack drill and the chaos drills, as CI runs it.
 test-full:
 	RESERVATIONS_DRILLS=1 bash scripts/test.sh
 
-# Chaos drills with real services (minutes; part of make test-full, not yet of CI): a lost node at
+# Chaos drills with real services (minutes; part of make test-full and CI): a lost node at
 # the default recovery settings, a private Redis restarted mid-burst, every database connection
 # terminated, a partitioned worker.
 chaos:

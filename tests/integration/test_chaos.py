@@ -5,8 +5,8 @@ released exactly once, nothing renewed released, seats conserved, nothing stuck.
 
 They take minutes (the node-loss drill waits out the default 75 s visibility timeout), so they
 run with RESERVATIONS_CHAOS=1: ``make test-full`` (phase ``pytest-chaos`` of
-``scripts/test.sh``) and ``make chaos``; not yet in CI (docs/CHAOS.md); a person's ``bash
-scripts/test.sh`` leaves them out and says so at its end. The Redis
+``scripts/test.sh``, which CI runs) and ``make chaos``; a person's ``bash scripts/test.sh``
+leaves them out and says so at its end. The Redis
 drills start a private ``redis-server`` on a port of their own (CHAOS_REDIS_PORT, default 16401)
 in the test's temporary directory; the machine's shared servers are never stopped or
 reconfigured, and only the test database's own backends are terminated.
@@ -58,7 +58,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         os.environ.get("RESERVATIONS_CHAOS") != "1",
-        reason="chaos drills take minutes: CI runs them; here run them with `make chaos`",
+        reason="chaos drills take minutes: CI and make test-full run them; alone: make chaos",
     ),
 ]
 
