@@ -41,10 +41,15 @@ RELEASE_SIZING = Counter(
     "Adaptive release sizing decisions of the sweeps (one per claimed batch), by reason",
     ["reason"],
 )
+# "livemostrecent", not "mostrecent": in a worker every pool process that touches a metric
+# writes this labelless gauge's file, and the compactor removes dead processes' files only for
+# the live* modes, so with "mostrecent" each recycled pool process left a file behind forever
+# (the directory, and every scrape, grew with the recycles). The value of a process that has
+# since exited goes with it; the decisions counter above keeps the history.
 RELEASE_SIZE_CHOSEN = Gauge(
     f"{PREFIX}_release_size_chosen",
-    "Holds per message the most recent adaptive sizing decision chose",
-    multiprocess_mode="mostrecent",
+    "Holds per message the most recent adaptive sizing decision of a running process chose",
+    multiprocess_mode="livemostrecent",
 )
 BACKPRESSURE_PAUSES = Counter(
     f"{PREFIX}_backpressure_pauses", "Sweeps that stopped because the queue was deep", ["shard"]
