@@ -9,7 +9,9 @@ dead-letter cap 2, shard locks start above 4096, and the beat lease uses
 
 from __future__ import annotations
 
-from django.db import OperationalError, connection
+import contextlib
+
+from django.db import InterfaceError, OperationalError, connection
 
 from cleanup import sql
 from reservations.db import scalar
@@ -54,14 +56,23 @@ def wait_for_lock(key: tuple[int, int], wait_s: float) -> bool:
     with connection.cursor() as cur:
         cur.execute(sql.SET_LOCK_TIMEOUT_MS, [str(max(1, int(wait_s * 1000)))])
         try:
-            cur.execute(sql.ADVISORY_LOCK, list(key))
-            return True
-        except OperationalError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
-                return False
+            try:
+                cur.execute(sql.ADVISORY_LOCK, list(key))
+            except OperationalError as exc:
+                if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                    raise
+                taken = False
+            else:
+                taken = True
+        except BaseException:
+            # Often the session itself ended while it waited (terminated, its server gone):
+            # resetting on it would raise "the connection is closed" in place of the error
+            # that explains the failure. A session still alive gets its reset.
+            with contextlib.suppress(OperationalError, InterfaceError):
+                cur.execute(sql.RESET_LOCK_TIMEOUT)
             raise
-        finally:
-            cur.execute(sql.RESET_LOCK_TIMEOUT)
+        cur.execute(sql.RESET_LOCK_TIMEOUT)
+        return taken
 
 
 def unlock(key: tuple[int, int]) -> None:
