@@ -156,8 +156,16 @@ def test_a_backlog_grows_the_pool_to_max_and_an_idle_queue_shrinks_it_to_min(
     # 3,000 holds that just expired: one process needs ~150 s, far past the SLO.
     # (readings get 3 s, not FAST's 500 ms: on a loaded CI machine beside other suites a
     # 500 ms statement timeout turned readings into read errors, which hold the size)
+    # One hold per message (CLEANUP_RELEASE_MODE=single): this checks that a backlog of
+    # per-reservation messages grows the pool. In the default adaptive mode the sweeps answer
+    # the same backlog with multi-hold messages, which one process drains before the pool has
+    # grown (the sizing is covered by test_adaptive.py and tests/unit/test_release_sizing.py).
     with autoscaled_worker(
-        tmp_path, "4,1", **SLOW_SERVICE, CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS="3000"
+        tmp_path,
+        "4,1",
+        **SLOW_SERVICE,
+        CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS="3000",
+        CLEANUP_RELEASE_MODE="single",
     ) as (worker, watch):
         wait_until(lambda: watch.now() == 1, timeout=30, what="the pool to start at min (1)")
         ids = create_eligible_holds(3000, expired_seconds_ago=1)
