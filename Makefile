@@ -36,6 +36,6 @@ embedded-stop:
 bench:
 	.venv/bin/python bench/run.py $(ARGS)
 
-# The flash-sale drill (own DB reservations_drill, Redis DB 6): make flash-sale MODE=single|batch
+# The flash-sale drill (own DB reservations_drill, Redis DB 6): make flash-sale MODE=default|single|batch
 flash-sale:
 	.venv/bin/python bench/flash_sale.py $(MODE) $(ARGS)

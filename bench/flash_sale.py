@@ -1,11 +1,13 @@
 """The flash-sale drill: 100,000 holds expiring over 60 s, on its own database and Redis DB.
 
-    .venv/bin/python bench/flash_sale.py single|batch [--holds N] [--out DIR] [burst options]
+    .venv/bin/python bench/flash_sale.py default|adaptive|single|batch [--holds N] [--out DIR]
+        [burst options]
 
 Creates (or empties) the private database ``reservations_drill`` and Redis DB 6, migrates, and
 runs ``manage.py burst`` with the scenario of docs/PERFORMANCE.md ("Flash sale"): 200
 offerings, 2 workers × 2 processes started by the drill, 10 % renewed, 5 % duplicated, sweeps
-every 2 s. ``single`` is the per-reservation mode, ``batch`` sets CLEANUP_RELEASE_MODE=batch.
+every 2 s. ``default`` leaves CLEANUP_RELEASE_MODE unset (what a user who keeps the defaults
+runs: the adaptive mode); ``adaptive``, ``single`` and ``batch`` set it.
 The report and plot go to docs/burst/flash-sale-100k-<mode>/ unless --out is given.
 """
 
@@ -27,7 +29,7 @@ SCENARIO = [
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in ("single", "batch"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("default", "adaptive", "single", "batch"):
         print(__doc__, file=sys.stderr)
         return 2
     mode, rest = sys.argv[1], sys.argv[2:]
@@ -40,8 +42,10 @@ def main() -> int:
         CELERY_BROKER_URL=BROKER,
         CELERY_TASK_EVENTS="false",
         WORKER_METRICS_PORT="0",
-        CLEANUP_RELEASE_MODE=mode,
     )
+    env.pop("CLEANUP_RELEASE_MODE", None)
+    if mode != "default":
+        env["CLEANUP_RELEASE_MODE"] = mode
     import psycopg
     import redis
 

@@ -28,7 +28,8 @@ DOC = "doc"
 MINIMUM = "minimum"
 DEFAULT_TEXT = "default_text"
 
-RELEASE_MODES = ("single", "batch")
+RELEASE_MODES = ("adaptive", "single", "batch")
+MAX_RELEASE_BATCH_SIZE = 1000  # items a worker accepts in one message (pipeline.messages)
 DEFAULT_REMOTE_CONTROL_COMMANDS = (
     "ping",
     "stats",
@@ -146,11 +147,32 @@ class CleanupSettings:
         "backpressure: sweeps stop publishing above this release-queue depth",
         minimum=1,
     )
+    # docs/PIPELINE.md, "Release modes".
     release_mode: str = setting(
-        "CLEANUP_RELEASE_MODE", "single", "'single': a message per hold; 'batch': per batch"
+        "CLEANUP_RELEASE_MODE",
+        "adaptive",
+        "'adaptive': a message per hold unless a burst would make the oldest hold later than "
+        "the target; 'single': always a message per hold; 'batch': always per batch",
     )
     release_batch_size: int = setting(
-        "CLEANUP_RELEASE_BATCH_SIZE", 100, "holds per message in the batch mode", minimum=1
+        "CLEANUP_RELEASE_BATCH_SIZE",
+        100,
+        "holds per message in the batch mode, the most in the adaptive mode (at most 1,000)",
+        minimum=1,
+    )
+    release_target_seconds: float = setting(
+        "CLEANUP_RELEASE_TARGET_SECONDS",
+        10.0,
+        "adaptive mode: the age a claimed batch's oldest hold should not pass before its "
+        "message is started, seconds",
+        minimum=0.1,
+    )
+    # A sweep waiting in line for the publish lock holds a pool process that could be releasing.
+    sweep_lock_wait: float = setting(
+        "CLEANUP_SWEEP_LOCK_WAIT",
+        2.0,
+        "how long a sweep waits in line for the publish lock (never past its time budget), seconds",
+        minimum=0.05,
     )
     # --- retention and relay ---------------------------------------------------------------
     retention_days: int = setting(
@@ -315,7 +337,13 @@ class CleanupSettings:
                 raise ImproperlyConfigured(f"{spec.metadata[ENV]}={value} must be >= {minimum}")
         if self.release_mode not in RELEASE_MODES:
             raise ImproperlyConfigured(
-                f"CLEANUP_RELEASE_MODE={self.release_mode!r}: expected 'single' or 'batch'"
+                f"CLEANUP_RELEASE_MODE={self.release_mode!r}: expected one of "
+                f"{', '.join(repr(mode) for mode in RELEASE_MODES)}"
+            )
+        if self.release_batch_size > MAX_RELEASE_BATCH_SIZE:
+            raise ImproperlyConfigured(
+                f"CLEANUP_RELEASE_BATCH_SIZE={self.release_batch_size} must be <= "
+                f"{MAX_RELEASE_BATCH_SIZE}"
             )
         longest_hold = self.task_time_limit + self.retry_backoff_max
         if self.visibility_timeout <= longest_hold:

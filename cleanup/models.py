@@ -155,7 +155,10 @@ class SweepRecord(models.Model):
     shards = models.PositiveSmallIntegerField()
     finished_at = models.DateTimeField()
     claimed = models.PositiveIntegerField(default=0)
-    published = models.PositiveIntegerField(default=0)
+    published = models.PositiveIntegerField(default=0)  # holds
+    messages = models.PositiveIntegerField(default=0)  # release messages carrying them
+    largest_message = models.PositiveIntegerField(default=0)  # most holds in one message
+    sizing_reason = models.CharField(max_length=16, blank=True, default="")
     set_aside = models.PositiveIntegerField(default=0)
     backpressure = models.BooleanField(default=False)
     skipped_locked = models.BooleanField(default=False)

@@ -22,6 +22,10 @@ TRY_ADVISORY_LOCK = "SELECT pg_try_advisory_lock(%s, %s)"
 ADVISORY_UNLOCK = "SELECT pg_advisory_unlock(%s, %s)"
 ADVISORY_UNLOCK_ALL = "SELECT pg_advisory_unlock_all()"
 TRY_TRANSACTION_ADVISORY_LOCK = "SELECT pg_try_advisory_xact_lock(%s, %s)"
+# Waiting in line for a session lock, for at most the session's lock_timeout (milliseconds).
+ADVISORY_LOCK = "SELECT pg_advisory_lock(%s, %s)"
+SET_LOCK_TIMEOUT_MS = "SELECT set_config('lock_timeout', %s, false)"
+RESET_LOCK_TIMEOUT = "RESET lock_timeout"
 
 # Who holds an advisory lock of this database (classid, objid = the lock's two keys; objsubid 2
 # marks a two-key lock). Advisory locks are per database: another database's beat on the same
@@ -165,13 +169,26 @@ AUTOSCALE_WINDOW_RECEIPTS = (
 # The last sweep of each shard: one upsert per sweep.
 RECORD_SWEEP = (
     "INSERT INTO cleanup_sweeprecord (shard, shards, finished_at, claimed, published, "
+    "messages, largest_message, sizing_reason, "
     "set_aside, backpressure, skipped_locked, duration_ms, trace_id) "
-    "VALUES (%s, %s, now(), %s, %s, %s, %s, %s, %s, %s) "
+    "VALUES (%s, %s, now(), %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
     "ON CONFLICT (shard) DO UPDATE SET shards = EXCLUDED.shards, "
     "finished_at = EXCLUDED.finished_at, claimed = EXCLUDED.claimed, "
-    "published = EXCLUDED.published, set_aside = EXCLUDED.set_aside, "
+    "published = EXCLUDED.published, messages = EXCLUDED.messages, "
+    "largest_message = EXCLUDED.largest_message, sizing_reason = EXCLUDED.sizing_reason, "
+    "set_aside = EXCLUDED.set_aside, "
     "backpressure = EXCLUDED.backpressure, skipped_locked = EXCLUDED.skipped_locked, "
     "duration_ms = EXCLUDED.duration_ms, trace_id = EXCLUDED.trace_id"
+)
+# Release messages that wrote receipts (a batch message is one task id): since a time (the
+# health page's windows), and in the last %s seconds (the adaptive sizing's service rate;
+# served by cleanup_receipt_created_idx).
+MESSAGES_HANDLED_SINCE = (
+    "SELECT count(DISTINCT task_id) FROM cleanup_cleanupreceipt WHERE created_at >= %s"
+)
+MESSAGES_HANDLED_IN_LAST = (
+    "SELECT count(DISTINCT task_id) FROM cleanup_cleanupreceipt "
+    "WHERE created_at > now() - make_interval(secs => %s)"
 )
 
 # --- The burst drill (drills.burst): only the drill's own holds, ids lo..hi ------------------
@@ -209,6 +226,11 @@ DRILL_RECEIPT_STATS = (
     "duration_ms), percentile_cont(0.99) WITHIN GROUP (ORDER BY queue_age_seconds), "
     "EXTRACT(EPOCH FROM max(created_at) - min(created_at))::float8 "
     "FROM cleanup_cleanupreceipt WHERE reservation_id BETWEEN %s AND %s"
+)
+# The release messages of the drill's holds, and how many carried one hold.
+DRILL_MESSAGES = (
+    "SELECT count(*), count(*) FILTER (WHERE n = 1) FROM (SELECT task_id, count(*) AS n "
+    "FROM cleanup_cleanupreceipt WHERE reservation_id BETWEEN %s AND %s GROUP BY task_id) m"
 )
 DRILL_RELEASE_LATENESS = (
     "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY "

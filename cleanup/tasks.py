@@ -125,7 +125,7 @@ class CleanupTask(Task):  # type: ignore[misc]
         self.request.delivery_count = count  # type: ignore[attr-defined]
         if count > cleanup_settings().max_deliveries:
             message = args[0] if args and isinstance(args[0], dict) else None
-            deadletters.record(
+            _dead_letter_each_hold(
                 DeadLetter.Reason.DELIVERIES_EXHAUSTED,
                 error=f"delivered {count} times (limit {cleanup_settings().max_deliveries})",
                 task_name=self.name,
@@ -134,7 +134,8 @@ class CleanupTask(Task):  # type: ignore[misc]
                 payload=None if message else {"args": args, "kwargs": kwargs},
                 delivery_count=count,
             )
-            metrics.record_outcome("dead_lettered", None, None)
+            for _ in range(_holds_named(message)):
+                metrics.record_outcome("dead_lettered", None, None)
             return {"outcome": "dead_lettered"}
         try:
             return super().__call__(*args, **kwargs)
@@ -183,7 +184,7 @@ class CleanupTask(Task):  # type: ignore[misc]
         message = args[0] if args and isinstance(args[0], dict) else None
         # The failing connection may be the reason; write the dead letter on a fresh one.
         _reset_connection_on_failure(exc)
-        return deadletters.record(
+        return _dead_letter_each_hold(
             reason,
             error=repr(exc)[:4000],
             task_name=self.name,
@@ -207,8 +208,10 @@ class CleanupTask(Task):  # type: ignore[misc]
     def on_failure(
         self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
     ) -> None:
-        # The dead letter was written in __call__, before the acknowledgement.
-        metrics.record_outcome("dead_lettered", None, None)
+        # The dead letter was written in __call__, before the acknowledgement: one outcome per
+        # hold it named.
+        for _ in range(_holds_named(args[0] if args else None)):
+            metrics.record_outcome("dead_lettered", None, None)
 
     def on_success(self, retval: Any, task_id: str, args: Any, kwargs: Any) -> None:
         if not self.periodic:
@@ -230,6 +233,40 @@ def _reset_connection_on_failure(exc: BaseException) -> None:
             connection.close()
     except Exception:  # noqa: BLE001 - closing a dead connection may raise; it is closed
         pass
+
+
+def _batch_items(message: Any) -> tuple[Any, ...]:
+    """The valid items of a release batch message; () for anything else."""
+    if not isinstance(message, dict) or message.get("kind") != BATCH_KIND:
+        return ()
+    try:
+        return validate_batch(message).items
+    except MalformedMessage:
+        return ()
+
+
+def _holds_named(message: Any) -> int:
+    """How many holds a failed message's dead letters name (at least one letter)."""
+    return max(1, len(_batch_items(message)))
+
+
+def _dead_letter_each_hold(
+    reason: str, *, message: dict[str, Any] | None, **fields: Any
+) -> DeadLetter | None:
+    """Dead-letter a message that failed as a whole. A release batch becomes one letter per
+    hold, each naming its hold and carrying that hold's own release message, so each is
+    settled by its key's later release, or requeued, on its own (as in the per-reservation
+    mode); its malformed items were lettered when it was read. Anything else is one letter.
+    Returns the last letter, or None when any of them could not be stored."""
+    items = _batch_items(message)
+    if not items:
+        return deadletters.record(reason, message=message, **fields)
+    stored: DeadLetter | None = None
+    missing = False
+    for item in items:
+        stored = deadletters.record(reason, message=item.as_dict(), **fields)
+        missing = missing or stored is None
+    return None if missing else stored
 
 
 def _reset_connection_on_transient(exc: BaseException) -> None:

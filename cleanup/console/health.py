@@ -73,6 +73,7 @@ class WindowCounts:
     attempts: int | None  # release-message deliveries (None: not tallied, no Redis counter)
     retries: int
     dead_lettered: int
+    messages: int = 0  # release messages that wrote these receipts (a batch is one)
 
     @property
     def terminal(self) -> int:
@@ -147,6 +148,7 @@ def read_window(minutes: int, now: float) -> WindowCounts:
     since = window_start(minutes, now)
     outcomes = dict(db.rows(sql.RECEIPT_OUTCOMES_SINCE, [since]))
     retries = db.scalar(sql.RETRIES_SINCE, [since])
+    messages = db.scalar(sql.MESSAGES_HANDLED_SINCE, [since])
     dead = DeadLetter.objects.filter(created_at__gte=since).count()
     try:
         attempts = deliveries.attempts_since(minutes, now=now)
@@ -161,6 +163,7 @@ def read_window(minutes: int, now: float) -> WindowCounts:
         attempts=attempts,
         retries=int(retries),
         dead_lettered=dead,
+        messages=int(messages),
     )
 
 
@@ -306,6 +309,9 @@ def record_sweep(result: Any) -> None:
                 result.shards,
                 result.claimed,
                 result.published,
+                getattr(result, "messages", result.published),
+                getattr(result, "largest_message", 0),
+                getattr(result, "sizing_reason", "")[:16],
                 result.set_aside,
                 result.backpressure,
                 result.skipped_locked,

@@ -293,8 +293,17 @@ def build_report(
     stats = rows(sql.DRILL_RECEIPT_STATS, [lo, hi])[0]
     receipts, mean_ms, median_ms, p99_queue_age, busy_s = stats
     lateness = rows(sql.DRILL_RELEASE_LATENESS, [lo, hi])[0]
+    # Release messages that wrote these receipts (a batch message is one task id), and how
+    # many of them carried a single hold.
+    messages, single_hold_messages = rows(sql.DRILL_MESSAGES, [lo, hi])[0]
     last = state.samples[-1] if state.samples else None
     ages = [s.oldest_eligible_s or 0.0 for s in state.samples]
+    # When each shard's oldest eligible hold was last seen (its backlog cleared after that).
+    shard_cleared: dict[str, float] = {}
+    for sample in state.samples:
+        for shard, age in sample.oldest_by_shard.items():
+            if age and age > 0:
+                shard_cleared[shard] = sample.t
     above = sum(1 for a in ages if a > cfg.slo)
     consumers = cfg.workers * cfg.concurrency
     processed = int(receipts or 0)
@@ -330,6 +339,12 @@ def build_report(
             "retries": last.retries if last else 0,
             "dead_letters": last.dead_letters if last else 0,
             "receipts": processed,
+            "messages": int(messages or 0),
+            "single_hold_messages": int(single_hold_messages or 0),
+            "single_hold_message_share": (
+                round(int(single_hold_messages) / int(messages), 4) if messages else None
+            ),
+            "shard_backlog_last_seen_s": dict(sorted(shard_cleared.items())),
             "processing_window_s": None if busy_s is None else round(float(busy_s), 2),
             "processing_rate_per_s": round(processed / float(busy_s), 2) if busy_s else None,
             "release_db_ms_mean": None if mean_ms is None else round(float(mean_ms), 2),

@@ -123,7 +123,12 @@ def markdown(cfg: BurstConfig, report: dict[str, Any]) -> str:
         f"- release attempts (one per hold, batched or not) {s['attempts']:,} for "
         f"{s['outcomes'].get('released', 0):,} transitions; redeliveries {s['redeliveries']:,}; "
         f"retries {s['retries']}; dead letters {s['dead_letters']}",
-        f"- processing rate {s['processing_rate_per_s']} msg/s over {s['processing_window_s']} s; "
+        f"- release messages {s.get('messages', 0):,} for {s['receipts']:,} receipts; "
+        f"{s.get('single_hold_messages', 0):,} carried one hold "
+        f"(share {s.get('single_hold_message_share')}); each shard's backlog last seen at "
+        f"{s.get('shard_backlog_last_seen_s', {})} s",
+        f"- processing rate {s['processing_rate_per_s']} receipts/s over "
+        f"{s['processing_window_s']} s; "
         f"release transaction mean {s['release_db_ms_mean']} ms",
         f"- release lateness (released_at − expires_at): p50 {s['release_lateness_p50_s']} s, "
         f"p99 {s['release_lateness_p99_s']} s, max {s['release_lateness_max_s']} s",

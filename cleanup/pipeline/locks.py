@@ -9,8 +9,14 @@ dead-letter cap 2, shard locks start above 4096, and the beat lease uses
 
 from __future__ import annotations
 
+import contextlib
+
+from django.db import InterfaceError, OperationalError, connection
+
 from cleanup import sql
 from reservations.db import scalar
+
+LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of a lock_timeout
 
 NAMESPACE = 727
 
@@ -40,6 +46,33 @@ def beat_lease(lock_id: int) -> tuple[int, int]:
 def try_lock(key: tuple[int, int]) -> bool:
     """Take the session lock ``key`` if nobody holds it; whether it was taken."""
     return bool(scalar(sql.TRY_ADVISORY_LOCK, list(key)))
+
+
+def wait_for_lock(key: tuple[int, int], wait_s: float) -> bool:
+    """Wait in line for the session lock ``key`` for at most ``wait_s`` seconds; whether it
+    was taken. PostgreSQL grants a lock to its waiters in the order they asked, and a newcomer
+    (even ``try_lock``) does not jump the line. Runs outside a transaction (it sets the
+    session's lock_timeout for the wait and resets it after)."""
+    with connection.cursor() as cur:
+        cur.execute(sql.SET_LOCK_TIMEOUT_MS, [str(max(1, int(wait_s * 1000)))])
+        try:
+            try:
+                cur.execute(sql.ADVISORY_LOCK, list(key))
+            except OperationalError as exc:
+                if getattr(exc.__cause__, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                    raise
+                taken = False
+            else:
+                taken = True
+        except BaseException:
+            # Often the session itself ended while it waited (terminated, its server gone):
+            # resetting on it would raise "the connection is closed" in place of the error
+            # that explains the failure. A session still alive gets its reset.
+            with contextlib.suppress(OperationalError, InterfaceError):
+                cur.execute(sql.RESET_LOCK_TIMEOUT)
+            raise
+        cur.execute(sql.RESET_LOCK_TIMEOUT)
+        return taken
 
 
 def unlock(key: tuple[int, int]) -> None:

@@ -9,6 +9,13 @@ message per hold, each batch's messages before its claim commits.
   publish" across sweeps, so concurrent sweeps of different shards cannot each add a batch on
   top of the same reading; a batch is never larger than the room left, so the queue stays
   within the cap.
+- Turns: sweeps wait for the publish lock in line (PostgreSQL grants a lock to its waiters in
+  the order they asked), for at most ``CLEANUP_SWEEP_LOCK_WAIT``; near the cap a batch takes at
+  most an equal share of the room (room ÷ shards) and the sweep then ends its run, so every
+  shard publishes in every round instead of the first one taking all the room.
+- Sizing (``CLEANUP_RELEASE_MODE=adaptive``, the default): each batch's messages carry one hold
+  each unless the queue ahead and the batch would push its oldest hold past
+  ``CLEANUP_RELEASE_TARGET_SECONDS`` (``cleanup.pipeline.sizing``).
 """
 
 from __future__ import annotations
@@ -22,14 +29,18 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import InterfaceError, OperationalError, connection, transaction
+from django.utils import timezone
 
+from cleanup import sql
 from cleanup.broker import readers as broker
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.pipeline import deadletters, locks
 from cleanup.pipeline.messages import build, build_batch
 from cleanup.pipeline.publish import publish_release_messages
+from cleanup.pipeline.sizing import ReleaseSize, ceil_whole, choose_release_size, split_evenly
 from cleanup.telemetry import metrics
+from reservations.db import scalar
 from reservations.services import ClaimedHold, claim_expired
 
 logger = logging.getLogger("cleanup.sweep")
@@ -48,7 +59,11 @@ class SweepResult:
     skipped_locked: bool = False
     budget_exhausted: bool = False
     timed_out: bool = False
+    took_share: bool = False  # stopped after its share of the room near the cap
     duration_s: float = 0.0
+    messages: int = 0  # release messages published (``published`` counts holds)
+    largest_message: int = 0  # most holds in one message of this run
+    sizing_reason: str = ""  # the adaptive sizing's reason for that size ("" in other modes)
     published_ids: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -64,6 +79,10 @@ class SweepResult:
             "skipped_locked": self.skipped_locked,
             "budget_exhausted": self.budget_exhausted,
             "timed_out": self.timed_out,
+            "took_share": self.took_share,
+            "messages": self.messages,
+            "largest_message": self.largest_message,
+            "sizing_reason": self.sizing_reason,
             "duration_s": round(self.duration_s, 4),
         }
 
@@ -83,13 +102,20 @@ def _drop_leaked_locks() -> None:
 
 
 def _acquire_publish_lock(deadline: float) -> bool:
-    """Wait for the global publish lock until ``deadline`` (a monotonic time)."""
-    while True:
-        if locks.try_lock(locks.SWEEP_PUBLISH):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
+    """Wait in line for the global publish lock, at most ``CLEANUP_SWEEP_LOCK_WAIT`` and never
+    past ``deadline`` (a monotonic time).
+
+    A blocking ``pg_advisory_lock`` under ``lock_timeout``, not a polling loop: PostgreSQL
+    grants a lock to its waiters in the order they asked, and a newcomer (even a
+    ``pg_try_advisory_lock``) does not jump the line. A sweep that lets go after a batch and asks
+    again therefore goes behind the sweeps already waiting, so sweeps take turns batch by batch
+    (a polling loop let the sweep that had just let go win again, before the others' next
+    poll). The wait is bounded because a waiting sweep occupies a pool process that could be
+    releasing holds."""
+    wait = min(deadline - time.monotonic(), cleanup_settings().sweep_lock_wait)
+    if wait <= 0:
+        return locks.try_lock(locks.SWEEP_PUBLISH)
+    return locks.wait_for_lock(locks.SWEEP_PUBLISH, wait)
 
 
 def _release_publish_lock() -> None:
@@ -160,7 +186,12 @@ def sweep_shard(
             _let_go(lambda: _release_shard_lock(shard, shards), "shard")
     result.duration_s = time.perf_counter() - started
     metrics.record_sweep(
-        shard, result.claimed, result.published, result.duration_s, result.backpressure
+        shard,
+        result.claimed,
+        result.published,
+        result.duration_s,
+        result.backpressure,
+        messages=result.messages,
     )
     logger.info("sweep done", extra=result.as_dict())
     return result
@@ -176,6 +207,7 @@ def _sweep_batches(
     max_queue_depth: int,
 ) -> None:
     conf = cleanup_settings()
+    rate = ServiceRate()
     for _ in range(max_batches):
         if time.monotonic() >= deadline:
             result.budget_exhausted = True
@@ -194,9 +226,15 @@ def _sweep_batches(
                     extra={"shard": shard, "queue_depth": depth, "trace_id": result.trace_id},
                 )
                 break
-            # Never past the cap: a batch is at most the room left under it.
+            # Never past the cap: a batch is at most the room left under it (in holds, so also
+            # in messages whatever their size).
             room = max_queue_depth - depth
             take = min(batch_size, room)
+            # Near the cap every shard's sweep competes for the same room: each takes at most
+            # its share and then ends its run, so the shards publish in turns.
+            crowded = near_the_cap(room, shards, batch_size)
+            if crowded:
+                take = min(take, fair_share(shards, batch_size, max_queue_depth))
             with transaction.atomic():
                 claimed = claim_expired(
                     shard,
@@ -211,31 +249,67 @@ def _sweep_batches(
                 for hold in claimed:
                     if hold.set_aside:
                         _dead_letter_set_aside(hold, shard, result.trace_id)
+                messages, sizes, sizing = _messages_for(
+                    to_publish, shard, result.trace_id, depth=depth, rate=rate
+                )
                 # Published before the claim commits: a sweep that fails or dies before the
                 # commit leaves its holds due at once (the claim rolls back) rather than leased
                 # for CLEANUP_LEASE_SECONDS with no message. A message whose claim rolled back
                 # is harmless: the release decides on the hold itself, and a later copy ends
                 # already_handled. (A release that starts first waits on the claim's row lock
                 # for the few milliseconds until the commit.)
-                publish_release_messages(_messages_for(to_publish, shard, result.trace_id))
+                publish_release_messages(messages)
         finally:
             if publish_locked:
                 _let_go(_release_publish_lock, "publish")
         result.batches += 1
         result.claimed += len(claimed)
         result.published += len(to_publish)
+        result.messages += len(messages)
         result.set_aside += len(claimed) - len(to_publish)
         result.published_ids.extend(c.reservation_id for c in to_publish)
+        metrics.record_message_sizes(sizes)
+        result.largest_message = max([result.largest_message, *sizes])
+        if sizing is not None:
+            _note_sizing(shard, result, sizing)
         if len(claimed) < take:
             break  # nothing more is due
-        if take == room:
+        if depth + len(messages) >= max_queue_depth:
             # This batch filled the queue to the cap: the same pause as finding it full.
             result.backpressure = True
             logger.info(
                 "sweep paused by backpressure",
-                extra={"shard": shard, "queue_depth": depth + take, "trace_id": result.trace_id},
+                extra={
+                    "shard": shard,
+                    "queue_depth": depth + len(messages),
+                    "trace_id": result.trace_id,
+                },
             )
             break
+        if crowded:
+            # Its turn near the cap is over: the other shards' sweeps take theirs next.
+            result.took_share = True
+            result.backpressure = True
+            logger.info(
+                "sweep took its share of the room near the cap",
+                extra={"shard": shard, "queue_depth": depth, "room": room, "share": take},
+            )
+            break
+
+
+def near_the_cap(room: int, shards: int, batch_size: int) -> bool:
+    """True when ``room`` (messages left under the cap) is narrower than every shard's full
+    batch together: one sweep's batches could then take the room the other shards need."""
+    return shards > 1 and room < shards * batch_size
+
+
+def fair_share(shards: int, batch_size: int, cap: int) -> int:
+    """The most one shard's sweep takes in its turn near the cap: an equal share of the whole
+    cap, ceil(cap ÷ shards), never more than a batch. A share of the cap, not of the room left:
+    the sweeps take their turns one after another, and shares of a shrinking room add up to
+    only 1 - (1 - 1/shards)^shards of it (about two thirds with 4 shards), so the queue would
+    never reach its cap and the drain would run below the rate the cap allows."""
+    return max(1, min(batch_size, ceil_whole(cap / shards)))
 
 
 def _dead_letter_set_aside(hold: ClaimedHold, shard: int, trace_id: str) -> None:
@@ -253,17 +327,115 @@ def _dead_letter_set_aside(hold: ClaimedHold, shard: int, trace_id: str) -> None
     )
 
 
-def _messages_for(holds: list[ClaimedHold], shard: int, trace_id: str) -> list[dict[str, Any]]:
-    """One message per hold (default), or one per batch of holds in the batched mode."""
-    conf = cleanup_settings()
-    if conf.release_mode != "batch":
-        return [build(c.reservation_id, c.version, c.expires_at, shard, trace_id) for c in holds]
-    size = conf.release_batch_size
-    return [
-        build_batch(
-            [(c.reservation_id, c.version, c.expires_at) for c in holds[i : i + size]],
-            shard,
-            trace_id,
+# --- Release message sizing ------------------------------------------------------------------
+
+# Messages the fleet handled over this many seconds (receipts; served by
+# cleanup_receipt_created_idx) are its measured service rate.
+RATE_WINDOW_S = 10.0
+
+
+class ServiceRate:
+    """Messages per second the fleet handles, read at most once per sweep run and only when
+    the floor would not already give one hold per message.
+
+    The floor is one consumer at the capacity plan's service time
+    (``CLEANUP_CAPACITY_PER_CONSUMER_PER_S``, else 1 ÷ ``CLEANUP_AUTOSCALE_SERVICE_TIME``): a
+    running fleet has at least that. The measurement counts the messages that wrote receipts
+    in the last ``RATE_WINDOW_S`` seconds; while the fleet was idle for part of that window it
+    reads low, which errs towards more holds per message, never fewer."""
+
+    def __init__(self, read: Callable[[], float] | None = None) -> None:
+        self._read = read or _messages_per_second
+        self._measured: float | None = None
+
+    @staticmethod
+    def floor() -> float:
+        conf = cleanup_settings()
+        per_consumer = conf.capacity_per_consumer_per_s
+        if per_consumer > 0:
+            return per_consumer
+        return 1.0 / conf.autoscale_service_time
+
+    def measured(self) -> float:
+        if self._measured is None:
+            self._measured = self._read()
+        return self._measured
+
+
+def _messages_per_second() -> float:
+    return int(scalar(sql.MESSAGES_HANDLED_IN_LAST, [RATE_WINDOW_S])) / RATE_WINDOW_S
+
+
+def size_batch(
+    holds: list[ClaimedHold], depth: int, rate: ServiceRate, now: Any = None
+) -> ReleaseSize:
+    """The adaptive mode's decision for one claimed batch (``holds`` in due order)."""
+    now = now or timezone.now()
+    oldest_age = max(0.0, (now - holds[0].expires_at).total_seconds()) if holds else 0.0
+
+    def at(rate_per_s: float, source: str) -> ReleaseSize:
+        return choose_release_size(
+            claimed=len(holds),
+            queue_depth=depth,
+            oldest_age_s=oldest_age,
+            target_s=cleanup_settings().release_target_seconds,
+            cap=cleanup_settings().release_batch_size,
+            rate_per_s=rate_per_s,
+            rate_source=source,
         )
-        for i in range(0, len(holds), size)
+
+    floor = rate.floor()
+    at_floor = at(floor, "floor")
+    if at_floor.size == 1:
+        return at_floor  # the fleet keeps up even at its floor: no need to measure it
+    measured = rate.measured()
+    if measured <= floor:
+        return at_floor
+    return at(measured, "measured")
+
+
+def _messages_for(
+    holds: list[ClaimedHold], shard: int, trace_id: str, *, depth: int, rate: ServiceRate
+) -> tuple[list[dict[str, Any]], list[int], ReleaseSize | None]:
+    """The batch's release messages and the holds each carries: one per hold ("single"),
+    CLEANUP_RELEASE_BATCH_SIZE each ("batch"), or the size the adaptive sizing chose, in even
+    chunks. In the adaptive mode a message of one hold is the per-reservation message."""
+    conf = cleanup_settings()
+    mode = conf.release_mode
+    sizing: ReleaseSize | None = None
+    if mode == "batch":
+        size = conf.release_batch_size
+        chunks = [holds[i : i + size] for i in range(0, len(holds), size)]
+    elif mode == "single" or not holds:
+        chunks = [[c] for c in holds]
+    else:
+        sizing = size_batch(holds, depth, rate)
+        chunks = split_evenly(holds, sizing.size)
+    messages = [
+        build(chunk[0].reservation_id, chunk[0].version, chunk[0].expires_at, shard, trace_id)
+        if len(chunk) == 1 and mode != "batch"
+        else build_batch(
+            [(c.reservation_id, c.version, c.expires_at) for c in chunk], shard, trace_id
+        )
+        for chunk in chunks
     ]
+    return messages, [len(chunk) for chunk in chunks], sizing
+
+
+# The last decision logged per shard in this process: a repeat of "one hold per message" is
+# logged at DEBUG, anything else at INFO (as the autoscaler logs its decisions).
+_last_sizing: dict[int, tuple[int, str]] = {}
+
+
+def _note_sizing(shard: int, result: SweepResult, sizing: ReleaseSize) -> None:
+    metrics.record_sizing(sizing.reason, sizing.size)
+    if sizing.size >= result.largest_message:
+        result.sizing_reason = sizing.reason
+    key = (sizing.size, sizing.reason)
+    repeat = _last_sizing.get(shard) == key and sizing.size == 1
+    _last_sizing[shard] = key
+    logger.log(
+        logging.DEBUG if repeat else logging.INFO,
+        "release size chosen",
+        extra={"shard": shard, "trace_id": result.trace_id, **sizing.as_log()},
+    )

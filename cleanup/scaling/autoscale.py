@@ -39,7 +39,8 @@ from django.db import connection, transaction
 from cleanup import sql
 from cleanup.broker.readers import queue_stats
 from cleanup.conf import cleanup_settings
-from cleanup.scaling.capacity import ceil_consumers, compute_desired_consumers
+from cleanup.pipeline.sizing import drain_consumers
+from cleanup.scaling.capacity import compute_desired_consumers
 from cleanup.telemetry import metrics
 from reservations.db import rows, set_local_statement_timeout
 from reservations.models import BUCKETS
@@ -136,7 +137,7 @@ def decide(
     elif budget <= 0 or reading.backlog_capped:
         drain, why = fleet_max, "slo_at_risk"
     else:
-        drain, why = min(fleet_max, ceil_consumers(waiting * service / budget)), "backlog"
+        drain, why = min(fleet_max, drain_consumers(waiting, service, budget)), "backlog"
     sustain = 0
     if reading.arrival_per_s:
         sustain = compute_desired_consumers(

@@ -18,19 +18,10 @@ from dataclasses import dataclass, field
 
 from cleanup.conf import cleanup_settings
 
-# Floating-point noise (2.0000000001) must not add a whole consumer.
-_EPSILON = 1e-9
-
-
-def ceil_consumers(value: float) -> int:
-    return max(0, math.ceil(value - _EPSILON))
-
-
-def offered_load(arrival_rate_per_s: float, service_time_s: float) -> float:
-    """Busy consumers needed on average (Little's law): λ × S, in consumers."""
-    if arrival_rate_per_s < 0 or service_time_s < 0:
-        raise ValueError("arrival rate and service time must be >= 0")
-    return arrival_rate_per_s * service_time_s
+# The counting arithmetic lives in the pipeline (the sweep sizes release messages with it, and
+# the pipeline may not import this package): re-exported here for the capacity plan.
+from cleanup.pipeline.sizing import ceil_whole as ceil_consumers
+from cleanup.pipeline.sizing import offered_load
 
 
 def compute_desired_consumers(

@@ -24,7 +24,33 @@ TRANSITIONS = Counter(f"{PREFIX}_transitions", "Holds actually moved to released
 RETRIES = Counter(f"{PREFIX}_retries", "Transient failures scheduled for retry", ["task"])
 DEAD_LETTERS = Counter(f"{PREFIX}_dead_letters", "Dead letters recorded", ["reason"])
 CLAIMED = Counter(f"{PREFIX}_claimed", "Holds claimed by sweeps", ["shard"])
-PUBLISHED = Counter(f"{PREFIX}_published", "Release messages published by sweeps", ["shard"])
+PUBLISHED = Counter(
+    f"{PREFIX}_published", "Holds published in release messages by sweeps", ["shard"]
+)
+PUBLISHED_MESSAGES = Counter(
+    f"{PREFIX}_published_messages", "Release messages published by sweeps", ["shard"]
+)
+# One observation per published message: _count is messages, _sum is holds.
+HOLDS_PER_MESSAGE = Histogram(
+    f"{PREFIX}_holds_per_message",
+    "Holds carried by each release message a sweep published",
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
+)
+RELEASE_SIZING = Counter(
+    f"{PREFIX}_release_sizing_decisions",
+    "Adaptive release sizing decisions of the sweeps (one per claimed batch), by reason",
+    ["reason"],
+)
+# "livemostrecent", not "mostrecent": in a worker every pool process that touches a metric
+# writes this labelless gauge's file, and the compactor removes dead processes' files only for
+# the live* modes, so with "mostrecent" each recycled pool process left a file behind forever
+# (the directory, and every scrape, grew with the recycles). The value of a process that has
+# since exited goes with it; the decisions counter above keeps the history.
+RELEASE_SIZE_CHOSEN = Gauge(
+    f"{PREFIX}_release_size_chosen",
+    "Holds per message the most recent adaptive sizing decision of a running process chose",
+    multiprocess_mode="livemostrecent",
+)
 BACKPRESSURE_PAUSES = Counter(
     f"{PREFIX}_backpressure_pauses", "Sweeps that stopped because the queue was deep", ["shard"]
 )
@@ -142,11 +168,27 @@ def record_skipped_entry(reader: str) -> None:
     BROKER_ENTRIES_SKIPPED.labels(reader=reader).inc()
 
 
+def record_message_sizes(sizes: list[int]) -> None:
+    for size in sizes:
+        HOLDS_PER_MESSAGE.observe(size)
+
+
+def record_sizing(reason: str, size: int) -> None:
+    RELEASE_SIZING.labels(reason=reason).inc()
+    RELEASE_SIZE_CHOSEN.set(size)
+
+
 def record_sweep(
-    shard: int, claimed: int, published: int, duration_s: float, backpressure: bool
+    shard: int,
+    claimed: int,
+    published: int,
+    duration_s: float,
+    backpressure: bool,
+    messages: int | None = None,
 ) -> None:
     CLAIMED.labels(shard=str(shard)).inc(claimed)
     PUBLISHED.labels(shard=str(shard)).inc(published)
+    PUBLISHED_MESSAGES.labels(shard=str(shard)).inc(published if messages is None else messages)
     if backpressure:
         BACKPRESSURE_PAUSES.labels(shard=str(shard)).inc()
     SWEEP_DURATION.observe(duration_s)

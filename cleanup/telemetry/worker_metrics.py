@@ -13,9 +13,11 @@
   dead files are removed) under the same lock the scrape takes, so a scrape never sees a value
   counted twice or not at all, and totals never go backwards. Dead pids' ``live*`` gauge files
   are removed (``mark_process_dead``), which also covers children killed by SIGKILL/OOM.
-  Limitation: non-live gauge files of dead pids are left as they are (the cleanup defines no
-  gauges in workers); a pid reused by a new child between the liveness check and the archive
-  would lose that child's first increments (the window is one compaction pass).
+  Limitation: non-live gauge files of dead pids are left as they are, so every gauge the
+  cleanup defines uses a live* mode (tests/unit/test_observability.py checks that nothing of a
+  dead pool process is left after a pass); a pid reused by a new child between the liveness
+  check and the archive would lose that child's first increments (the window is one
+  compaction pass).
 """
 
 from __future__ import annotations

@@ -159,11 +159,16 @@ def test_a_backlog_grows_the_pool_to_max_and_an_idle_queue_shrinks_it_to_min(
     # deadline once in clean-clone CI on a loaded machine. Readings get 3 s, not FAST's 500 ms:
     # on a loaded CI machine a 500 ms statement timeout turned readings into read errors, which
     # hold the size.)
+    # One hold per message (CLEANUP_RELEASE_MODE=single): this checks that a backlog of
+    # per-reservation messages grows the pool. In the default adaptive mode the sweeps answer
+    # the same backlog with multi-hold messages, which one process drains before the pool has
+    # grown (the sizing is covered by test_adaptive.py and tests/unit/test_release_sizing.py).
     with autoscaled_worker(
         tmp_path,
         "4,1",
         **SLOW_SERVICE,
         CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS="3000",
+        CLEANUP_RELEASE_MODE="single",
     ) as (worker, watch):
         wait_until(lambda: watch.now() == 1, timeout=30, what="the pool to start at min (1)")
         ids = create_eligible_holds(1200, expired_seconds_ago=1)
@@ -260,7 +265,8 @@ def _decisions_counted(port: int, reason: str) -> float:
 def test_a_database_read_error_keeps_the_current_size(tmp_path: Path) -> None:
     # given: a worker grown to 4 by a backlog, which then drains (so it would shrink to 1);
     # 600 holds at a configured 5 releases/s per process need 4 processes by the arithmetic,
-    # and drain in well under a minute even on a loaded machine
+    # and drain in well under a minute even on a loaded machine; one hold per message, as in the
+    # test above, so the pool has grown before the backlog is gone
     port = free_port()
     with autoscaled_worker(
         tmp_path,
@@ -268,6 +274,7 @@ def test_a_database_read_error_keeps_the_current_size(tmp_path: Path) -> None:
         **SLOW_SERVICE,
         **metrics_served(tmp_path, port),
         CLEANUP_AUTOSCALE_COOLDOWN="8",
+        CLEANUP_RELEASE_MODE="single",
     ) as (worker, watch):
         ids = create_eligible_holds(600, expired_seconds_ago=1)
         sweep_until(lambda: watch.now() == 4, shards=2, timeout=60)

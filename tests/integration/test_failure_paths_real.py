@@ -42,7 +42,15 @@ pytestmark = [pytest.mark.workers]
 
 # Retries end within seconds (the retry of a message whose letter was not stored waits the
 # longest backoff); enough deliveries that the test, not the bound, ends the kept message's loop.
-ENV = {"CLEANUP_MAX_RETRIES": "1", "CLEANUP_RETRY_BACKOFF_MAX": "1", "CLEANUP_MAX_DELIVERIES": "40"}
+# A sweep waits in line for the publish lock for CLEANUP_SWEEP_LOCK_WAIT (2 s by default), then
+# ends its run: 10 s (below the sweep's 12.5 s time budget) keeps the parked sweep in line long
+# enough for the test to find its session in pg_locks and end it.
+ENV = {
+    "CLEANUP_MAX_RETRIES": "1",
+    "CLEANUP_RETRY_BACKOFF_MAX": "1",
+    "CLEANUP_MAX_DELIVERIES": "40",
+    "CLEANUP_SWEEP_LOCK_WAIT": "10",
+}
 
 
 @contextmanager
@@ -69,8 +77,9 @@ def open_letters() -> list[DeadLetter]:
 
 @contextmanager
 def publish_lock_taken() -> Iterator[psycopg.Connection[Any]]:
-    """The sweeps' publish lock held by the test's own session: a sweep waits for it, polling,
-    holding its shard lock, outside any transaction."""
+    """The sweeps' publish lock held by the test's own session: a sweep waits in line for it
+    (a blocking pg_advisory_lock under lock_timeout), holding its shard lock, outside any
+    transaction."""
     conn = psycopg.connect(fleet.conninfo(), autocommit=True)
     try:
         conn.execute("SELECT pg_advisory_lock(%s, %s)", list(locks.SWEEP_PUBLISH))
@@ -79,20 +88,27 @@ def publish_lock_taken() -> Iterator[psycopg.Connection[Any]]:
         conn.close()
 
 
-def sweeps_polling_the_publish_lock() -> list[int]:
+def sweeps_waiting_for_the_publish_lock() -> list[int]:
+    """Sessions PostgreSQL shows waiting (not granted) for the publish lock. A two-key advisory
+    lock appears in pg_locks as classid = first key, objid = second key, objsubid = 2."""
+    first, second = locks.SWEEP_PUBLISH
     rows = fleet.sql(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-        "AND pid <> pg_backend_pid() AND query LIKE 'SELECT pg_try_advisory_lock(727, 0)%%'"
+        "SELECT l.pid FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+        "WHERE d.datname = current_database() AND l.locktype = 'advisory' "
+        "AND l.classid = %s AND l.objid = %s AND l.objsubid = 2 AND NOT l.granted "
+        "AND l.pid <> pg_backend_pid()",
+        [first, second],
     )
     return [r[0] for r in rows]
 
 
-# Where the sweep's session is ended: inside its claim's transaction, or between two polls of
-# the publish lock with its shard lock held (where releasing that lock on the dead connection
-# raised "the connection is closed", which became the letter's error).
+# Where the sweep's session is ended: inside its claim's transaction, or while it waits in line
+# for the publish lock with its shard lock held (where resetting the wait's lock_timeout, or
+# releasing the shard lock, on the dead connection raised "the connection is closed", which
+# became the letter's error).
 WHERE = {
     "in its claim": (reservations_locked, fleet.blocked_backends),
-    "waiting for the publish lock": (publish_lock_taken, sweeps_polling_the_publish_lock),
+    "waiting for the publish lock": (publish_lock_taken, sweeps_waiting_for_the_publish_lock),
 }
 
 

@@ -87,15 +87,21 @@ def test_drained_consumer_drill(
     settings.METRICS_TOKEN = "drill"  # pytest-django's settings fixture restores it afterwards
     install_schedule(2, 3600)
     ids = create_eligible_holds(400, offerings=4, expired_seconds_ago=30)
-    # Sweeps run (here in the test process) but no consumer is running: messages wait.
-    for shard in range(2):
-        sweep_shard(shard, 2, trace_id=f"drill-{shard}")
+    # Sweeps run (here in the test process, with the default release mode) but no consumer is
+    # running: messages wait. The holds are already 30 s late, past the adaptive mode's 10 s
+    # target, so the sweeps put several holds in a message: the queue's depth (in messages) is
+    # what they published, and those messages carry every one of the 400 holds.
+    sweeps = [sweep_shard(shard, 2, trace_id=f"drill-{shard}") for shard in range(2)]
     first, t1 = scrape_web(client)
     time.sleep(4)
     second, t2 = scrape_web(client)
 
     q = (("queue", "cleanup"),)
-    assert second[("reservation_cleanup_queue_depth", q)] == 400
+    assert sum(s.published for s in sweeps) == 400
+    assert sorted(i for s in sweeps for i in s.published_ids) == sorted(ids)
+    published_messages = sum(s.messages for s in sweeps)
+    assert 0 < published_messages <= 400
+    assert second[("reservation_cleanup_queue_depth", q)] == published_messages
     age1 = first[("reservation_cleanup_queue_oldest_message_age_seconds", q)]
     age2 = second[("reservation_cleanup_queue_oldest_message_age_seconds", q)]
     assert age2 >= age1 + 3.5
@@ -127,6 +133,8 @@ def test_drained_consumer_drill(
             for x in (first, second, third)
         ],
         depth=[x[("reservation_cleanup_queue_depth", q)] for x in (first, second, third)],
+        holds=400,
+        messages=published_messages,
         web_scrape_ms=[round(t * 1000, 1) for t in (t1, t2, t3)],
     )
 

@@ -129,7 +129,14 @@ VALID = CleanupSettings()
         ({"lease_seconds": 0}, "CLEANUP_LEASE_SECONDS=0 must be >= 1"),
         ({"max_message_bytes": 1024}, "CLEANUP_MAX_MESSAGE_BYTES=1024 must be >= 65536"),
         ({"autoscale_interval": 0.1}, "CLEANUP_AUTOSCALE_INTERVAL=0.1 must be >= 0.2"),
-        ({"release_mode": "bulk"}, "CLEANUP_RELEASE_MODE='bulk': expected 'single' or 'batch'"),
+        (
+            {"release_mode": "bulk"},
+            "CLEANUP_RELEASE_MODE='bulk': expected one of 'adaptive', 'single', 'batch'",
+        ),
+        (
+            {"release_batch_size": 1001},
+            "CLEANUP_RELEASE_BATCH_SIZE=1001 must be <= 1000",
+        ),
         (
             {"visibility_timeout": 60},
             "CLEANUP_VISIBILITY_TIMEOUT=60 must exceed CLEANUP_TASK_TIME_LIMIT + "
@@ -158,7 +165,7 @@ def test_a_bad_value_or_a_broken_rule_is_refused_naming_the_variable(
 
 
 def test_the_defaults_keep_every_rule_and_the_sweep_budget_is_half_the_soft_limit() -> None:
-    assert VALID.release_mode == "single"
+    assert VALID.release_mode == "adaptive"
     assert VALID.sweep_time_budget == VALID.task_soft_time_limit / 2 == 12.5
     assert CleanupSettings(sweep_time_budget=3).sweep_time_budget == 3
 

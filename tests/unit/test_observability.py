@@ -319,6 +319,46 @@ print(before[("t_events_total", (("k", "a"),))], before[("t_dur_count", ())])
     assert lines[2] == "435.0 30.0"
 
 
+def test_compaction_leaves_no_file_of_a_dead_pool_process_for_the_project_metrics(
+    tmp_path: Path,
+) -> None:
+    """Recycled pool processes that touched the project's own metrics (a release, a sweep, a
+    sizing decision) leave nothing behind after one pass: their counters and histograms are
+    archived, their gauges removed. Break: a gauge in cleanup.telemetry.metrics with a non-live
+    multiprocess mode (e.g. "mostrecent"): its dead processes' files stay, one per recycle."""
+    script = f"""
+import json, os, sys
+os.environ["WORKER_METRICS_PORT"] = "9999"
+os.environ["WORKER_METRICS_DIR"] = {str(tmp_path)!r}
+os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+sys.argv = ["/venv/bin/celery", "-A", "config", "worker", "-n", "recycle@box"]
+from cleanup.telemetry import metrics
+path = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+children = []
+for i in range(5):
+    pid = os.fork()
+    if pid == 0:
+        metrics.record_outcome("released", 0.01, 0.5)
+        metrics.record_sweep(0, 3, 3, 0.1, False, messages=1)
+        metrics.record_message_sizes([3])
+        metrics.record_sizing("backlog", 3)
+        metrics.AUTOSCALE_POOL.set(2)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    children.append(pid)
+from cleanup.telemetry.worker_metrics import compact
+compact(path)
+left = [f for f in os.listdir(path) if any(f.endswith(f"_{{pid}}.db") for pid in children)]
+print(json.dumps(left))
+"""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == []
+
+
 def test_worker_boot_sets_and_wipes_a_directory_per_worker(tmp_path: Path, monkeypatch) -> None:
     from cleanup.telemetry import worker_boot
 
