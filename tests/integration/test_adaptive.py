@@ -17,21 +17,7 @@ from cleanup.pipeline.messages import validate_batch
 from cleanup.pipeline.sweep import sweep_shard
 from reservations import services
 
-from .fleet import (
-    blocked_backends,
-    create_eligible_holds,
-    dedicated,
-    delivery_counts,
-    invariant_violations,
-    offering_locked,
-    outcome_counts,
-    released_count,
-    scalar,
-    sql,
-    status_of,
-    sweep_until,
-    wait_until,
-)
+from . import fleet
 
 pytestmark = [pytest.mark.workers]
 
@@ -40,7 +26,7 @@ def receipts_per_message(ids: list[int]) -> dict[str, list[int]]:
     """The holds of each release message, from the receipts (a message's holds share its
     task id)."""
     found: dict[str, list[int]] = {}
-    for task_id, rid in sql(
+    for task_id, rid in fleet.sql(
         "SELECT task_id, reservation_id FROM cleanup_cleanupreceipt "
         "WHERE reservation_id = ANY(%s) ORDER BY reservation_id",
         [ids],
@@ -55,17 +41,17 @@ def test_a_burst_in_the_default_mode_is_released_once_per_hold_in_multi_hold_mes
     # given: the default mode (nothing set) and 3,000 holds that expired a minute ago
     assert cleanup_settings().release_mode == "adaptive"
     assert all("CLEANUP_RELEASE_MODE" not in w.env for w in workers)
-    ids = create_eligible_holds(3_000, offerings=4)
+    ids = fleet.create_eligible_holds(3_000, offerings=4)
     # when: the workers' sweeps run, as beat sends them
-    sweep_until(lambda: released_count(ids) == len(ids), shards=4, timeout=180)
+    fleet.sweep_until(lambda: fleet.released_count(ids) == len(ids), shards=4, timeout=180)
     # then: every hold released once, with one receipt each
-    assert outcome_counts() == {"released": len(ids)}
-    assert scalar(
+    assert fleet.outcome_counts() == {"released": len(ids)}
+    assert fleet.scalar(
         "SELECT count(DISTINCT reservation_id) FROM cleanup_cleanupreceipt WHERE "
         "reservation_id = ANY(%s)",
         [ids],
     ) == len(ids)
-    assert invariant_violations(expected_released=ids) == []
+    assert fleet.invariant_violations(expected_released=ids) == []
     # and the burst travelled in messages of more than one hold (fewer messages than holds)
     messages = receipts_per_message(ids)
     sizes = sorted(len(holds) for holds in messages.values())
@@ -80,8 +66,10 @@ def test_a_renewed_hold_in_a_redelivered_multi_hold_message_is_not_released(
 ):
     # given: 600 holds of one offering, expired a minute ago, swept in the default mode with
     # no worker running (what the sweep published is recorded as it goes to the broker)
-    ids = create_eligible_holds(600, offerings=1)
-    offering_id = scalar("SELECT offering_id FROM reservations_reservation WHERE id = %s", [ids[0]])
+    ids = fleet.create_eligible_holds(600, offerings=1)
+    offering_id = fleet.scalar(
+        "SELECT offering_id FROM reservations_reservation WHERE id = %s", [ids[0]]
+    )
     published: list[dict[str, Any]] = []
     real_publish = sweep_module.publish_release_messages
 
@@ -99,7 +87,7 @@ def test_a_renewed_hold_in_a_redelivered_multi_hold_message_is_not_released(
     # a learner renews one hold of the first message before any worker gets to it (its expiry
     # had been extended meanwhile, so the renewal is allowed)
     renewed = first.items[1].reservation_id
-    sql(
+    fleet.sql(
         "UPDATE reservations_reservation SET expires_at = now() + interval '10 minutes' "
         "WHERE id = %s RETURNING id",
         [renewed],
@@ -109,13 +97,13 @@ def test_a_renewed_hold_in_a_redelivered_multi_hold_message_is_not_released(
     # messages wait inside their release statements, and its pool processes are SIGKILLed there
     # (the messages are redelivered)
     with (
-        offering_locked(offering_id) as lock,
-        dedicated(tmp_path, {"concurrency": 2}) as (worker,),
+        fleet.offering_locked(offering_id) as lock,
+        fleet.dedicated(tmp_path, {"concurrency": 2}) as (worker,),
     ):
         # both pool processes inside a release (a message still waiting in the worker for a
         # process would be handed to a new one without a redelivery)
-        wait_until(
-            lambda: len(blocked_backends()) >= 2,
+        fleet.wait_until(
+            lambda: len(fleet.blocked_backends()) >= 2,
             timeout=60,
             what="both pool processes' releases waiting on the offering",
         )
@@ -125,17 +113,22 @@ def test_a_renewed_hold_in_a_redelivered_multi_hold_message_is_not_released(
         lock.rollback()  # the offering is free again
         # then: everything but the renewed hold is released, once
         expected = [i for i in ids if i != renewed]
-        wait_until(lambda: released_count(expected) == len(expected), timeout=120, what="released")
-        wait_until(lambda: sum(outcome_counts().values()) == len(ids), timeout=60)
-    assert outcome_counts() == {"released": len(expected), "renewed": 1}
-    assert status_of(renewed) == "held"
-    assert invariant_violations(expected_released=expected, expected_not_released=[renewed]) == []
+        fleet.wait_until(
+            lambda: fleet.released_count(expected) == len(expected), timeout=120, what="released"
+        )
+        fleet.wait_until(lambda: sum(fleet.outcome_counts().values()) == len(ids), timeout=60)
+    assert fleet.outcome_counts() == {"released": len(expected), "renewed": 1}
+    assert fleet.status_of(renewed) == "held"
+    assert (
+        fleet.invariant_violations(expected_released=expected, expected_not_released=[renewed])
+        == []
+    )
     # a killed message came back as a redelivery, counted under its batch's key (a message
     # whose start the worker's main process had not yet seen is handed to a new process
     # without one, so not necessarily both), and its holds have one receipt each, all from
     # that one message
     second = validate_batch(published[1])
-    redeliveries = delivery_counts([first.batch_key, second.batch_key])
+    redeliveries = fleet.delivery_counts([first.batch_key, second.batch_key])
     assert max(redeliveries) >= 1, redeliveries
     first = first if redeliveries[0] else second
     by_message = receipts_per_message([m.reservation_id for m in first.items])
@@ -143,7 +136,7 @@ def test_a_renewed_hold_in_a_redelivered_multi_hold_message_is_not_released(
     (holds,) = by_message.values()
     assert sorted(holds) == sorted(m.reservation_id for m in first.items)
     outcomes = dict(
-        sql(
+        fleet.sql(
             "SELECT reservation_id, outcome FROM cleanup_cleanupreceipt WHERE "
             "reservation_id = ANY(%s)",
             [holds],
@@ -152,7 +145,7 @@ def test_a_renewed_hold_in_a_redelivered_multi_hold_message_is_not_released(
     outcomes.pop(renewed, None)
     assert set(outcomes.values()) == {"released"}
     assert dict(
-        sql(
+        fleet.sql(
             "SELECT reservation_id, outcome FROM cleanup_cleanupreceipt WHERE reservation_id = %s",
             [renewed],
         )
