@@ -306,7 +306,7 @@ else
       # Alone, after both lanes: beside two other pytest processes on 2 cores the small-cap
       # burst scenario once never reached its cap, and beside A alone the run was no shorter
       # (one clean-clone CI run each: A 592 s with this phase, 268 s, beside it in lane 2,
-      # against A 407 s, then this phase alone 184 s; the machine is CPU-bound there).
+      # against A 407 s, then this phase alone 184 s).
       phase "pytest-rabbitmq" rabbitmq_suites
       ;;
     *)
