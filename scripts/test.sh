@@ -260,54 +260,61 @@ pytest_with() {
   db=$(database_url_with_suffix "$db_suffix")
   DATABASE_URL="$db" CELERY_BROKER_URL="$broker" .venv/bin/python -m pytest -p no:cacheprovider "$@"
 }
-# The second Redis database for the integration tests run beside the first ones: given in
-# RESERVATIONS_TEST_BROKER_URL_B, else the tests' Redis database number + 1 (13 -> 14).
-second_redis_url() {
-  if [ -n "${RESERVATIONS_TEST_BROKER_URL_B:-}" ]; then echo "$RESERVATIONS_TEST_BROKER_URL_B"; return; fi
-  .venv/bin/python - "$CELERY_BROKER_URL" <<'PY'
+# Another Redis database for the integration tests run beside the first ones: lane LETTER's
+# RESERVATIONS_TEST_BROKER_URL_<LETTER> when given, else the tests' Redis database number +
+# OFFSET (B: 13 -> 14, C: 13 -> 15).
+lane_redis_url() {
+  local letter="$1" offset="$2" given
+  given="RESERVATIONS_TEST_BROKER_URL_${letter}"
+  if [ -n "${!given:-}" ]; then echo "${!given}"; return; fi
+  .venv/bin/python - "$CELERY_BROKER_URL" "$offset" <<'PY'
 import sys
 from urllib.parse import urlsplit, urlunsplit
 
 parts = urlsplit(sys.argv[1])
 number = int(parts.path.strip("/") or 0)
-print(urlunsplit(parts._replace(path=f"/{(number + 1) % 16}")))
+print(urlunsplit(parts._replace(path=f"/{(number + int(sys.argv[2])) % 16}")))
 PY
 }
 
-# Without pytest arguments the suite runs in two lanes at once, each pytest process with its own
-# test database and broker space, because most of the real-worker tests wait on workers rather
-# than use the CPU (docs/TESTING.md, "How the suite runs"):
-#   lane 1, pytest-a: the unit tests, then the real-worker modules not in B (tests' Redis database);
-#   lane 2, library-suites (the libraries' own tests, CPU-bound, about 30 s), then
-#      pytest-b: the slow waiting real-worker modules (beat, autoscaler, metrics, try-it) on
-#      a second Redis database (second_redis_url) and the test database + _b.
-# Then pytest-rabbitmq: the correctness suites again on RabbitMQ (test database + _amqp).
+# Without pytest arguments the suite runs in three lanes at once, each pytest process with its
+# own test database and broker space, because most of the real-worker tests wait on workers
+# rather than use the CPU (docs/TESTING.md, "How the suite runs"):
+#   lane 1, pytest-a: the unit tests, then the real-worker modules in neither B nor C (the
+#      tests' Redis database, the test database);
+#   lane 2, pytest-b: the slow waiting real-worker modules (beat, autoscaler, metrics, try-it)
+#      on the tests' Redis database + 1 and the test database + _b, then library-suites (the
+#      libraries' own tests, CPU-bound, about 30 s; last, when the lanes' start-up is over);
+#   lane 3, pytest-c: the browser tests and the failure-path modules (tests' Redis database + 2,
+#      test database + _c), then pytest-rabbitmq: the correctness suites again on RabbitMQ
+#      (test database + _amqp).
 # Then, in CI (or with RESERVATIONS_DRILLS=1), the drills: the production-stack drill (its own
 # servers in network namespaces) and the chaos drills. A person's run leaves the drills out and
 # says so at the end, with the command that runs them.
 GROUP_B=(tests/integration/test_beat.py tests/integration/test_autoscale.py
          tests/integration/test_metrics.py tests/integration/test_try_it.py)
+GROUP_C=(tests/integration/browser tests/integration/test_hostile_input.py
+         tests/integration/test_failure_paths_real.py tests/integration/test_health_commands.py
+         tests/integration/test_task_failures.py)
 DRILLS=(tests/integration/test_chaos.py tests/integration/test_production_stack.py)
 drills_wanted() { in_ci || [ "${RESERVATIONS_DRILLS:-}" = 1 ]; }
-pytest_b() { pytest_with _b "$(second_redis_url)" "${GROUP_B[@]}"; }
+pytest_b() { pytest_with _b "$(lane_redis_url B 1)" "${GROUP_B[@]}"; }
+pytest_c() { pytest_with _c "$(lane_redis_url C 2)" "${GROUP_C[@]}"; }
 if [ "$#" -gt 0 ]; then
   phase "pytest" .venv/bin/python -m pytest "$@"
   echo "RabbitMQ suites and drills not run: pytest arguments were given"
 else
-  ignore_b=() ignore_drills=()
-  for f in "${GROUP_B[@]}"; do ignore_b+=("--ignore=$f"); done
+  ignore_lanes=() ignore_drills=()
+  for f in "${GROUP_B[@]}" "${GROUP_C[@]}"; do ignore_lanes+=("--ignore=$f"); done
   for f in "${DRILLS[@]}"; do ignore_drills+=("--ignore=$f"); done
   case "$CELERY_BROKER_URL" in
     redis://*)
-      run_lane "lane-2" "library-suites:library_suites" "pytest-b:pytest_b"
+      run_lane "lane-2" "pytest-b:pytest_b" "library-suites:library_suites"
+      run_lane "lane-3" "pytest-c:pytest_c" "pytest-rabbitmq:rabbitmq_suites"
       phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration \
-        "${ignore_b[@]}" "${ignore_drills[@]}"
+        "${ignore_lanes[@]}" "${ignore_drills[@]}"
       finish_lane "lane-2" || fail_run $?
-      # Alone, after both lanes: beside two other pytest processes on 2 cores the small-cap
-      # burst scenario once never reached its cap, and beside A alone the run was no shorter
-      # (one clean-clone CI run each: A 592 s with this phase, 268 s, beside it in lane 2,
-      # against A 407 s, then this phase alone 184 s).
-      phase "pytest-rabbitmq" rabbitmq_suites
+      finish_lane "lane-3" || fail_run $?
       ;;
     *)
       echo "the broker is not Redis: one pytest process for all (no second broker database)"
