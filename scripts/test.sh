@@ -166,15 +166,15 @@ compose_config() {
 }
 phase "compose" compose_config
 # kombu's and django-celery-beat's own tests against our subclasses (scripts/library_suites.py):
-# first in lane 2 below, beside the unit tests.
+# in lane 2 below, after pytest-b.
 library_suites() { .venv/bin/python scripts/library_suites.py; }
 
 # The real-worker correctness suites again on RabbitMQ (duplicates, renewals after the message,
 # killed worker and pool child, malformed input and dead letters, backpressure), in a vhost of
 # the tests' own (scripts/rabbitmq.py; started with CI=true when installed but stopped; in CI
 # installed with apt when missing). Without RabbitMQ a person's run skips them and says so; CI
-# fails. They use a test database of their own (the main one's name + _amqp), so they run beside
-# the Redis integration tests (RabbitMQ's own CPU use is small; both mostly wait on workers).
+# fails. They use a test database of their own (the main one's name + _amqp), so they run in lane 3
+# beside the Redis integration tests (RabbitMQ's own CPU use is small; all mostly wait on workers).
 RABBITMQ_SUITES=(tests/integration/test_delivery.py tests/integration/test_pipeline_scenarios.py
                  tests/integration/test_autoscale.py tests/integration/test_sweep_kill.py)
 [ -f tests/integration/test_hostile_input.py ] && RABBITMQ_SUITES+=(tests/integration/test_hostile_input.py)
