@@ -380,9 +380,13 @@ def release_batch_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, 
         outcomes = release_batch(list(batch.items), attempt)
         duration = time.perf_counter() - started
         per_hold = duration / len(batch.items)
+        # Which hold ended how, by id (a batch is at most MAX_BATCH_ITEMS holds): "what happened
+        # to hold N" is then one grep of the logs, as for a one-hold message's "release attempt".
+        holds_by_outcome: dict[str, list[int]] = {}
         for item in batch.items:
             outcome = outcomes[item.reservation_id]
             counts[outcome] = counts.get(outcome, 0) + 1
+            holds_by_outcome.setdefault(outcome, []).append(item.reservation_id)
             metrics.record_outcome(outcome, per_hold, age)
         logger.info(
             "release batch attempt",
@@ -393,6 +397,7 @@ def release_batch_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, 
                 "queue_age_s": None if age is None else round(age, 3),
                 "duration_ms": round(duration * 1000, 2),
                 "outcomes": counts,
+                "holds_by_outcome": holds_by_outcome,
                 "trace_id": batch.trace_id,
                 "task_id": attempt.task_id,
             },

@@ -412,3 +412,34 @@ def test_the_last_sweep_shows_messages_and_holds_on_the_health_page(adaptive, br
     assert f'data-metric="published">{result.published}<' in page
     assert f'data-metric="messages">{result.messages}<' in page
     assert f"up to {result.largest_message} ({result.sizing_reason})" in page
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_attempt_log_line_names_each_hold_with_its_outcome(broker, caplog):
+    # given: a batch of three expired holds, one of them renewed after its message was built
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from cleanup.pipeline.messages import build_batch
+    from cleanup.tasks import release_batch_task
+
+    ids = expired(3, seconds_ago=1, offerings=1)
+    message = build_batch([(rid, 1, timezone.now()) for rid in ids], 0, "named-batch")
+    Reservation.objects.filter(pk=ids[1]).update(
+        version=2, expires_at=timezone.now() + timedelta(minutes=5)
+    )
+    caplog.set_level(logging.INFO, logger="cleanup.tasks")
+    # when: a worker runs it
+    release_batch_task.push_request(id="task-named", retries=0)
+    try:
+        release_batch_task(message)
+    finally:
+        release_batch_task.pop_request()
+    # then: its log line names which hold ended how, not only the counts
+    (line,) = [r for r in caplog.records if r.getMessage() == "release batch attempt"]
+    assert line.holds_by_outcome == {  # type: ignore[attr-defined]
+        "released": [ids[0], ids[2]],
+        "renewed": [ids[1]],
+    }
+    assert line.outcomes == {"released": 2, "renewed": 1}  # type: ignore[attr-defined]
