@@ -40,6 +40,16 @@ ADVISORY_LOCK_HOLDERS = (
     "AND lock.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
 )
 
+# How many other sessions of this database hold or wait in line for an advisory lock (a sweep
+# asks before it joins the line for the publish lock: cleanup.pipeline.sweep).
+ADVISORY_LOCK_QUEUE = (
+    "SELECT count(*) FROM pg_locks "
+    "WHERE locktype = 'advisory' "
+    "AND classid = %s::bigint::oid AND objid = %s::bigint::oid AND objsubid = 2 "
+    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "AND pid <> pg_backend_pid()"
+)
+
 PING = "SELECT 1"
 DATABASE_NOW = "SELECT now()"
 

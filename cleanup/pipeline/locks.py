@@ -75,6 +75,11 @@ def wait_for_lock(key: tuple[int, int], wait_s: float) -> bool:
         return taken
 
 
+def sessions_in_line(key: tuple[int, int]) -> int:
+    """Other sessions of this database that hold the session lock ``key`` or wait for it."""
+    return int(scalar(sql.ADVISORY_LOCK_QUEUE, list(key)))
+
+
 def unlock(key: tuple[int, int]) -> None:
     scalar(sql.ADVISORY_UNLOCK, list(key))
 

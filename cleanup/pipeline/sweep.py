@@ -9,9 +9,12 @@ message per hold, each batch's messages before its claim commits.
   publish" across sweeps, so concurrent sweeps of different shards cannot each add a batch on
   top of the same reading; a batch is never larger than the room left, so the queue stays
   within the cap.
+- Before waiting in line a sweep reads the depth: at the cap, or near it with the room already
+  spoken for by the sweeps ahead in line, it leaves at once (a waiting sweep holds a pool
+  process that could be releasing).
 - Turns: sweeps wait for the publish lock in line (PostgreSQL grants a lock to its waiters in
   the order they asked), for at most ``CLEANUP_SWEEP_LOCK_WAIT``; near the cap a batch takes at
-  most an equal share of the room (room ÷ shards) and the sweep then ends its run, so every
+  most an equal share of the cap (cap ÷ shards) and the sweep then ends its run, so every
   shard publishes in every round instead of the first one taking all the room.
 - Sizing (``CLEANUP_RELEASE_MODE=adaptive``, the default): each batch's messages carry one hold
   each unless the queue ahead and the batch would push its oldest hold past
@@ -212,6 +215,18 @@ def _sweep_batches(
         if time.monotonic() >= deadline:
             result.budget_exhausted = True
             break
+        # Before waiting in line: a sweep in line holds a pool process that could be releasing
+        # holds, so one that would find no room when its turn came leaves now (its shard's next
+        # sweep comes anyway). The depth is read again under the lock below: that reading, not
+        # this one, guards the cap.
+        full_at = _no_room_ahead(conf.release_queue, shards, batch_size, max_queue_depth)
+        if full_at is not None:
+            result.backpressure = True
+            logger.info(
+                "sweep paused by backpressure",
+                extra={"shard": shard, "queue_depth": full_at, "trace_id": result.trace_id},
+            )
+            break
         publish_locked = False
         try:
             publish_locked = _acquire_publish_lock(deadline)
@@ -295,6 +310,39 @@ def _sweep_batches(
                 extra={"shard": shard, "queue_depth": depth, "room": room, "share": take},
             )
             break
+
+
+def _no_room_ahead(queue: str, shards: int, batch_size: int, max_queue_depth: int) -> int | None:
+    """The queue depth, when a sweep should leave instead of waiting in line for the publish
+    lock; None when it should wait.
+
+    It leaves when the queue is at its cap, and also near the cap when the room left is
+    already spoken for: the sweeps holding or waiting for the publish lock ahead of it take up
+    to a fair share each before its turn comes, so ``room <= sweeps ahead × fair share`` means
+    it would find the queue full, or claim only what drained during its wait. Not "room
+    smaller than one fair share" alone: with nobody ahead a sweep that finds a small room still
+    takes it (it is the one whose turn it is, and refilling the queue to its cap is what keeps
+    the drain at the rate the cap allows, see ``fair_share``); and when the workers drain less
+    than a share between two sweeps (a share is 500 holds at the defaults), that rule would let
+    the room build up for rounds and then hand all of it to whichever sweep came first.
+    Counting the line keeps today's order of turns: the sweeps already in line take theirs as
+    before, and only a sweep that would get nothing (or the crumbs that drained while it
+    waited) stops occupying a pool process for its wait.
+
+    The readings are not under the lock, so they can be stale either way: a sweep may leave
+    while a sweep ahead was about to let go with room unused (the room waits for the next
+    sweep, one sweep interval later at most, with the queue near its cap meanwhile), or join
+    the line and find the queue full under the lock as before. Neither affects the cap."""
+    depth = broker.queue_depth(queue)
+    if depth >= max_queue_depth:
+        return depth
+    room = max_queue_depth - depth
+    if not near_the_cap(room, shards, batch_size):
+        return None
+    ahead = locks.sessions_in_line(locks.SWEEP_PUBLISH)
+    if room <= ahead * fair_share(shards, batch_size, max_queue_depth):
+        return depth
+    return None
 
 
 def near_the_cap(room: int, shards: int, batch_size: int) -> bool:

@@ -315,6 +315,79 @@ def test_backpressure_stops_the_sweep_and_the_counters_move(settings):
     assert claim_counts(waiting) == {1}
 
 
+def fill_the_queue(count: int) -> None:
+    """``count`` release messages waiting in the queue, for holds no longer held."""
+    queued = expired_holds(count, name="queued")
+    publish_release_messages(
+        [build(i, 1, Reservation.objects.get(pk=i).expires_at, 0, "q") for i in queued]
+    )
+    Reservation.objects.filter(pk__in=queued).update(status="cancelled")
+
+
+def test_a_sweep_that_finds_the_queue_full_leaves_without_waiting_in_line(other_session, settings):
+    # given: the release queue is at its cap, and another sweep holds the publish lock (and
+    # would for longer than this sweep waits in line)
+    settings.CLEANUP_MAX_QUEUE_DEPTH = 3
+    settings.CLEANUP_SWEEP_LOCK_WAIT = 2.0
+    settings.CLEANUP_SWEEP_TIME_BUDGET = 60
+    fill_the_queue(3)
+    waiting = expired_holds(4, name="waiting")
+    pauses = counter("backpressure_pauses", shard="0")
+    _lock(other_session, PUBLISH_LOCK)
+    try:
+        # when
+        started = time.monotonic()
+        result = sweep_shard(0, 1)
+        took = time.monotonic() - started
+    finally:
+        _unlock(other_session, PUBLISH_LOCK)
+    # then: it left at once as a backpressure pause, not after CLEANUP_SWEEP_LOCK_WAIT as a
+    # sweep that ran out of time in line
+    assert took < 1.0, f"the sweep waited {took:.2f} s in line for a full queue"
+    assert (result.backpressure, result.budget_exhausted) == (True, False)
+    assert (result.batches, result.claimed, result.published) == (0, 0, 0)
+    assert counter("backpressure_pauses", shard="0") == pauses + 1
+    assert claim_counts(waiting) == {0}
+    assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == 3
+
+
+def test_near_the_cap_a_sweep_leaves_when_the_sweeps_ahead_take_the_room(other_session, settings):
+    # given: 4 shards under a cap of 8 (a fair share of 2 holds), 7 messages queued (room for
+    # 1), and another sweep holding the publish lock: it takes up to its share, all the room
+    settings.CLEANUP_MAX_QUEUE_DEPTH = 8
+    settings.CLEANUP_SWEEP_LOCK_WAIT = 2.0
+    settings.CLEANUP_SWEEP_TIME_BUDGET = 60
+    fill_the_queue(7)
+    waiting = expired_holds(40, name="waiting")
+    _lock(other_session, PUBLISH_LOCK)
+    try:
+        # when
+        started = time.monotonic()
+        spoken_for = sweep_shard(0, 4)
+        took = time.monotonic() - started
+        # then: it left at once, a backpressure pause, claiming nothing
+        assert took < 1.0, f"the sweep waited {took:.2f} s in line for room spoken for"
+        assert (spoken_for.backpressure, spoken_for.budget_exhausted) == (True, False)
+        assert spoken_for.claimed == 0
+        # when: the queue drains to 4 (room for 2 shares, one sweep ahead)
+        redis_client().flushdb()
+        fill_the_queue(4)
+        settings.CLEANUP_SWEEP_LOCK_WAIT = 0.3
+        in_line = sweep_shard(0, 4)
+        # then: the room is more than the sweep ahead takes: it waited in line (here until its
+        # wait ran out, the other session never letting go), as before
+        assert (in_line.backpressure, in_line.budget_exhausted) == (False, True)
+    finally:
+        _unlock(other_session, PUBLISH_LOCK)
+    assert claim_counts(waiting) == {0}
+    # and with nobody ahead, a sweep takes even a room smaller than its share: the queue is
+    # refilled to its cap
+    settings.CLEANUP_MAX_QUEUE_DEPTH = 5
+    published = [sweep_shard(shard, 4).published for shard in range(4)]
+    assert sum(published) == 1
+    assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == 5
+
+
 def test_a_set_aside_hold_moves_the_dead_letter_counter(settings):
     settings.CLEANUP_MAX_CLAIMS = 1
     ids = expired_holds(2)
