@@ -473,9 +473,15 @@ def eligible_backlog(buckets: Sequence[int], cap: int) -> Backlog:
         cur.execute(sql.OLDEST_ELIGIBLE_AGE, [list(buckets)])
         row = cur.fetchone()
         age = max(0.0, float(row[0])) if row and row[0] is not None else 0.0
-        cur.execute(sql.ELIGIBLE_COUNT, [list(buckets), cap + 1])
-        counted = int(cur.fetchone()[0])
+    counted = eligible_count(buckets, cap + 1)
     return Backlog(age, min(counted, cap), counted > cap)
+
+
+def eligible_count(buckets: Sequence[int], bound: int) -> int:
+    """The eligible holds of ``buckets``, counted up to ``bound`` (a bounded index scan)."""
+    with connection.cursor() as cur:
+        cur.execute(sql.ELIGIBLE_COUNT, [list(buckets), bound])
+        return int(cur.fetchone()[0])
 
 
 def availability(offering_id: int) -> dict[str, int]:

@@ -7,7 +7,14 @@ fleet start the last of them before the oldest hold of the batch is ``target_s``
 
     budget    = target_s − age of the oldest hold in the batch, but at least target_s ÷ 2
     servable  = service rate (messages/s) × budget − messages already waiting ahead
-    size      = ceil(claimed ÷ servable), clamped to [1, cap]
+    size      = ceil(due ÷ servable), clamped to [1, cap]
+
+``due`` is the batch, or, when the batch was a full one (more holds are due behind it), the
+holds due in all shards and not yet in the queue, whichever is larger: those are the holds the
+fleet must start within the budget, and the sweeps will claim them within a round or two. Sized
+from the batch alone, a burst of 1,500 holds/s claimed 500 at a time looked servable one hold
+per message batch after batch while the holds behind the batches piled up in PostgreSQL, and the
+oldest eligible hold peaked past the target (docs/PERFORMANCE.md).
 
 At normal load ``servable`` is far above what a sweep claims, so every message carries one hold
 (the per-reservation fan-out). When the queue ahead or the batch itself would outlast the
@@ -68,6 +75,7 @@ class ReleaseSize:
     messages: int  # messages the batch becomes
     reason: str
     claimed: int
+    due: int  # holds to serve within the budget: the batch, or the due backlog behind it
     queue_depth: int
     oldest_age_s: float
     rate_per_s: float
@@ -93,8 +101,10 @@ def choose_release_size(
     target_s: float,
     cap: int,
     rate_source: str = "measured",
+    due: int = 0,
 ) -> ReleaseSize:
-    """Holds per message for a batch of ``claimed`` holds (see the module's docstring)."""
+    """Holds per message for a batch of ``claimed`` holds, with ``due`` holds (the batch
+    included) to serve within the budget (see the module's docstring)."""
     if cap < 1:
         raise ValueError("cap must be >= 1")
     if target_s <= 0:
@@ -103,12 +113,13 @@ def choose_release_size(
         raise ValueError("rate_per_s must be > 0")
     budget = max(target_s - max(0.0, oldest_age_s), target_s / 2)
     servable = rate_per_s * budget - max(0, queue_depth)
+    due = max(claimed, due)
     if claimed <= 1:
         size, reason = 1, KEEPS_UP
     elif servable < 1:
         size, reason = cap, BEHIND
     else:
-        wanted = ceil_whole(claimed / servable)
+        wanted = ceil_whole(due / servable)
         if wanted <= 1:
             size, reason = 1, KEEPS_UP
         elif wanted >= cap:
@@ -120,6 +131,7 @@ def choose_release_size(
         messages=ceil_whole(claimed / size) if claimed > 0 else 0,
         reason=reason,
         claimed=claimed,
+        due=due,
         queue_depth=queue_depth,
         oldest_age_s=oldest_age_s,
         rate_per_s=rate_per_s,

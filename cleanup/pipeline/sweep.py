@@ -44,7 +44,8 @@ from cleanup.pipeline.publish import publish_release_messages
 from cleanup.pipeline.sizing import ReleaseSize, ceil_whole, choose_release_size, split_evenly
 from cleanup.telemetry import metrics
 from reservations.db import scalar
-from reservations.services import ClaimedHold, claim_expired
+from reservations.models import BUCKETS
+from reservations.services import ClaimedHold, claim_expired, eligible_count
 
 logger = logging.getLogger("cleanup.sweep")
 
@@ -265,7 +266,12 @@ def _sweep_batches(
                     if hold.set_aside:
                         _dead_letter_set_aside(hold, shard, result.trace_id)
                 messages, sizes, sizing = _messages_for(
-                    to_publish, shard, result.trace_id, depth=depth, rate=rate
+                    to_publish,
+                    shard,
+                    result.trace_id,
+                    depth=depth,
+                    rate=rate,
+                    more_due=len(claimed) >= take,
                 )
                 # Published before the claim commits: a sweep that fails or dies before the
                 # commit leaves its holds due at once (the claim rolls back) rather than leased
@@ -415,11 +421,20 @@ def _messages_per_second() -> float:
 
 
 def size_batch(
-    holds: list[ClaimedHold], depth: int, rate: ServiceRate, now: Any = None
+    holds: list[ClaimedHold],
+    depth: int,
+    rate: ServiceRate,
+    now: Any = None,
+    *,
+    due_behind: Callable[[int], int] | None = None,
 ) -> ReleaseSize:
-    """The adaptive mode's decision for one claimed batch (``holds`` in due order)."""
+    """The adaptive mode's decision for one claimed batch (``holds`` in due order).
+    ``due_behind(bound)``, given when the batch was a full one, counts the holds due in all
+    shards (at most ``bound``); it is read only when the batch alone would not already give the
+    largest messages."""
     now = now or timezone.now()
     oldest_age = max(0.0, (now - holds[0].expires_at).total_seconds()) if holds else 0.0
+    due = len(holds)
 
     def at(rate_per_s: float, source: str) -> ReleaseSize:
         return choose_release_size(
@@ -430,8 +445,21 @@ def size_batch(
             cap=cleanup_settings().release_batch_size,
             rate_per_s=rate_per_s,
             rate_source=source,
+            due=due,
         )
 
+    if due_behind is not None and len(holds) > 1:
+        # Due in PostgreSQL and not yet in the queue: the eligible holds (the batch's included:
+        # claimed, not yet published) less the queue's messages (each carries at least one
+        # eligible hold; counting each as one errs towards larger messages). Counted only up
+        # to where the size would be the cap anyway: cap × the messages the fleet starts
+        # within the target, plus the queue.
+        conf = cleanup_settings()
+        fleet_rate = max(rate.floor(), rate.measured())
+        bound = depth + conf.release_batch_size * max(
+            1, ceil_whole(fleet_rate * conf.release_target_seconds)
+        )
+        due = max(due, due_behind(bound) - depth)
     floor = rate.floor()
     at_floor = at(floor, "floor")
     if at_floor.size == 1:
@@ -442,8 +470,19 @@ def size_batch(
     return at(measured, "measured")
 
 
+def _eligible_in_all_shards(bound: int) -> int:
+    """Eligible holds in every bucket, counted up to ``bound`` (index-only, bounded)."""
+    return eligible_count(range(BUCKETS), bound)
+
+
 def _messages_for(
-    holds: list[ClaimedHold], shard: int, trace_id: str, *, depth: int, rate: ServiceRate
+    holds: list[ClaimedHold],
+    shard: int,
+    trace_id: str,
+    *,
+    depth: int,
+    rate: ServiceRate,
+    more_due: bool = False,
 ) -> tuple[list[dict[str, Any]], list[int], ReleaseSize | None]:
     """The batch's release messages and the holds each carries: one per hold ("single"),
     CLEANUP_RELEASE_BATCH_SIZE each ("batch"), or the size the adaptive sizing chose, in even
@@ -457,7 +496,10 @@ def _messages_for(
     elif mode == "single" or not holds:
         chunks = [[c] for c in holds]
     else:
-        sizing = size_batch(holds, depth, rate)
+        # A full batch has more due behind it: size for those too (cleanup.pipeline.sizing).
+        sizing = size_batch(
+            holds, depth, rate, due_behind=_eligible_in_all_shards if more_due else None
+        )
         chunks = split_evenly(holds, sizing.size)
     messages = [
         build(chunk[0].reservation_id, chunk[0].version, chunk[0].expires_at, shard, trace_id)

@@ -79,6 +79,18 @@ def test_an_older_batch_gets_bigger_messages_and_a_late_one_keeps_half_the_targe
     assert (late.size, late.budget_s) == (1, 5.0)
 
 
+def test_the_holds_due_behind_a_full_batch_count_too():
+    # a batch of 500 alone would look servable one hold per message (3,600 messages in the
+    # budget), but 14,000 are due behind it: the fleet must start those in the same budget
+    alone = size(claimed=500, queue_depth=0, oldest_age_s=1.0, rate_per_s=400.0)
+    behind = size(claimed=500, due=14_000, queue_depth=0, oldest_age_s=1.0, rate_per_s=400.0)
+    assert (alone.size, alone.reason) == (1, "keeps_up")
+    assert (behind.size, behind.reason, behind.due) == (4, "backlog", 14_000)
+    assert behind.messages == 125  # the batch's own messages: 500 holds, 4 each
+    # and a due count below the batch never shrinks what the batch needs
+    assert size(claimed=500, due=10, queue_depth=0, oldest_age_s=1.0, rate_per_s=400.0).due == 500
+
+
 def test_every_input_is_kept_for_the_log_line():
     decided = size(claimed=500, queue_depth=2_950, oldest_age_s=2.0, rate_per_s=370.0)
     logged = decided.as_log()
@@ -87,6 +99,7 @@ def test_every_input_is_kept_for_the_log_line():
         "messages": 10,
         "reason": "backlog",
         "claimed": 500,
+        "due": 500,
         "queue_depth": 2_950,
         "oldest_age_s": 2.0,
         "rate_per_s": 370.0,
@@ -443,3 +456,19 @@ def test_a_batch_attempt_log_line_names_each_hold_with_its_outcome(broker, caplo
         "renewed": [ids[1]],
     }
     assert line.outcomes == {"released": 2, "renewed": 1}  # type: ignore[attr-defined]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_full_batch_is_sized_for_the_holds_due_behind_it(adaptive, broker, monkeypatch, caplog):
+    # given: 6,000 holds due, a fleet measured at 400 messages/s (3,600 servable in the 9 s
+    # left of the target), and batches of 500: one batch alone fits one hold per message
+    monkeypatch.setattr(sweep_module, "_messages_per_second", lambda: 400.0)
+    expired(6_000, seconds_ago=1)
+    caplog.set_level(logging.INFO, logger="cleanup.sweep")
+    # when: a sweep claims one full batch
+    result = sweep_shard(0, 1, batch_size=500, max_batches=1)
+    # then: it sized its messages for the 6,000 due, not for its 500 alone
+    (line,) = [r for r in caplog.records if r.getMessage() == "release size chosen"]
+    assert (line.claimed, line.due, line.rate_source) == (500, 6_000, "measured")
+    assert line.size == 2 and line.reason == "backlog"
+    assert (result.published, result.messages, result.largest_message) == (500, 250, 2)
