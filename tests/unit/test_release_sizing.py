@@ -472,3 +472,29 @@ def test_a_full_batch_is_sized_for_the_holds_due_behind_it(adaptive, broker, mon
     assert (line.claimed, line.due, line.rate_source) == (500, 6_000, "measured")
     assert line.size == 2 and line.reason == "backlog"
     assert (result.published, result.messages, result.largest_message) == (500, 250, 2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sweep_run_counts_the_due_backlog_once_and_a_partial_batch_never(
+    adaptive, broker, monkeypatch
+):
+    # given: a fleet measured at 400 messages/s and a count that says how often it is read
+    monkeypatch.setattr(sweep_module, "_messages_per_second", lambda: 400.0)
+    counted: list[int] = []
+    real = sweep_module._eligible_in_all_shards
+
+    def count(bound: int) -> int:
+        counted.append(bound)
+        return real(bound)
+
+    monkeypatch.setattr(sweep_module, "_eligible_in_all_shards", count)
+    expired(1_200, seconds_ago=1)
+    # when: one run claims three batches (500, 500, then the last 200)
+    result = sweep_shard(0, 1, batch_size=500, max_batches=5)
+    # then: one count, at the first full batch; the partial last batch has nothing behind it
+    assert result.batches == 3 and result.published == 1_200
+    assert len(counted) == 1
+    # and a light run (one partial batch) never counts
+    expired(30, seconds_ago=1)
+    sweep_shard(0, 1, batch_size=500)
+    assert len(counted) == 1
