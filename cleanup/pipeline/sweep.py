@@ -272,7 +272,9 @@ def _sweep_batches(
                     result.trace_id,
                     depth=depth,
                     rate=rate,
-                    due_behind=due_backlog if len(claimed) >= take else None,
+                    # after a full batch, the run's later (partial) batches are sized from
+                    # the same count: a partial batch empties its shard, not the others
+                    due_behind=due_backlog if len(claimed) >= take or due_backlog.counted else None,
                 )
                 # Published before the claim commits: a sweep that fails or dies before the
                 # commit leaves its holds due at once (the claim rolls back) rather than leased
@@ -480,6 +482,10 @@ class DueBacklog:
     def __init__(self, read: Callable[[int], int] | None = None) -> None:
         self._read = read or _eligible_in_all_shards
         self._counted: int | None = None
+
+    @property
+    def counted(self) -> bool:
+        return self._counted is not None
 
     def __call__(self, bound: int) -> int:
         if self._counted is None:

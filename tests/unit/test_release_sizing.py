@@ -476,7 +476,7 @@ def test_a_full_batch_is_sized_for_the_holds_due_behind_it(adaptive, broker, mon
 
 @pytest.mark.django_db(transaction=True)
 def test_a_sweep_run_counts_the_due_backlog_once_and_a_partial_batch_never(
-    adaptive, broker, monkeypatch
+    adaptive, broker, monkeypatch, caplog
 ):
     # given: a fleet measured at 400 messages/s and a count that says how often it is read
     monkeypatch.setattr(sweep_module, "_messages_per_second", lambda: 400.0)
@@ -488,13 +488,17 @@ def test_a_sweep_run_counts_the_due_backlog_once_and_a_partial_batch_never(
         return real(bound)
 
     monkeypatch.setattr(sweep_module, "_eligible_in_all_shards", count)
-    expired(1_200, seconds_ago=1)
-    # when: one run claims three batches (500, 500, then the last 200)
-    result = sweep_shard(0, 1, batch_size=500, max_batches=5)
-    # then: one count, at the first full batch; the partial last batch has nothing behind it
-    assert result.batches == 3 and result.published == 1_200
-    assert len(counted) == 1
+    expired(2_400, seconds_ago=1)
+    caplog.set_level(logging.DEBUG, logger="cleanup.sweep")
+    # when: shard 0 of 2 (about half the holds) is swept in batches of 500
+    result = sweep_shard(0, 2, batch_size=500, max_batches=5)
+    # then: one count, at the first full batch, and it sizes the run's last, partial batch
+    # too: that batch empties shard 0, not shard 1, whose holds are still due
+    lines = [r for r in caplog.records if r.getMessage() == "release size chosen"]
+    assert result.batches == len(lines) == 3 and len(counted) == 1
+    assert [line.claimed for line in lines][:2] == [500, 500] and lines[2].claimed < 500
+    assert lines[2].due == 2_400 - lines[0].messages - lines[1].messages > lines[2].claimed
     # and a light run (one partial batch) never counts
     expired(30, seconds_ago=1)
-    sweep_shard(0, 1, batch_size=500)
+    sweep_shard(1, 2, batch_size=5_000)
     assert len(counted) == 1
