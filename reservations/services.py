@@ -432,6 +432,18 @@ def claim_expired(
     return claimed
 
 
+def oldest_due_by_shard(shards: int, *, now: datetime | None = None) -> dict[int, float]:
+    """The age in seconds of each shard's oldest due hold (eligible, not leased), for the
+    shards that have one: the hold its next claim would take first. One probe per bucket on
+    reservations_held_bucket_idx (reservations/sql.py), a few milliseconds whatever the
+    backlog (docs/PERFORMANCE.md, "Turns")."""
+    if shards < 1:
+        raise ValueError(f"{shards} shards")
+    with connection.cursor() as cur:
+        cur.execute(sql.OLDEST_DUE_BY_SHARD, {"shards": shards, "buckets": BUCKETS, "now": now})
+        return {int(shard): float(age) for shard, age in cur.fetchall()}
+
+
 def shard_buckets(shard: int, shards: int) -> list[int]:
     """The buckets of a shard: ``bucket % shards == shard``. Every bucket is in exactly one
     shard for any ``shards``, so changing the shard count never strands a hold."""

@@ -210,6 +210,22 @@ WHERE hold.id = ANY(ARRAY(SELECT id FROM due))
 RETURNING hold.id, hold.version, hold.expires_at, hold.bucket, hold.claim_count
 """
 
+# The oldest due hold of every shard (eligible and not leased: what a claim would take next),
+# as its age in seconds, for the sweeps' turns near the queue's cap (cleanup/pipeline/sweep.py,
+# docs/PIPELINE.md "Turns"). One index-ordered probe per bucket (reservations_held_bucket_idx:
+# bucket, expires_at WHERE status='held'), then the minimum per shard (bucket %% shards). A
+# probe reads past the leased holds at the head of its bucket (the lease is in no index), at
+# most the holds in flight, which the queue's cap bounds. Never an aggregate over the backlog.
+OLDEST_DUE_BY_SHARD = (
+    f"SELECT shard_bucket.bucket %% %(shards)s, "
+    f"EXTRACT(EPOCH FROM ({CLOCK} - min(oldest.expires_at)))::float8 "
+    f"FROM generate_series(0, %(buckets)s - 1) AS shard_bucket(bucket) CROSS JOIN LATERAL ("
+    f"SELECT expires_at FROM reservations_reservation "
+    f"WHERE bucket = shard_bucket.bucket::smallint AND {eligible_sql(now=CLOCK)} "
+    f"AND next_attempt_at <= {CLOCK} "
+    f"ORDER BY expires_at LIMIT 1) oldest GROUP BY 1"
+)
+
 # --- Reads: seats, the backlog ---------------------------------------------------------------
 
 # Offerings where capacity != seats_available + held + confirmed.

@@ -13,9 +13,11 @@ message per hold, each batch's messages before its claim commits.
   spoken for by the sweeps ahead in line, it leaves at once (a waiting sweep holds a pool
   process that could be releasing).
 - Turns: sweeps wait for the publish lock in line (PostgreSQL grants a lock to its waiters in
-  the order they asked), for at most ``CLEANUP_SWEEP_LOCK_WAIT``; near the cap a batch takes at
-  most an equal share of the cap (cap ÷ shards) and the sweep then ends its run, so every
-  shard publishes in every round instead of the first one taking all the room.
+  the order they asked), for at most ``CLEANUP_SWEEP_LOCK_WAIT``. Near the cap the room goes to
+  the shards furthest behind: a sweep whose shard's oldest due hold is younger than the oldest
+  due hold of all shards by more than ``TURN_SLACK_S`` leaves; the others take at most an equal
+  share of the cap among the shards that are behind, and end their run after it unless theirs
+  is the only shard behind (docs/PIPELINE.md "Turns").
 - Sizing (``CLEANUP_RELEASE_MODE=adaptive``, the default): each batch's messages carry one hold
   each unless the queue ahead and the batch would push its oldest hold past
   ``CLEANUP_RELEASE_TARGET_SECONDS`` (``cleanup.pipeline.sizing``).
@@ -45,9 +47,20 @@ from cleanup.pipeline.sizing import ReleaseSize, ceil_whole, choose_release_size
 from cleanup.telemetry import metrics
 from reservations.db import scalar
 from reservations.models import BUCKETS
-from reservations.services import ClaimedHold, claim_expired, eligible_count
+from reservations.services import (
+    ClaimedHold,
+    claim_expired,
+    eligible_count,
+    oldest_due_by_shard,
+)
 
 logger = logging.getLogger("cleanup.sweep")
+
+# Near the cap a sweep gives way when its shard's oldest due hold is younger than the oldest due
+# hold of all shards by more than this: one sweep interval of the schedule's default (2 s), so a
+# shard gives way only once it is a whole round ahead, and readings a few milliseconds apart (or
+# holds expiring together) never make every shard leave.
+TURN_SLACK_S = 2.0
 
 
 @dataclass
@@ -64,6 +77,7 @@ class SweepResult:
     budget_exhausted: bool = False
     timed_out: bool = False
     took_share: bool = False  # stopped after its share of the room near the cap
+    gave_way: bool = False  # left near the cap: another shard's oldest due hold is older
     duration_s: float = 0.0
     messages: int = 0  # release messages published (``published`` counts holds)
     largest_message: int = 0  # most holds in one message of this run
@@ -84,6 +98,7 @@ class SweepResult:
             "budget_exhausted": self.budget_exhausted,
             "timed_out": self.timed_out,
             "took_share": self.took_share,
+            "gave_way": self.gave_way,
             "messages": self.messages,
             "largest_message": self.largest_message,
             "sizing_reason": self.sizing_reason,
@@ -250,8 +265,30 @@ def _sweep_batches(
             # Near the cap every shard's sweep competes for the same room: each takes at most
             # its share and then ends its run, so the shards publish in turns.
             crowded = near_the_cap(room, shards, batch_size)
+            turn: Turn | None = None
             if crowded:
-                take = min(take, fair_share(shards, batch_size, max_queue_depth))
+                asked = time.perf_counter()
+                ages = oldest_due_by_shard(shards)
+                turn = whose_turn(shard, ages, query_ms=(time.perf_counter() - asked) * 1000)
+                if turn.own_age is None:
+                    break  # nothing of this shard is due
+                if turn.gives_way:
+                    # The room goes to the shards further behind: the SLO is the oldest
+                    # eligible hold of all shards, and this shard's next sweep comes anyway.
+                    result.gave_way = True
+                    result.backpressure = True
+                    logger.info(
+                        "sweep gave way near the cap: another shard's oldest due hold is older",
+                        extra={
+                            "shard": shard,
+                            "queue_depth": depth,
+                            "room": room,
+                            "trace_id": result.trace_id,
+                            **turn.as_log(),
+                        },
+                    )
+                    break
+                take = min(take, fair_share(turn.behind, batch_size, max_queue_depth))
             with transaction.atomic():
                 claimed = claim_expired(
                     shard,
@@ -310,13 +347,22 @@ def _sweep_batches(
                 },
             )
             break
-        if crowded:
-            # Its turn near the cap is over: the other shards' sweeps take theirs next.
+        if turn is not None and turn.behind > 1:
+            # Its turn near the cap is over: the other shards behind take theirs next. (The
+            # only shard behind carries on: nobody else is owed the room, and leaving it
+            # unused for a round would lower the drain.)
             result.took_share = True
             result.backpressure = True
             logger.info(
                 "sweep took its share of the room near the cap",
-                extra={"shard": shard, "queue_depth": depth, "room": room, "share": take},
+                extra={
+                    "shard": shard,
+                    "queue_depth": depth,
+                    "room": room,
+                    "share": take,
+                    "trace_id": result.trace_id,
+                    **turn.as_log(),
+                },
             )
             break
 
@@ -352,6 +398,49 @@ def _no_room_ahead(queue: str, shards: int, batch_size: int, max_queue_depth: in
     if room <= ahead * fair_share(shards, batch_size, max_queue_depth):
         return depth
     return None
+
+
+@dataclass(frozen=True)
+class Turn:
+    """Whose turn it is near the cap, from the age of each shard's oldest due hold."""
+
+    shard: int
+    own_age: float | None  # None: the shard has no due hold
+    furthest: int  # the shard furthest behind (its oldest due hold the oldest)
+    furthest_age: float
+    behind: int  # shards within TURN_SLACK_S of the furthest behind: they share the room
+    query_ms: float = 0.0  # what reading the shards' oldest due holds took
+
+    @property
+    def gives_way(self) -> bool:
+        return self.own_age is None or self.furthest_age - self.own_age > TURN_SLACK_S
+
+    def as_log(self) -> dict[str, Any]:
+        return {
+            "oldest_due_s": None if self.own_age is None else round(self.own_age, 2),
+            "furthest_behind": self.furthest,
+            "furthest_behind_s": round(self.furthest_age, 2),
+            "shards_behind": self.behind,
+            "turn_query_ms": round(self.query_ms, 2),
+        }
+
+
+def whose_turn(shard: int, ages: dict[int, float], query_ms: float = 0.0) -> Turn:
+    """Near the cap the room goes to the shards furthest behind. Each shard's claim already
+    takes its oldest due holds first, but the sweeps reach the publish lock in the order they
+    are sent, so with shares of the cap the first shards in that order took the room round
+    after round and the last one's backlog grew older (docs/PERFORMANCE.md). The SLO is the
+    oldest eligible hold of all shards: so a shard whose oldest due hold is younger than the
+    oldest of all by more than ``TURN_SLACK_S`` gives way, and the shards within the slack of
+    the oldest split the cap between them (``fair_share`` of their number). A shard that got
+    ahead falls back within the slack as the others catch up, so the shards' oldest holds stay
+    within about the slack and a share of each other, whatever order the sweeps come in."""
+    if not ages:
+        return Turn(shard, None, shard, 0.0, 0, query_ms)
+    furthest = max(ages, key=lambda s: (ages[s], -s))
+    oldest = ages[furthest]
+    behind = sum(1 for age in ages.values() if oldest - age <= TURN_SLACK_S)
+    return Turn(shard, ages.get(shard), furthest, oldest, behind, query_ms)
 
 
 def near_the_cap(room: int, shards: int, batch_size: int) -> bool:

@@ -398,3 +398,59 @@ def test_a_set_aside_hold_moves_the_dead_letter_counter(settings):
     # then
     assert (result.set_aside, result.published) == (2, 0)
     assert counter("dead_letters", reason="claims_exhausted") == before + 2
+
+
+def shard_backlogs(shards: int, per_shard: int) -> dict[int, list[int]]:
+    """``per_shard`` due holds in each shard, the n-th oldest of every shard expired at the same
+    moment (one second apart, the oldest 10 minutes ago)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    ids = expired_holds(shards * per_shard, name="backlogs")
+    by_shard: dict[int, list[int]] = {s: [] for s in range(shards)}
+    for hold in Reservation.objects.filter(pk__in=ids).order_by("pk"):
+        by_shard[hold.bucket % shards].append(hold.pk)
+    start = timezone.now() - timedelta(minutes=10)
+    for held in by_shard.values():
+        for n, pk in enumerate(held):
+            Reservation.objects.filter(pk=pk).update(expires_at=start + timedelta(seconds=n))
+    return by_shard
+
+
+def drain(count: int, queue: str) -> None:
+    """The workers' part: take ``count`` messages off the release queue (the holds stay leased)."""
+    for _ in range(count):
+        redis_client().rpop(queue)
+
+
+def test_near_the_cap_the_shards_take_turns_by_how_far_behind_they_are(settings):
+    # given: 4 shards with 30 due holds each (the n-th oldest of each the same age), a cap of 8
+    # (a share of 2), batches of 4, and the workers draining 4 messages per round: near the
+    # cap every round, with room for two shares
+    settings.CLEANUP_MAX_QUEUE_DEPTH = 8
+    settings.CLEANUP_SWEEP_BATCH_SIZE = 4
+    settings.CLEANUP_SWEEP_TIME_BUDGET = 60
+    settings.CLEANUP_RELEASE_MODE = "single"
+    settings.CLEANUP_LEASE_SECONDS = 300  # no claimed hold comes due again meanwhile
+    backlogs = shard_backlogs(4, 30)
+    queue = settings.CLEANUP_RELEASE_QUEUE
+    published = {s: 0 for s in range(4)}
+    spreads = []
+    # when: 10 rounds of sweeps in shard order (as the drill sends them), draining in between
+    for _ in range(10):
+        for shard in range(4):
+            published[shard] += sweep_shard(shard, 4).published
+            # then: never past the cap
+            assert queue_depth(queue) <= 8
+        ages = services.oldest_due_by_shard(4)
+        spreads.append(round(max(ages.values()) - min(ages.values()), 1))
+        drain(4, queue)
+    # then: the drain was what the cap allows (8, then 4 per round), every shard got turns,
+    # and the shards' oldest due holds stayed within the slack and a share (2 s) of each other
+    # (on shard order alone shards 2 and 3 published nothing after the first round, and
+    # their oldest holds fell 2 s further behind shard 0's every round)
+    assert sum(published.values()) == 8 + 9 * 4
+    assert min(published.values()) >= 8, (published, spreads)
+    assert max(spreads) <= sweep_module.TURN_SLACK_S + 2, spreads
+    assert all(due_now(held) for held in backlogs.values())
