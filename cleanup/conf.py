@@ -29,6 +29,7 @@ MINIMUM = "minimum"
 DEFAULT_TEXT = "default_text"
 
 RELEASE_MODES = ("adaptive", "single", "batch")
+SWEEP_TURNS = ("arrival", "lateness")
 MAX_RELEASE_BATCH_SIZE = 1000  # items a worker accepts in one message (pipeline.messages)
 DEFAULT_REMOTE_CONTROL_COMMANDS = (
     "ping",
@@ -146,6 +147,14 @@ class CleanupSettings:
         20000,
         "backpressure: sweeps stop publishing above this release-queue depth",
         minimum=1,
+    )
+    # docs/PIPELINE.md, "Turns".
+    sweep_turns: str = setting(
+        "CLEANUP_SWEEP_TURNS",
+        "arrival",
+        "near the cap, 'arrival': each sweep takes an equal share of the cap in the order the "
+        "sweeps reach the publish lock; 'lateness': the shards whose oldest due hold is oldest "
+        "take the room and the others give way",
     )
     # docs/PIPELINE.md, "Release modes".
     release_mode: str = setting(
@@ -339,6 +348,11 @@ class CleanupSettings:
             raise ImproperlyConfigured(
                 f"CLEANUP_RELEASE_MODE={self.release_mode!r}: expected one of "
                 f"{', '.join(repr(mode) for mode in RELEASE_MODES)}"
+            )
+        if self.sweep_turns not in SWEEP_TURNS:
+            raise ImproperlyConfigured(
+                f"CLEANUP_SWEEP_TURNS={self.sweep_turns!r}: expected one of "
+                f"{', '.join(repr(turns) for turns in SWEEP_TURNS)}"
             )
         if self.release_batch_size > MAX_RELEASE_BATCH_SIZE:
             raise ImproperlyConfigured(

@@ -13,9 +13,11 @@ message per hold, each batch's messages before its claim commits.
   spoken for by the sweeps ahead in line, it leaves at once (a waiting sweep holds a pool
   process that could be releasing).
 - Turns: sweeps wait for the publish lock in line (PostgreSQL grants a lock to its waiters in
-  the order they asked), for at most ``CLEANUP_SWEEP_LOCK_WAIT``. Near the cap the room goes to
-  the shards furthest behind: a sweep whose shard's oldest due hold is younger than the oldest
-  due hold of all shards by more than ``TURN_SLACK_S`` leaves; the others take at most an equal
+  the order they asked), for at most ``CLEANUP_SWEEP_LOCK_WAIT``. Near the cap, with
+  ``CLEANUP_SWEEP_TURNS=arrival`` (the default) each batch takes at most an equal share of the
+  cap (cap ÷ shards) and the sweep then ends its run; with ``lateness`` the room goes to the
+  shards furthest behind: a sweep whose shard's oldest due hold is younger than the oldest due
+  hold of all shards by more than ``TURN_SLACK_S`` leaves; the others take at most an equal
   share of the cap among the shards that are behind, and end their run after it unless theirs
   is the only shard behind (docs/PIPELINE.md "Turns").
 - Sizing (``CLEANUP_RELEASE_MODE=adaptive``, the default): each batch's messages carry one hold
@@ -266,7 +268,9 @@ def _sweep_batches(
             # its share and then ends its run, so the shards publish in turns.
             crowded = near_the_cap(room, shards, batch_size)
             turn: Turn | None = None
-            if crowded:
+            if crowded and conf.sweep_turns == "arrival":
+                take = min(take, fair_share(shards, batch_size, max_queue_depth))
+            elif crowded:
                 asked = time.perf_counter()
                 ages = oldest_due_by_shard(shards)
                 turn = whose_turn(shard, ages, query_ms=(time.perf_counter() - asked) * 1000)
@@ -347,10 +351,10 @@ def _sweep_batches(
                 },
             )
             break
-        if turn is not None and turn.behind > 1:
-            # Its turn near the cap is over: the other shards behind take theirs next. (The
-            # only shard behind carries on: nobody else is owed the room, and leaving it
-            # unused for a round would lower the drain.)
+        if (crowded and turn is None) or (turn is not None and turn.behind > 1):
+            # Its turn near the cap is over: the other shards (behind) take theirs next. (By
+            # lateness, the only shard behind carries on: nobody else is owed the room, and
+            # leaving it unused for a round would lower the drain.)
             result.took_share = True
             result.backpressure = True
             logger.info(
@@ -361,7 +365,7 @@ def _sweep_batches(
                     "room": room,
                     "share": take,
                     "trace_id": result.trace_id,
-                    **turn.as_log(),
+                    **(turn.as_log() if turn is not None else {}),
                 },
             )
             break

@@ -428,6 +428,7 @@ def test_near_the_cap_the_shards_take_turns_by_how_far_behind_they_are(settings)
     # given: 4 shards with 30 due holds each (the n-th oldest of each the same age), a cap of 8
     # (a share of 2), batches of 4, and the workers draining 4 messages per round: near the
     # cap every round, with room for two shares
+    settings.CLEANUP_SWEEP_TURNS = "lateness"
     settings.CLEANUP_MAX_QUEUE_DEPTH = 8
     settings.CLEANUP_SWEEP_BATCH_SIZE = 4
     settings.CLEANUP_SWEEP_TIME_BUDGET = 60
