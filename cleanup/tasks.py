@@ -385,9 +385,9 @@ def release_batch_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, 
         holds_by_outcome: dict[str, list[int]] = {}
         for item in batch.items:
             outcome = outcomes[item.reservation_id]
-            counts[outcome] = counts.get(outcome, 0) + 1
             holds_by_outcome.setdefault(outcome, []).append(item.reservation_id)
             metrics.record_outcome(outcome, per_hold, age)
+        counts = {outcome: len(ids) for outcome, ids in holds_by_outcome.items()}
         logger.info(
             "release batch attempt",
             extra={

@@ -324,21 +324,32 @@ def fill_the_queue(count: int) -> None:
     Reservation.objects.filter(pk__in=queued).update(status="cancelled")
 
 
+def queue_near_its_cap(settings: Any, cap: int, queued: int, due: int) -> list[int]:
+    """A release queue capped at ``cap`` with ``queued`` messages waiting, sweeps that wait
+    2 s in line for the publish lock, and ``due`` holds waiting to be claimed (their ids)."""
+    settings.CLEANUP_MAX_QUEUE_DEPTH = cap
+    settings.CLEANUP_SWEEP_LOCK_WAIT = 2.0
+    settings.CLEANUP_SWEEP_TIME_BUDGET = 60
+    fill_the_queue(queued)
+    return expired_holds(due, name="waiting")
+
+
+def timed_sweep(shard: int, shards: int) -> tuple[SweepResult, float]:
+    """A sweep's result and the seconds it took."""
+    started = time.monotonic()
+    result = sweep_shard(shard, shards)
+    return result, time.monotonic() - started
+
+
 def test_a_sweep_that_finds_the_queue_full_leaves_without_waiting_in_line(other_session, settings):
     # given: the release queue is at its cap, and another sweep holds the publish lock (and
     # would for longer than this sweep waits in line)
-    settings.CLEANUP_MAX_QUEUE_DEPTH = 3
-    settings.CLEANUP_SWEEP_LOCK_WAIT = 2.0
-    settings.CLEANUP_SWEEP_TIME_BUDGET = 60
-    fill_the_queue(3)
-    waiting = expired_holds(4, name="waiting")
+    waiting = queue_near_its_cap(settings, cap=3, queued=3, due=4)
     pauses = counter("backpressure_pauses", shard="0")
     _lock(other_session, PUBLISH_LOCK)
     try:
         # when
-        started = time.monotonic()
-        result = sweep_shard(0, 1)
-        took = time.monotonic() - started
+        result, took = timed_sweep(0, 1)
     finally:
         _unlock(other_session, PUBLISH_LOCK)
     # then: it left at once as a backpressure pause, not after CLEANUP_SWEEP_LOCK_WAIT as a
@@ -354,17 +365,11 @@ def test_a_sweep_that_finds_the_queue_full_leaves_without_waiting_in_line(other_
 def test_near_the_cap_a_sweep_leaves_when_the_sweeps_ahead_take_the_room(other_session, settings):
     # given: 4 shards under a cap of 8 (a fair share of 2 holds), 7 messages queued (room for
     # 1), and another sweep holding the publish lock: it takes up to its share, all the room
-    settings.CLEANUP_MAX_QUEUE_DEPTH = 8
-    settings.CLEANUP_SWEEP_LOCK_WAIT = 2.0
-    settings.CLEANUP_SWEEP_TIME_BUDGET = 60
-    fill_the_queue(7)
-    waiting = expired_holds(40, name="waiting")
+    waiting = queue_near_its_cap(settings, cap=8, queued=7, due=40)
     _lock(other_session, PUBLISH_LOCK)
     try:
         # when
-        started = time.monotonic()
-        spoken_for = sweep_shard(0, 4)
-        took = time.monotonic() - started
+        spoken_for, took = timed_sweep(0, 4)
         # then: it left at once, a backpressure pause, claiming nothing
         assert took < 1.0, f"the sweep waited {took:.2f} s in line for room spoken for"
         assert (spoken_for.backpressure, spoken_for.budget_exhausted) == (True, False)
