@@ -441,6 +441,7 @@ def capped_workers(
 FULL_DRAIN = os.environ.get("SCENARIO_BURST_FULL") == "1"
 DRAIN_TARGET = BURST if FULL_DRAIN else 3 * CAP
 DRAIN_DEADLINE_S = 3600 if FULL_DRAIN else 600
+SWEEP_EVERY_S = 0.25
 
 
 def _settled(ids: list[int]) -> bool:
@@ -470,11 +471,16 @@ def test_a_burst_under_a_small_queue_cap_stays_bounded_and_enqueues_each_hold_on
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    # when: beat-like sweeps of 4 shards every second, for the drain window. They expire after
-    # 5 s, not after one interval as the installed schedule's do: on RabbitMQ beside other suites
-    # on 2 cores, sweeps that expired after 1 s were discarded before a worker got to them and the
-    # queue never reached its cap ("cap reached: None"). Queued sweeps run one after another, and
-    # each checks the cap before it publishes, so the longer expiry cannot raise the bound.
+    # when: beat-like sweeps of 4 shards every SWEEP_EVERY_S, for the drain window. Near the cap
+    # each sweep publishes at most its share (cap / shards) and ends its run, so the sweeps can
+    # refill at most about one cap per round; rounds of 1 s (the installed schedule's) refill
+    # 500 holds a second, and eight pool processes on a quiet machine release about 360 a second
+    # in single mode on RabbitMQ: the queue then hovered below its cap and, in one CI run, never
+    # reached it. Four rounds a second give the sweeps four times the fastest drain measured, so
+    # the cap is what stops them. They expire after 5 s, not after one round: on RabbitMQ beside
+    # other suites on 2 cores, sweeps that expired sooner were discarded before a worker got to
+    # them. Queued sweeps run one after another, and each checks the cap before it publishes, so
+    # neither the rate nor the expiry can raise the bound.
     drain_started = time.monotonic()
     try:
         # until the queue has reached its cap, and then DRAIN_TARGET more holds were released
@@ -483,16 +489,22 @@ def test_a_burst_under_a_small_queue_cap_stays_bounded_and_enqueues_each_hold_on
         while released_at_cap is None or released_count(ids) < min(
             BURST, released_at_cap + DRAIN_TARGET
         ):
+            released_now = released_count(ids)
             assert time.monotonic() - drain_started < DRAIN_DEADLINE_S, (
-                f"stuck: {released_count(ids)} released, cap reached: {released_at_cap}"
+                f"stuck: {released_now} released, cap reached: {released_at_cap}"
             )
             if released_at_cap is None and depths and max(depths) >= CAP - BATCH:
-                released_at_cap = released_count(ids)
+                released_at_cap = released_now
+            # every hold released and the cap never reached: nothing more can fill the queue
+            assert released_at_cap is not None or released_now < BURST, (
+                f"all {BURST} holds released but the queue never reached its cap (peak depth "
+                f"{max(depths, default=0)}): the workers drained faster than the sweeps refilled"
+            )
             for shard in range(4):
                 sweep_shard_task.apply_async(
                     kwargs={"shard": shard, "shards": 4}, queue=CAP_QUEUES["sweep"], expires=5
                 )
-            time.sleep(1)
+            time.sleep(SWEEP_EVERY_S)
         # then sweeps stop; what was published drains
         wait_until(lambda: _settled(ids), timeout=90, interval=0.5, what="pipeline settled")
         drained_s = time.monotonic() - drain_started
