@@ -1,7 +1,7 @@
 """The flash-sale drill: 100,000 holds expiring over 60 s, on its own database and Redis DB.
 
     .venv/bin/python bench/flash_sale.py default|adaptive|single|batch [--holds N] [--out DIR]
-        [burst options]
+        [--profile DIR] [burst options]
 
 Creates (or empties) the private database ``reservations_drill`` and Redis DB 6, migrates, and
 runs ``manage.py burst`` with the scenario of docs/PERFORMANCE.md ("Flash sale"): 200
@@ -9,13 +9,21 @@ offerings, 2 workers × 2 processes started by the drill, 10 % renewed, 5 % dupl
 every 2 s. ``default`` leaves CLEANUP_RELEASE_MODE unset (what a user who keeps the defaults
 runs: the adaptive mode); ``adaptive``, ``single`` and ``batch`` set it.
 The report and plot go to docs/burst/flash-sale-100k-<mode>/ unless --out is given.
+
+``--profile DIR``: ``py-spy record --subprocesses --idle`` on each worker the drill starts
+(``bench.profile``); the raw stacks and ``profile.json`` (shares of the pool processes' wall
+time by what they were doing) go to DIR, and the shares are printed at the end. py-spy takes
+part of the two cores: a profiled run shows where the time goes, not the drill's numbers.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,6 +41,14 @@ def main() -> int:
         print(__doc__, file=sys.stderr)
         return 2
     mode, rest = sys.argv[1], sys.argv[2:]
+    profile_to: Path | None = None
+    if "--profile" in rest:
+        at = rest.index("--profile")
+        if at + 1 >= len(rest):
+            print("--profile needs a directory", file=sys.stderr)
+            return 2
+        profile_to = Path(rest[at + 1]).resolve()
+        del rest[at : at + 2]
     env = dict(os.environ)
     env.update(
         DJANGO_SETTINGS_MODULE="config.settings.base",
@@ -58,7 +74,58 @@ def main() -> int:
     out = ["--out", str(ROOT / "docs" / "burst" / f"flash-sale-100k-{mode}")]
     holds = [] if "--holds" in rest else ["--holds", "100000"]
     burst = [*manage, "burst", *holds, *SCENARIO, *(out if "--out" not in rest else []), *rest]
-    return subprocess.run(burst, cwd=ROOT, env=env).returncode
+    if profile_to is None:
+        return subprocess.run(burst, cwd=ROOT, env=env).returncode
+    return _profiled(burst, env, profile_to)
+
+
+def _worker_pids(parent: int) -> list[int]:
+    """The celery worker main processes started by the drill (children of its process)."""
+    found = []
+    for task in Path(f"/proc/{parent}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"worker" in cmdline and any(part.endswith(b"celery") for part in cmdline):
+                found.append(int(child))
+    return found
+
+
+def _profiled(burst: list[str], env: dict[str, str], folder: Path) -> int:
+    """Run the drill with py-spy on each of its workers from the moment it starts."""
+    from bench import profile
+
+    drill = subprocess.Popen(burst, cwd=ROOT, env=env)
+    spies: list[subprocess.Popen[bytes]] = []
+    watched: set[int] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            new = [pid for pid in _worker_pids(drill.pid) if pid not in watched]
+            if new:
+                watched.update(new)
+                spies.extend(profile.start(new, folder))
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        returncode = drill.wait()
+    finally:
+        done.set()
+        watcher.join(5)
+        profile.stop(spies)
+    summary = profile.summarize(folder, sorted(watched))
+    (folder / "profile.json").write_text(json.dumps(summary, indent=2) + "\n")
+    profile.print_summary(summary)
+    return returncode
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     for name, pattern in (
         ("sweep: publish fan-out", r"publish_release_messages "),
         ("sweep: waiting for the publish lock", r"_acquire_publish_lock "),
+        ("sweep: counting the due backlog", r"_eligible_in_all_shards "),
         ("sweep: claim and the rest", r"sweep_shard "),
         ("delivery counter (Redis)", r"\(cleanup/telemetry/deliveries\.py"),
         ("argument check (signature bind)", r"^(Signature\.)?bind \(inspect\.py"),

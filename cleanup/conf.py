@@ -151,10 +151,10 @@ class CleanupSettings:
     # docs/PIPELINE.md, "Turns".
     sweep_turns: str = setting(
         "CLEANUP_SWEEP_TURNS",
-        "arrival",
-        "near the cap, 'arrival': each sweep takes an equal share of the cap in the order the "
-        "sweeps reach the publish lock; 'lateness': the shards whose oldest due hold is oldest "
-        "take the room and the others give way",
+        "lateness",
+        "near the cap, 'lateness': the shards whose oldest due hold is oldest take the room and "
+        "the others give way; 'arrival': each sweep takes an equal share of the cap in the order "
+        "the sweeps reach the publish lock",
     )
     # docs/PIPELINE.md, "Release modes".
     release_mode: str = setting(

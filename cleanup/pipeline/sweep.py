@@ -14,12 +14,12 @@ message per hold, each batch's messages before its claim commits.
   process that could be releasing).
 - Turns: sweeps wait for the publish lock in line (PostgreSQL grants a lock to its waiters in
   the order they asked), for at most ``CLEANUP_SWEEP_LOCK_WAIT``. Near the cap, with
-  ``CLEANUP_SWEEP_TURNS=arrival`` (the default) each batch takes at most an equal share of the
-  cap (cap ÷ shards) and the sweep then ends its run; with ``lateness`` the room goes to the
-  shards furthest behind: a sweep whose shard's oldest due hold is younger than the oldest due
-  hold of all shards by more than ``TURN_SLACK_S`` leaves; the others take at most an equal
-  share of the cap among the shards that are behind, and end their run after it unless theirs
-  is the only shard behind (docs/PIPELINE.md "Turns").
+  ``CLEANUP_SWEEP_TURNS=lateness`` (the default) the room goes to the shards furthest behind: a
+  sweep whose shard's oldest due hold is younger than the oldest due hold of all shards by more
+  than ``TURN_SLACK_S`` leaves; the others take at most an equal share of the cap among the
+  shards that are behind, and end their run after it unless theirs is the only shard behind.
+  With ``arrival`` each batch takes at most an equal share of the cap (cap ÷ shards) and the
+  sweep then ends its run (docs/PIPELINE.md "Turns").
 - Sizing (``CLEANUP_RELEASE_MODE=adaptive``, the default): each batch's messages carry one hold
   each unless the queue ahead and the batch would push its oldest hold past
   ``CLEANUP_RELEASE_TARGET_SECONDS`` (``cleanup.pipeline.sizing``).
