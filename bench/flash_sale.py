@@ -99,6 +99,7 @@ def _worker_pids(parent: int) -> list[int]:
 
 def _profiled(burst: list[str], env: dict[str, str], folder: Path) -> int:
     """Run the drill with py-spy on each of its workers from the moment it starts."""
+    sys.path.insert(0, str(ROOT))  # run as a script: ``bench`` is a folder beside it
     from bench import profile
 
     drill = subprocess.Popen(burst, cwd=ROOT, env=env)
