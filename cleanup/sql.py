@@ -50,6 +50,26 @@ ADVISORY_LOCK_QUEUE = (
     "AND pid <> pg_backend_pid()"
 )
 
+# Room under the release queue's cap taken by sweeps that claim and publish without the
+# publish lock (cleanup.pipeline.sweep). Written under the publish lock; a row counts while the
+# session that wrote it holds its shard lock, so a sweep that died reserves nothing.
+RESERVE_ROOM = (
+    "INSERT INTO cleanup_publishreservation (lock_key, pid, holds) "
+    "VALUES (%s, pg_backend_pid(), %s) "
+    "ON CONFLICT (lock_key) DO UPDATE SET pid = EXCLUDED.pid, holds = EXCLUDED.holds"
+)
+CLEAR_ROOM = (
+    "UPDATE cleanup_publishreservation SET holds = 0 WHERE lock_key = %s AND pid = pg_backend_pid()"
+)
+ROOM_RESERVED_BY_OTHERS = (
+    "SELECT COALESCE(sum(reservation.holds), 0) FROM cleanup_publishreservation reservation "
+    "JOIN pg_locks lock ON lock.locktype = 'advisory' AND lock.granted "
+    "AND lock.classid = %s::bigint::oid AND lock.objid = reservation.lock_key::oid "
+    "AND lock.objsubid = 2 AND lock.pid = reservation.pid "
+    "AND lock.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+    "WHERE reservation.holds > 0 AND reservation.pid <> pg_backend_pid()"
+)
+
 PING = "SELECT 1"
 DATABASE_NOW = "SELECT now()"
 

@@ -89,6 +89,24 @@ def unlock_all() -> None:
     scalar(sql.ADVISORY_UNLOCK_ALL)
 
 
+# Room under the release queue's cap (sql.RESERVE_ROOM): a sweep that lets go of the publish
+# lock before it claims keeps the room it took reserved, keyed by its shard lock, until its
+# messages are in the queue.
+
+
+def reserve_room(shard_key: tuple[int, int], holds: int) -> None:
+    scalar(sql.RESERVE_ROOM, [shard_key[1], holds])
+
+
+def clear_room(shard_key: tuple[int, int]) -> None:
+    scalar(sql.CLEAR_ROOM, [shard_key[1]])
+
+
+def room_reserved_by_others() -> int:
+    """Holds the other sweeps still running took room for and have not published yet."""
+    return int(scalar(sql.ROOM_RESERVED_BY_OTHERS, [NAMESPACE]))
+
+
 def try_transaction_lock(key: tuple[int, int]) -> bool:
     """Take the transaction lock ``key`` if nobody holds it; whether it was taken."""
     return bool(scalar(sql.TRY_TRANSACTION_ADVISORY_LOCK, list(key)))

@@ -5,10 +5,12 @@ message per hold, each batch's messages before its claim commits.
 - A per-shard advisory lock, held for the whole run, makes a second sweep of the shard a no-op.
 - Backpressure: before each batch the release queue's depth is read; at or above
   ``CLEANUP_MAX_QUEUE_DEPTH`` the sweep stops, so a backlog never becomes repeated copies of
-  still-queued holds. A global session advisory lock serializes "check depth → claim →
-  publish" across sweeps, so concurrent sweeps of different shards cannot each add a batch on
-  top of the same reading; a batch is never larger than the room left, so the queue stays
-  within the cap.
+  still-queued holds. A global session advisory lock serializes "check depth → take room"
+  across sweeps, so concurrent sweeps of different shards cannot each add a batch on top of the
+  same reading; a batch is never larger than the room left, so the queue stays within the cap.
+  Far from the cap a sweep reserves its batch's room (``cleanup_publishreservation``, counted
+  by every later reading until its messages are in the queue) and lets go of the lock before
+  it claims and publishes; near the cap it holds the lock through the publish.
 - Before waiting in line a sweep reads the depth: at the cap, or near it with the room already
   spoken for by the sweeps ahead in line, it leaves at once (a waiting sweep holds a pool
   process that could be releasing).
@@ -184,8 +186,9 @@ def sweep_shard(
     try:
         _drop_leaked_locks()
         # Session-level for the whole run: a second sweep of this shard meanwhile is a no-op.
-        # (A transaction-level lock would cover only one claim, and claims are already
-        # serialized by the publish lock, so it would never make the second sweep skip.)
+        # (A transaction-level lock would cover only one claim: a second sweep of the shard
+        # could then claim between the first one's batches.) Its key also names this run's
+        # room reservation, which counts only while this session holds it.
         shard_locked = _try_shard_lock(shard, shards)
         if shard_locked:
             _sweep_batches(
@@ -230,6 +233,7 @@ def _sweep_batches(
     conf = cleanup_settings()
     rate = ServiceRate()
     due_backlog = DueBacklog()
+    shard_key = locks.sweep_shard(shard, shards)
     for _ in range(max_batches):
         if time.monotonic() >= deadline:
             result.budget_exhausted = True
@@ -247,22 +251,30 @@ def _sweep_batches(
             )
             break
         publish_locked = False
+        reserved = False
         try:
             publish_locked = _acquire_publish_lock(deadline)
             if not publish_locked:
                 result.budget_exhausted = True
                 break
             depth = broker.queue_depth(conf.release_queue)
-            if depth >= max_queue_depth:
+            # what the sweeps that let go of the lock before claiming will still publish
+            in_flight = locks.room_reserved_by_others()
+            if depth + in_flight >= max_queue_depth:
                 result.backpressure = True
                 logger.info(
                     "sweep paused by backpressure",
-                    extra={"shard": shard, "queue_depth": depth, "trace_id": result.trace_id},
+                    extra={
+                        "shard": shard,
+                        "queue_depth": depth,
+                        "reserved_elsewhere": in_flight,
+                        "trace_id": result.trace_id,
+                    },
                 )
                 break
             # Never past the cap: a batch is at most the room left under it (in holds, so also
-            # in messages whatever their size).
-            room = max_queue_depth - depth
+            # in messages whatever their size), net of the room other sweeps are publishing into.
+            room = max_queue_depth - depth - in_flight
             take = min(batch_size, room)
             # Near the cap every shard's sweep competes for the same room: each takes at most
             # its share and then ends its run, so the shards publish in turns.
@@ -293,6 +305,18 @@ def _sweep_batches(
                     )
                     break
                 take = min(take, fair_share(turn.behind, batch_size, max_queue_depth))
+            if not crowded:
+                # Far from the cap: the room this batch takes stays reserved (keyed by the shard
+                # lock, so it lapses with this session) and the lock goes to the next sweep in
+                # line now, not after this claim and publish. The sweeps then claim and publish
+                # side by side instead of waiting in line for each other with pool processes
+                # that could be releasing; every reading under the lock still counts all
+                # batches not yet in the queue, so the cap stays exact. Near the cap the lock is
+                # held through the publish, where the turns above decide who goes next.
+                locks.reserve_room(shard_key, take)
+                reserved = True
+                _release_publish_lock()
+                publish_locked = False
             with transaction.atomic():
                 claimed = claim_expired(
                     shard,
@@ -327,6 +351,8 @@ def _sweep_batches(
         finally:
             if publish_locked:
                 _let_go(_release_publish_lock, "publish")
+            if reserved:  # the batch's messages are in the queue (or it failed): room back
+                _let_go(lambda: locks.clear_room(shard_key), "room")
         result.batches += 1
         result.claimed += len(claimed)
         result.published += len(to_publish)
@@ -339,7 +365,7 @@ def _sweep_batches(
             _note_sizing(shard, result, sizing)
         if len(claimed) < take:
             break  # nothing more is due
-        if depth + len(messages) >= max_queue_depth:
+        if len(messages) >= room:
             # This batch filled the queue to the cap: the same pause as finding it full.
             result.backpressure = True
             logger.info(

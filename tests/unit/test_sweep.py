@@ -480,3 +480,116 @@ def test_near_the_cap_by_arrival_the_first_sweeps_in_line_take_the_room(settings
     assert sum(published.values()) == 8 + 9 * 4
     assert published == {0: 2 + 9 * 2, 1: 2 + 9 * 2, 2: 2, 3: 2}, published
     assert spreads == sorted(spreads) and spreads[-1] > sweep_module.TURN_SLACK_S + 2, spreads
+
+
+# --- Far from the cap: room reserved, the publish lock let go before the claim ---------------
+
+PARK_KEY = 999_001  # the test's own lock: a parked claim waits on it
+
+
+@pytest.fixture
+def parked_claims(other_session: BaseDatabaseWrapper) -> Iterator[BaseDatabaseWrapper]:
+    """While the yielded session holds PARK_KEY, every UPDATE of a hold (a sweep's claim) waits
+    for it inside its transaction: a real claim held mid-way, no function of ours patched."""
+    table = Reservation._meta.db_table
+    with connection.cursor() as cur:
+        cur.execute(
+            "CREATE FUNCTION test_park_claim() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            f"BEGIN PERFORM pg_advisory_xact_lock({LOCK_NAMESPACE}, {PARK_KEY}); RETURN NEW; END $$"
+        )
+        cur.execute(
+            f"CREATE TRIGGER test_park_claim BEFORE UPDATE ON {table} "
+            "FOR EACH ROW EXECUTE FUNCTION test_park_claim()"
+        )
+    try:
+        yield other_session
+    finally:
+        with connection.cursor() as cur:
+            cur.execute(f"DROP TRIGGER IF EXISTS test_park_claim ON {table}")
+            cur.execute("DROP FUNCTION IF EXISTS test_park_claim()")
+
+
+def _waiting_on(key: int) -> int:
+    """Sessions of this database waiting for the advisory lock ``key``."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+            "AND classid = %s AND objid = %s "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            [LOCK_NAMESPACE, key],
+        )
+        return int(cur.fetchone()[0])
+
+
+def _reserved_rows() -> dict[int, int]:
+    with connection.cursor() as cur:
+        cur.execute("SELECT lock_key, holds FROM cleanup_publishreservation")
+        return dict(cur.fetchall())
+
+
+def test_far_from_the_cap_a_sweep_lets_go_of_the_publish_lock_before_it_claims(
+    parked_claims, settings
+):
+    # given: 5 due holds, a queue far from its cap, and claims that wait while the test says so
+    settings.CLEANUP_MAX_QUEUE_DEPTH = 1000
+    settings.CLEANUP_SWEEP_BATCH_SIZE = 10
+    waiting = expired_holds(5)
+    _lock(parked_claims, PARK_KEY)
+    results: list[SweepResult] = []
+
+    def run_sweep() -> None:
+        try:
+            results.append(sweep_shard(0, 1))
+        finally:
+            connection.close()  # this thread's own connection
+
+    sweep = threading.Thread(target=run_sweep)
+    sweep.start()
+    try:
+        # when: the sweep is in its claim
+        deadline = time.monotonic() + 10
+        while not _waiting_on(PARK_KEY):
+            assert time.monotonic() < deadline, "the sweep never reached its claim"
+            time.sleep(0.02)
+        # then: the publish lock is free for the next sweep in line, and the room this batch
+        # took (a batch of 10) is reserved under its shard lock
+        assert _free(parked_claims, PUBLISH_LOCK)
+        assert _reserved_rows() == {shard_lock_key(0, 1): 10}
+    finally:
+        _unlock(parked_claims, PARK_KEY)
+        sweep.join(30)
+    # and once the claim goes on, the holds are published and the room is given back
+    assert [r.published for r in results] == [5]
+    assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == 5
+    assert due_now(waiting) == set()
+    assert _reserved_rows() == {shard_lock_key(0, 1): 0}
+
+
+def test_room_another_running_sweep_reserved_is_not_free_until_that_sweep_is_gone(
+    other_session, settings
+):
+    # given: a cap of 5, an empty queue, 8 due holds of shard 0 of 1, and another sweep (shard 1
+    # of 2, another worker's session) that holds its shard lock and has reserved 3 holds of room
+    settings.CLEANUP_MAX_QUEUE_DEPTH = 5
+    waiting = expired_holds(8)
+    other_key = shard_lock_key(1, 2)
+    _lock(other_session, other_key)
+    with other_session.cursor() as cur:
+        cur.execute(
+            "INSERT INTO cleanup_publishreservation (lock_key, pid, holds) "
+            "VALUES (%s, pg_backend_pid(), 3)",
+            [other_key],
+        )
+    # when
+    narrowed = sweep_shard(0, 1)
+    # then: it took only the room left beside that reservation, a backpressure pause
+    assert (narrowed.published, narrowed.backpressure) == (2, True)
+    assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == 2
+    # when: that sweep's session lets go of its shard lock (its worker died, say) without
+    # clearing its row, and the queue drains
+    _unlock(other_session, other_key)
+    redis_client().flushdb()
+    # then: the row counts for nothing, and the next sweep fills the queue to its cap
+    assert sweep_shard(0, 1).published == 5
+    assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == 5
+    assert len(due_now(waiting)) == 1
