@@ -70,15 +70,16 @@ def _free(session: BaseDatabaseWrapper, key: int) -> bool:
         return got
 
 
-def _lock_holders(key: int) -> int:
+def _lock_holders(key: int, granted: bool = True) -> int:
+    """Sessions holding the advisory lock ``key`` (``granted=False``: waiting for it)."""
     with connection.cursor() as cur:
         cur.execute(
             # this database's locks only: a test run beside this one (its own database on the
             # same server) takes the same keys
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted = %s "
             "AND classid = %s AND objid = %s "
             "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            [LOCK_NAMESPACE, key],
+            [granted, LOCK_NAMESPACE, key],
         )
         return int(cur.fetchone()[0])
 
@@ -509,18 +510,6 @@ def parked_claims(other_session: BaseDatabaseWrapper) -> Iterator[BaseDatabaseWr
             cur.execute("DROP FUNCTION IF EXISTS test_park_claim()")
 
 
-def _waiting_on(key: int) -> int:
-    """Sessions of this database waiting for the advisory lock ``key``."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-            "AND classid = %s AND objid = %s "
-            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            [LOCK_NAMESPACE, key],
-        )
-        return int(cur.fetchone()[0])
-
-
 def _reserved_rows() -> dict[int, int]:
     with connection.cursor() as cur:
         cur.execute("SELECT lock_key, holds FROM cleanup_publishreservation")
@@ -548,7 +537,7 @@ def test_far_from_the_cap_a_sweep_lets_go_of_the_publish_lock_before_it_claims(
     try:
         # when: the sweep is in its claim
         deadline = time.monotonic() + 10
-        while not _waiting_on(PARK_KEY):
+        while not _lock_holders(PARK_KEY, granted=False):
             assert time.monotonic() < deadline, "the sweep never reached its claim"
             time.sleep(0.02)
         # then: the publish lock is free for the next sweep in line, and the room this batch
