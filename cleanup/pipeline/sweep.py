@@ -280,9 +280,21 @@ def _sweep_batches(
             # its share and then ends its run, so the shards publish in turns.
             crowded = near_the_cap(room, shards, batch_size)
             turn: Turn | None = None
-            if crowded and conf.sweep_turns == "arrival":
+            if not crowded:
+                # Far from the cap: the room this batch takes stays reserved (keyed by the shard
+                # lock, so it lapses with this session) and the lock goes to the next sweep in
+                # line now, not after this claim and publish. The sweeps then claim and publish
+                # side by side instead of waiting in line for each other with pool processes
+                # that could be releasing; every reading under the lock still counts all
+                # batches not yet in the queue, so the cap stays exact. Near the cap the lock is
+                # held through the publish, where the turns below decide who goes next.
+                locks.reserve_room(shard_key, take)
+                reserved = True
+                _release_publish_lock()
+                publish_locked = False
+            elif conf.sweep_turns == "arrival":
                 take = min(take, fair_share(shards, batch_size, max_queue_depth))
-            elif crowded:
+            else:
                 asked = time.perf_counter()
                 ages = oldest_due_by_shard(shards)
                 turn = whose_turn(shard, ages, query_ms=(time.perf_counter() - asked) * 1000)
@@ -305,18 +317,6 @@ def _sweep_batches(
                     )
                     break
                 take = min(take, fair_share(turn.behind, batch_size, max_queue_depth))
-            if not crowded:
-                # Far from the cap: the room this batch takes stays reserved (keyed by the shard
-                # lock, so it lapses with this session) and the lock goes to the next sweep in
-                # line now, not after this claim and publish. The sweeps then claim and publish
-                # side by side instead of waiting in line for each other with pool processes
-                # that could be releasing; every reading under the lock still counts all
-                # batches not yet in the queue, so the cap stays exact. Near the cap the lock is
-                # held through the publish, where the turns above decide who goes next.
-                locks.reserve_room(shard_key, take)
-                reserved = True
-                _release_publish_lock()
-                publish_locked = False
             with transaction.atomic():
                 claimed = claim_expired(
                     shard,

@@ -486,10 +486,12 @@ def test_a_burst_under_a_small_queue_cap_stays_bounded_and_enqueues_each_hold_on
         # until the queue has reached its cap, and then DRAIN_TARGET more holds were released
         # (the queue drained and refilled under the cap several times)
         released_at_cap: int | None = None
-        while released_at_cap is None or released_count(ids) < min(
-            BURST, released_at_cap + DRAIN_TARGET
-        ):
+        while True:
             released_now = released_count(ids)
+            if released_at_cap is not None and released_now >= min(
+                BURST, released_at_cap + DRAIN_TARGET
+            ):
+                break
             assert time.monotonic() - drain_started < DRAIN_DEADLINE_S, (
                 f"stuck: {released_now} released, cap reached: {released_at_cap}"
             )
