@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import profile
-from bench.database import check, create_holds, released_count, reset, sql
+from bench.database import any_held, check, create_holds, released_count, reset, sql
 from bench.paths import LOGS
 from cleanup.broker.readers import redis_client
 from cleanup.drills.workers import WorkerProcess
@@ -192,7 +192,7 @@ def product_drain(
                     sweep_shard_task.apply_async(kwargs={"shard": shard, "shards": shards})
                 last_sweep = now
             polls += 1
-            if released_count() >= holds:
+            if not any_held():  # every hold of the drain is due: all released (check() counts)
                 break
             if now > deadline:
                 raise TimeoutError(f"{name}: {released_count()} of {holds} released")
