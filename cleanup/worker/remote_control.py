@@ -105,9 +105,15 @@ class _Screened:
 
     def start(self, c: Any) -> None:
         super().start(c)  # type: ignore[misc]
+        self._screen_decode_errors()
+
+    def _screen_decode_errors(self) -> None:
         # Celery hands the task consumer's decode-error handler to the pidbox consumer too,
-        # which would dead-letter a control message as if it were a task.
-        self.consumer.on_decode_error = self.on_decode_error  # type: ignore[attr-defined]
+        # which would dead-letter a control message as if it were a task. The green pool's
+        # pidbox has no consumer yet when it starts: it makes one in its own greenlet.
+        consumer = getattr(self, "consumer", None)
+        if consumer is not None:
+            consumer.on_decode_error = self.on_decode_error
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         record_drop("undecodable", repr(exc)[:500])
@@ -127,7 +133,10 @@ class ScreenedPidbox(_Screened, pidbox.Pidbox):
 
 
 class ScreenedGreenPidbox(_Screened, pidbox.gPidbox):
-    pass
+    def _do_reset(self, c: Any, connection: Any) -> None:
+        # Where the green pidbox makes (and remakes, after a reset) its consumer.
+        super()._do_reset(c, connection)  # type: ignore[misc]
+        self._screen_decode_errors()
 
 
 # celery-types does not declare the bootstep's attributes.

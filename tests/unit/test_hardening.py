@@ -567,3 +567,28 @@ def test_an_old_non_released_receipt_for_the_key_is_replaced_by_the_release(path
     receipt = CleanupReceipt.objects.get(idempotency_key=f"release:{hold.pk}:1")
     assert (receipt.outcome, receipt.attempt, receipt.task_id) == ("released", 2, "task-2")
     assert Reservation.objects.get(pk=hold.pk).status == "released"
+
+
+def test_the_green_pools_control_consumer_is_screened_too() -> None:
+    """A green pool (gevent, eventlet) starts its control consumer in a greenlet of its own, after
+    the bootstep's start: the screening must neither expect it at start (the worker crashed at
+    start-up with AttributeError, seen with ``--pool gevent``) nor miss it when it is made."""
+    from types import SimpleNamespace
+
+    from kombu import Connection
+
+    from config.celery_app import app
+
+    spawned: list[Any] = []
+    c = SimpleNamespace(
+        app=app,
+        hostname="w1@host",
+        controller=SimpleNamespace(use_eventloop=False),
+        pool=SimpleNamespace(spawn_n=lambda fn, *args: spawned.append(fn)),
+    )
+    box = remote_control.ScreenedGreenPidbox(c)
+    box.start(c)  # hands its loop to the pool; no consumer yet
+    assert spawned == [box.loop]
+    with Connection("memory://") as connection:
+        box._do_reset(c, connection)  # what the loop does first, in its greenlet
+        assert box.consumer.on_decode_error == box.on_decode_error
