@@ -30,6 +30,8 @@ DEFAULT_TEXT = "default_text"
 
 RELEASE_MODES = ("adaptive", "single", "batch")
 SWEEP_TURNS = ("arrival", "lateness")
+# The pools of `celery worker --pool` (celery.concurrency.ALIASES less "custom", "processes").
+WORKER_POOLS = ("prefork", "threads", "solo", "gevent", "eventlet")
 MAX_RELEASE_BATCH_SIZE = 1000  # items a worker accepts in one message (pipeline.messages)
 DEFAULT_REMOTE_CONTROL_COMMANDS = (
     "ping",
@@ -256,6 +258,14 @@ class CleanupSettings:
         DEFAULT_REMOTE_CONTROL_COMMANDS,
         "remote-control commands a worker runs; any other is dropped and counted",
     )
+    # A cleanup worker relies on both task time limits and on losing one pool process at a time
+    # (docs/LIBRARY-NOTES.md, "Pools"); only prefork gives both. cleanup.worker.consumer.
+    worker_pools: tuple[str, ...] = setting(
+        "CLEANUP_WORKER_POOLS",
+        ("prefork",),
+        "worker pools (`celery worker --pool`) a worker may start under; any other fails its "
+        "start, saying why (add one only to measure it)",
+    )
     # --- metrics ---------------------------------------------------------------------------
     metrics_token: str = setting("METRICS_TOKEN", "", "bearer token of /metrics", secret=True)
     metrics_allow_ips: tuple[str, ...] = setting(
@@ -357,6 +367,12 @@ class CleanupSettings:
             raise ImproperlyConfigured(
                 f"CLEANUP_SWEEP_TURNS={self.sweep_turns!r}: expected one of "
                 f"{', '.join(repr(turns) for turns in SWEEP_TURNS)}"
+            )
+        unknown_pools = sorted(set(self.worker_pools) - set(WORKER_POOLS))
+        if unknown_pools:
+            raise ImproperlyConfigured(
+                f"CLEANUP_WORKER_POOLS names {', '.join(map(repr, unknown_pools))}: expected "
+                f"among {', '.join(WORKER_POOLS)}"
             )
         if self.release_batch_size > MAX_RELEASE_BATCH_SIZE:
             raise ImproperlyConfigured(

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from celery.worker.consumer import Consumer
+from django.core.exceptions import ImproperlyConfigured
 from kombu.exceptions import ContentDisallowed, DecodeError
 from vine import promise
 
@@ -36,6 +37,37 @@ logger = logging.getLogger("cleanup.consumer")
 
 # Every task Celery itself registers (celery.chord_unlock, celery.map, celery.group, …).
 BUILTIN_PREFIX = "celery."
+
+
+# What each pool other than prefork gives up that the pipeline relies on (docs/LIBRARY-NOTES.md,
+# "Pools"): the sweep stops cleanly at its soft time limit, the visibility timeout is sized
+# against the hard one, and a lost pool process puts back only its own message.
+POOL_SHORTFALLS = {
+    "threads": "enforces no task time limit, and a crashed thread takes the whole worker",
+    "solo": "enforces no task time limit, and runs one task at a time in the main process",
+    "gevent": "enforces only the hard time limit, where a greenlet yields",
+    "eventlet": "enforces only the hard time limit, where a greenlet yields",
+}
+
+
+def pool_name(pool: Any) -> str:
+    """The ``--pool`` name of a worker's pool instance (its module: celery.concurrency.*)."""
+    module = type(pool).__module__.rsplit(".", 1)[-1]
+    return {"thread": "threads"}.get(module, module)
+
+
+def refuse_unsafe_pool(pool: Any) -> None:
+    """Fail the worker's start under a pool that CLEANUP_WORKER_POOLS does not allow."""
+    if pool is None:
+        return
+    name = pool_name(pool)
+    if name in cleanup_settings().worker_pools:
+        return
+    why = POOL_SHORTFALLS.get(name, "is not one the pipeline was built and tested on")
+    raise ImproperlyConfigured(
+        f"celery worker --pool {name}: the {name} pool {why}; the release pipeline needs "
+        f"prefork (CLEANUP_WORKER_POOLS={','.join(cleanup_settings().worker_pools)})"
+    )
 
 
 # celery-types does not declare the consumer's runtime attributes (strategies, errors).
@@ -53,6 +85,7 @@ class DeadLetteringConsumer(_Consumer):
         ]
 
     def __init__(self, *args: Any, worker_options: Any = None, **kwargs: Any) -> None:
+        refuse_unsafe_pool(kwargs.get("pool"))
         screening.refuse_compressed_bodies()
         # Gossip and mingle are always off, whatever the command line says: both consume
         # broadcasts from every other worker (and from anyone who can write to the broker) in

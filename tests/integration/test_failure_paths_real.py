@@ -576,3 +576,32 @@ def test_a_prune_that_fails_deletes_nothing_and_its_letter_clears_once_a_prune_s
     assert not CleanupReceipt.objects.filter(pk=old.pk).exists()
     letter.refresh_from_db()
     assert letter.resolution == deadletters.SUCCEEDED_LATER
+
+
+@pytest.mark.parametrize(
+    ("pool", "why"),
+    [("threads", "enforces no task time limit"), ("solo", "enforces no task time limit")],
+)
+def test_a_worker_under_a_pool_without_time_limits_refuses_to_start(
+    tmp_path: Path, pool: str, why: str
+) -> None:
+    """``celery worker --pool threads`` (a common tip for I/O-bound tasks) would run the
+    pipeline without the time limits it is built on; the worker says so and exits instead."""
+    # when: a real worker is started under that pool
+    refused = fleet.Worker(f"{pool}-refused", 1, tmp_path / "refused.log", ["--pool", pool])
+    refused.start()
+    assert refused.proc is not None
+    try:
+        code = refused.proc.wait(timeout=90)
+    finally:
+        refused.kill()  # a worker that did start is not left behind
+    # then: it exits non-zero before consuming anything, naming the pool, why and the setting
+    out = (tmp_path / "refused.log").read_text()
+    assert code != 0, out
+    assert f"celery worker --pool {pool}: the {pool} pool {why}" in out
+    assert "CLEANUP_WORKER_POOLS=prefork" in out
+    # and: allowed by the setting (to measure it), the same pool starts
+    allowed = {"extra_args": ["--pool", pool], "env": {"CLEANUP_WORKER_POOLS": pool}}
+    with fleet.dedicated(tmp_path, allowed) as (worker,):
+        worker.wait_ready()
+        assert worker.alive()

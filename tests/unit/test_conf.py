@@ -138,6 +138,10 @@ VALID = CleanupSettings()
             "CLEANUP_RELEASE_BATCH_SIZE=1001 must be <= 1000",
         ),
         (
+            {"worker_pools": ("prefork", "thread")},
+            "CLEANUP_WORKER_POOLS names 'thread': expected among prefork, threads, solo, gevent",
+        ),
+        (
             {"visibility_timeout": 60},
             "CLEANUP_VISIBILITY_TIMEOUT=60 must exceed CLEANUP_TASK_TIME_LIMIT + "
             "CLEANUP_RETRY_BACKOFF_MAX (60)",
