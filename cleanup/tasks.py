@@ -386,8 +386,9 @@ def release_batch_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, 
         for item in batch.items:
             outcome = outcomes[item.reservation_id]
             holds_by_outcome.setdefault(outcome, []).append(item.reservation_id)
-            metrics.record_outcome(outcome, per_hold, age)
         counts = {outcome: len(ids) for outcome, ids in holds_by_outcome.items()}
+        for outcome, holds in counts.items():
+            metrics.record_outcome(outcome, per_hold, age, holds=holds)
         logger.info(
             "release batch attempt",
             extra={

@@ -5,6 +5,8 @@ the sizing policy behind ``desired_consumers`` is in ``cleanup.scaling.capacity`
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from cleanup.telemetry import worker_boot
@@ -142,14 +144,39 @@ def record_delivery(task: str) -> None:
     DELIVERY_ATTEMPTS.labels(task=task).inc()
 
 
-def record_outcome(outcome: str, duration_s: float | None, queue_age_s: float | None) -> None:
-    OUTCOMES.labels(outcome=outcome).inc()
+def record_outcome(
+    outcome: str, duration_s: float | None, queue_age_s: float | None, holds: int = 1
+) -> None:
+    """``holds`` release attempts that ended in ``outcome``: the holds of one batch message
+    that ended alike share its per-hold duration and its queue age, so they are recorded at
+    once (each value written once, not once per hold: a multiprocess value write takes a lock
+    and touches a file, six of them per hold)."""
+    if holds < 1:
+        return
+    OUTCOMES.labels(outcome=outcome).inc(holds)
     if outcome == "released":
-        TRANSITIONS.inc()
+        TRANSITIONS.inc(holds)
     if duration_s is not None:
-        PROCESSING_DURATION.observe(duration_s)
+        observe_times(PROCESSING_DURATION, duration_s, holds)
     if queue_age_s is not None and duration_s is not None:
-        ENQUEUE_TO_ACK.observe(queue_age_s + duration_s)
+        observe_times(ENQUEUE_TO_ACK, queue_age_s + duration_s, holds)
+
+
+def observe_times(histogram: Histogram, amount: float, times: int) -> None:
+    """What ``times`` calls of ``histogram.observe(amount)`` record (the sum grows by the amount
+    each time, the first bucket whose bound is at least the amount by one), in two value
+    writes. prometheus_client has no call for it; this reads ``observe``'s own fields, and
+    tests/unit/test_observability.py checks the two still record the same."""
+    if times == 1:
+        histogram.observe(amount)
+        return
+    wrapped: Any = histogram  # its value fields are not part of the typed interface
+    wrapped._raise_if_not_observable()
+    wrapped._sum.inc(amount * times)
+    for bucket, bound in zip(wrapped._buckets, wrapped._upper_bounds, strict=True):
+        if amount <= bound:
+            bucket.inc(times)
+            break
 
 
 def record_retry(task: str) -> None:

@@ -457,3 +457,59 @@ def test_the_holder_is_never_logged() -> None:
             if "holder" in match.group(0):
                 offenders.append(f"{path}: {match.group(0)[:80]}")
     assert offenders == []
+
+
+@pytest.mark.parametrize("amount", [0.0, 0.004, 0.005, 0.3, 7.5, 1e9])
+@pytest.mark.parametrize("times", [1, 2, 500])
+def test_observing_an_amount_n_times_at_once_records_what_n_observations_do(
+    amount: float, times: int
+) -> None:
+    """A batch message records its holds' shared duration at once (``observe_times``, which
+    writes prometheus_client's histogram fields itself): the exposition must be exactly that of
+    ``times`` calls of ``observe``, at a bucket's bound, between bounds and past the last."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from cleanup.telemetry.metrics import observe_times
+
+    def samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], float]]:
+        # every sample but the histogram's creation time
+        return [
+            (s.name, s.labels, s.value)
+            for family in registry.collect()
+            for s in family.samples
+            if not s.name.endswith("_created")
+        ]
+
+    one_by_one, at_once = CollectorRegistry(), CollectorRegistry()
+    buckets = (0.005, 0.05, 0.5, 5.0)
+    calls = Histogram("h", "h", buckets=buckets, registry=one_by_one)
+    batch = Histogram("h", "h", buckets=buckets, registry=at_once)
+    for _ in range(times):
+        calls.observe(amount)
+    observe_times(batch, amount, times)
+    batched, called = samples(at_once), samples(one_by_one)
+    # the same samples; the sum up to float rounding (n additions against one product)
+    assert [(name, labels) for name, labels, _ in batched] == [(n, lb) for n, lb, _ in called]
+    assert [value for *_, value in batched] == pytest.approx([value for *_, value in called])
+
+
+def test_a_batchs_outcomes_count_each_hold() -> None:
+    from prometheus_client import REGISTRY
+
+    from cleanup.telemetry import metrics
+
+    def value(name: str, labels: dict[str, str] | None = None) -> float:
+        return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+    before = (
+        value("reservation_cleanup_outcomes_total", {"outcome": "released"}),
+        value("reservation_cleanup_transitions_total"),
+        value("reservation_cleanup_processing_duration_seconds_count"),
+    )
+    metrics.record_outcome("released", 0.002, 1.5, holds=37)
+    after = (
+        value("reservation_cleanup_outcomes_total", {"outcome": "released"}),
+        value("reservation_cleanup_transitions_total"),
+        value("reservation_cleanup_processing_duration_seconds_count"),
+    )
+    assert [b - a for a, b in zip(before, after, strict=True)] == [37, 37, 37]
