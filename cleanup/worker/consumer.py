@@ -23,13 +23,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from celery.concurrency import ALIASES  # type: ignore[attr-defined]  # not in celery-types
 from celery.worker.consumer import Consumer
 from django.core.exceptions import ImproperlyConfigured
 from kombu.exceptions import ContentDisallowed, DecodeError
 from vine import promise
 
 from cleanup.broker import screening
-from cleanup.conf import cleanup_settings
+from cleanup.conf import WORKER_POOLS, cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.worker.signals import dead_letter_message, dead_letter_undecodable
 
@@ -50,10 +51,14 @@ POOL_SHORTFALLS = {
 }
 
 
+# Celery's own table of `--pool` names and the classes they load, read backwards.
+_POOL_NAMES = {ALIASES[name]: name for name in WORKER_POOLS}
+
+
 def pool_name(pool: Any) -> str:
-    """The ``--pool`` name of a worker's pool instance (its module: celery.concurrency.*)."""
-    module = type(pool).__module__.rsplit(".", 1)[-1]
-    return {"thread": "threads"}.get(module, module)
+    """The ``--pool`` name of a worker's pool instance (its class's module for a custom one)."""
+    cls = type(pool)
+    return _POOL_NAMES.get(f"{cls.__module__}:{cls.__qualname__}", cls.__module__)
 
 
 def refuse_unsafe_pool(pool: Any) -> None:
@@ -61,12 +66,13 @@ def refuse_unsafe_pool(pool: Any) -> None:
     if pool is None:
         return
     name = pool_name(pool)
-    if name in cleanup_settings().worker_pools:
+    allowed = cleanup_settings().worker_pools
+    if name in allowed:
         return
     why = POOL_SHORTFALLS.get(name, "is not one the pipeline was built and tested on")
     raise ImproperlyConfigured(
         f"celery worker --pool {name}: the {name} pool {why}; the release pipeline needs "
-        f"prefork (CLEANUP_WORKER_POOLS={','.join(cleanup_settings().worker_pools)})"
+        f"prefork (CLEANUP_WORKER_POOLS={','.join(allowed)})"
     )
 
 
