@@ -102,6 +102,14 @@ class CleanupSettings:
     retry_backoff_max: int = setting(
         "CLEANUP_RETRY_BACKOFF_MAX", 30, "cap of the jittered retry backoff, seconds", minimum=1
     )
+    # Celery holds each message with an eta in the worker's memory until it is due, and raises
+    # the prefetch count for it: without a limit a flood of them grows the main process at will.
+    worker_eta_task_limit: int = setting(
+        "CLEANUP_WORKER_ETA_TASK_LIMIT",
+        64,
+        "retries (eta messages) a worker holds in memory at once (Celery's worker_eta_task_limit)",
+        minimum=1,
+    )
     # Bounds a poison message that kills its worker (reject_on_worker_lost requeues it without
     # limit).
     max_deliveries: int = setting(

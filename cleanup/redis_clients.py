@@ -16,6 +16,8 @@ them would let the garbage collector run their ``__del__``, which goes through t
 from __future__ import annotations
 
 import os
+from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 
@@ -31,9 +33,20 @@ def client(url: str) -> redis.Redis:
         # No lock: a lock here could itself be inherited held. Two threads racing create two
         # clients and keep one; the other never connected.
         found = _clients.setdefault(
-            url, redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+            url,
+            redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, **_tls(url)),
         )
     return found
+
+
+def _tls(url: str) -> dict[str, Any]:
+    """The TLS options of a rediss:// URL that does not carry them in its query: the
+    ``REDIS_TLS_*`` settings, as the settings module parsed and checked them."""
+    if not url.startswith("rediss://") or "ssl_" in urlsplit(url).query:
+        return {}
+    from django.conf import settings  # noqa: PLC0415 - read when a client is made, not at import
+
+    return dict(getattr(settings, "REDIS_TLS_OPTIONS", {}))
 
 
 def _forget_inherited_clients() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from celery import Task, shared_task
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
+from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from cleanup.conf import cleanup_settings
@@ -71,16 +72,9 @@ class CleanupTask(Task):  # type: ignore[misc]
         return f"{deadletters.PERIODIC_KEY_PREFIX}{self.name}:{','.join(parts)}"
 
     def delivery_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        """A valid release message counts by its idempotency key (duplicates and retries add
-        up); anything else by its task id, which redelivery keeps. A malformed message never
-        counts against a real key."""
+        """The key this message's deliveries count under (``deliveries.message_key``)."""
         message = args[0] if args else kwargs.get("message")
-        try:
-            if isinstance(message, dict) and message.get("kind") == BATCH_KIND:
-                return validate_batch(message).batch_key
-            return validate(message).idempotency_key
-        except MalformedMessage:
-            return f"task:{self.request.id}"
+        return deliveries.message_key(message, self.request.id or "")
 
     def _signature(self) -> inspect.Signature:
         # Computed once per task: inspect.signature costs more than the bind itself.
@@ -92,18 +86,34 @@ class CleanupTask(Task):  # type: ignore[misc]
     def count_delivery(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
         """This delivery's number among its key's deliveries (1 for a first delivery).
 
-        Only a redelivery (the broker's flag) or a retry can be part of a loop, so only those
-        are counted (cleanup.telemetry.deliveries); a first delivery costs no round trip. The count
-        then includes the first delivery, which was not counted."""
+        Only a redelivery or a retry can be part of a loop. Each is counted where it is made
+        (cleanup.telemetry.deliveries): kombu's Redis restore and the project's retry count as
+        they send the message again, so here a message that says it is one only reads the
+        count; RabbitMQ's ``redelivered`` is the broker's own word, in the delivery itself, and
+        is counted here. A first delivery costs no round trip. The count then includes the
+        first delivery, which was not counted."""
         redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
         if not redelivered and not self.request.retries:
             return 1
         key = self.delivery_key(args, kwargs)
         try:
-            return deliveries.increment(key) + 1
+            if redelivered and not settings.BROKER_IS_REDIS:
+                return deliveries.increment(key) + 1
+            return deliveries.current(key) + 1
         except Exception:  # the counter is a guard, not a dependency
             logger.exception("delivery counter unavailable", extra={"key": key})
             return 0
+
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        """Celery's retry (autoretry's included), with the retry counted as it is sent: the
+        delivery it makes reads the count instead of trusting its own ``retries`` header."""
+        if not self.request.called_directly:
+            key = self.delivery_key(tuple(self.request.args or ()), dict(self.request.kwargs or {}))
+            try:
+                deliveries.increment(key)
+            except Exception:  # the counter is a guard, not a dependency
+                logger.exception("delivery counter unavailable", extra={"key": key})
+        return super().retry(*args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.request.called_directly:

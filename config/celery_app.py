@@ -8,7 +8,9 @@ from celery import Celery
 # development default would run with DEBUG and public keys.
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 
-app = Celery("reservations")
+# Every task publish is checked against the project's own task queues before Celery routes it
+# (cleanup.broker.routes): a caller, Flower or a periodic task may not name another key.
+app = Celery("reservations", amqp="cleanup.broker.routes:ScreenedAMQP")
 # The app of every thread of this process: cleanup's modules reach it as ``celery.current_app``
 # (they never import config), and a thread other than this one (runserver's request threads,
 # gunicorn's) would otherwise get Celery's unconfigured fallback app.

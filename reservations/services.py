@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -48,6 +48,8 @@ class ReleaseOutcome(StrEnum):
     ALREADY_HANDLED = "already_handled"
     RENEWED = "renewed"
     NO_LONGER_HELD = "no_longer_held"
+    # A version the hold never had while held: no sweep could have sent it (a forged message).
+    UNKNOWN_VERSION = "unknown_version"
     NOT_EXPIRED = "not_expired"
     RELEASED = "released"
 
@@ -356,15 +358,20 @@ def release_if_expired(
 def classify_no_release(row: Sequence[object] | None, expected_version: int) -> ReleaseOutcome:
     """The outcome order (docs/PIPELINE.md) for a hold that was not released by this call.
 
-    ``row`` is (status, version, released_version, expired). A version that moved while the
-    hold is held or released reads ``renewed``; a confirmed or cancelled hold reads
-    ``no_longer_held`` whatever its version (confirm and cancel bump it too).
+    ``row`` is (status, version, released_version, expired). A version above the hold's own
+    reads ``unknown_version``; a version that moved while the hold is held or released reads
+    ``renewed``; a confirmed or cancelled hold reads ``no_longer_held`` at any version it had
+    (confirm and cancel bump it too).
     """
     if row is None:
         return ReleaseOutcome.NOT_FOUND
     status, version, released_version, expired = row
     if status == Reservation.Status.RELEASED and released_version == expected_version:
         return ReleaseOutcome.ALREADY_HANDLED
+    # Versions only grow: no sweep can have sent one above the hold's own, so a message for it
+    # is forged and may not leave a receipt (one per version a hold really had is the bound).
+    if expected_version > cast(int, version):
+        return ReleaseOutcome.UNKNOWN_VERSION
     if status in (Reservation.Status.CONFIRMED, Reservation.Status.CANCELLED):
         return ReleaseOutcome.NO_LONGER_HELD
     if version != expected_version:

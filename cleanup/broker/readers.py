@@ -23,7 +23,7 @@ from celery import current_app as app
 from django.conf import settings
 
 from cleanup import redis_clients
-from cleanup.broker import screening
+from cleanup.broker import keys, screening
 from cleanup.broker.screening import ENVELOPE_SLACK, parse_unacked
 from cleanup.telemetry import metrics
 
@@ -31,7 +31,7 @@ _log = logging.getLogger("cleanup.broker")
 
 # kombu's Redis priority steps and separator (kombu.transport.redis defaults).
 PRIORITY_STEPS = (0, 3, 6, 9)
-PRIORITY_SEP = "\x06\x16"
+PRIORITY_SEP = keys.PRIORITY_SEP
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,17 @@ class QueueStats:
     oldest_age_seconds: float | None  # None when empty or not observable (RabbitMQ)
     unacked: int | None  # reserved by workers, not yet acked (Redis only)
     skipped: int = 0  # unreadable or absurd entries this reading skipped (Redis only)
+    # Keys of the queue that hold another type than a list (planted): their depth is unknown,
+    # so ``depth`` counts only the readable ones and is not to be shown as the queue's depth.
+    unreadable_keys: tuple[str, ...] = ()
+
+    @property
+    def readable(self) -> bool:
+        return not self.unreadable_keys
 
 
 def priority_keys(queue: str) -> list[str]:
-    return [queue if step == 0 else f"{queue}{PRIORITY_SEP}{step}" for step in PRIORITY_STEPS]
+    return list(keys.queue_keys(queue, PRIORITY_STEPS))
 
 
 def redis_client() -> redis.Redis:
@@ -123,18 +130,24 @@ def queue_depth(queue: str) -> int:
     """Waiting messages (all priorities). Cheap: one pipelined LLEN per priority list."""
     if settings.BROKER_IS_REDIS:
         pipe = redis_client().pipeline(transaction=False)
-        keys = priority_keys(queue)
-        for key in keys:
+        names = priority_keys(queue)
+        for key in names:
             pipe.llen(key)
         replies = pipe.execute(raise_on_error=False)
-        return sum(_length(key, reply) for key, reply in zip(keys, replies, strict=True))
+        return sum(_length(key, reply) for key, reply in zip(names, replies, strict=True))
     return _amqp_depth(queue)
 
 
-def _length(key: str, reply: Any, skips: list[str] | None = None) -> int:
-    """An LLEN reply; a key of another type (a planted string, say) counts as empty."""
+def _length(
+    key: str, reply: Any, skips: list[str] | None = None, unreadable: list[str] | None = None
+) -> int:
+    """An LLEN reply; a key of another type (a planted string, say) adds nothing and is listed
+    in ``unreadable`` (workers set such a key aside when they next touch it; readers never
+    change what they read)."""
     if isinstance(reply, redis.ResponseError):
         _skipped("queue_depth", str(reply), key, skips)
+        if unreadable is not None:
+            unreadable.append(keys.describe(key))
         return 0
     if isinstance(reply, Exception):
         raise reply
@@ -173,21 +186,22 @@ def queue_stats(queue: str, *, now: float | None = None) -> QueueStats:
     now = time.time() if now is None else now
     client = redis_client()
     pipe = client.pipeline(transaction=False)
-    keys = priority_keys(queue)
-    for key in keys:
+    names = priority_keys(queue)
+    for key in names:
         pipe.llen(key)
         pipe.lindex(key, -1)
     results = pipe.execute(raise_on_error=False)
     skips: list[str] = []
-    depth = sum(_length(key, results[2 * i], skips) for i, key in enumerate(keys))
+    unreadable: list[str] = []
+    depth = sum(_length(key, results[2 * i], skips, unreadable) for i, key in enumerate(names))
     stamps = [
         stamp
-        for i, key in enumerate(keys)
+        for i, key in enumerate(names)
         if (stamp := _oldest_stamp(client, key, results[2 * i + 1], now, skips)) is not None
     ]
     oldest = max(0.0, now - min(stamps)) if stamps else None
     unacked = unacked_count(queue, skips)
-    return QueueStats(queue, depth, oldest, unacked, len(skips))
+    return QueueStats(queue, depth, oldest, unacked, len(skips), tuple(unreadable))
 
 
 def unacked_count(queue: str, skips: list[str] | None = None) -> int:

@@ -21,11 +21,12 @@ from datetime import UTC, datetime
 from itertools import accumulate
 from typing import Any
 
-from kombu import compression
+from kombu import compression, serialization
 from kombu.exceptions import ContentDisallowed
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
+from cleanup.broker import routes
 from cleanup.conf import cleanup_settings
 
 # Release messages nest 3 levels ([args, kwargs, embed] → message), batches 5. Well below
@@ -49,6 +50,52 @@ def _refuse_compressed(body: bytes) -> bytes:
         "compressed bodies are refused: the project's publisher never compresses, and a few "
         "hundred bytes can decompress to gigabytes"
     )
+
+
+def _refuse_trusted_content(body: Any) -> Any:
+    raise ContentDisallowed(
+        "only application/json is decoded: kombu decodes a body typed application/data or "
+        "application/text by its content-encoding with Python's codecs, and bz2 and zlib are "
+        "codecs"
+    )
+
+
+# The content types kombu accepts whatever the accept list says (kombu.serialization's
+# TRUSTED_CONTENT); a body without a content type is read as the first.
+TRUSTED_CONTENT_TYPES = ("application/data", "application/text")
+
+
+def refuse_untrusted_decoding() -> None:
+    """Make kombu refuse, in this process, every body it would decompress or decode by codec.
+
+    Compressed bodies: see ``refuse_compressed_bodies``. Trusted content types: kombu's
+    ``loads`` accepts ``application/data`` and ``application/text`` (and a body with no content
+    type) whatever the accept list says, and decodes them with ``codecs.decode(body,
+    content_encoding)``: 211 bytes with ``content-encoding: bz2`` grew a worker by 500 MiB.
+    With a decoder registered for each (kombu's public ``register``, decoder only), kombu calls
+    it instead of the codec and records the refusal as a decode error. The project only sends
+    JSON; nothing legitimate is refused.
+    """
+    refuse_compressed_bodies()
+    for content_type in TRUSTED_CONTENT_TYPES:
+        serialization.register(
+            f"refused:{content_type}", None, _refuse_trusted_content, content_type, "binary"
+        )
+
+
+# What the project's publishers (Celery's send_task, kombu's Mailbox, the outbox relay) put in
+# a message's content type and encoding; anything else never reaches a decoder.
+CONTENT_TYPE = "application/json"
+CONTENT_ENCODING = "utf-8"
+
+
+def check_content(content_type: Any, content_encoding: Any) -> str | None:
+    """Only JSON in UTF-8 is decoded (a task or a control message, either broker)."""
+    if content_type != CONTENT_TYPE:
+        return f"content type {_preview(content_type)} is not {CONTENT_TYPE!r}"
+    if content_encoding is not None and str(content_encoding).lower() != CONTENT_ENCODING:
+        return f"content encoding {_preview(content_encoding)} is not {CONTENT_ENCODING!r}"
+    return None
 
 
 def refuse_compressed_bodies() -> None:
@@ -125,6 +172,15 @@ def _optional_text(value: Any) -> bool:
     return value is None or (isinstance(value, str) and len(value) <= 1024)
 
 
+def _optional_repr(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and len(value) <= 2048)
+
+
+def _optional_name(value: Any) -> bool:
+    # django-celery-beat's PeriodicTask.name holds 200 characters.
+    return value is None or (isinstance(value, str) and len(value) <= 200)
+
+
 # The task headers Celery's request reads in the worker's main process, and what each must be.
 _HEADER_CHECKS: dict[str, tuple[Any, str]] = {
     "id": (lambda v: isinstance(v, str) and 0 < len(v) <= 255, "a task id string"),
@@ -134,8 +190,11 @@ _HEADER_CHECKS: dict[str, tuple[Any, str]] = {
     "shadow": (_optional_text, "a string or null"),
     "origin": (_optional_text, "a string or null"),
     "lang": (_optional_text, "a string or null"),
-    "argsrepr": (lambda v: v is None or isinstance(v, str), "a string or null"),
-    "kwargsrepr": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    # Celery cuts both at 1,024 characters (argsrepr_maxsize) and adds an ellipsis.
+    "argsrepr": (_optional_repr, "a string of at most 2048 characters, or null"),
+    "kwargsrepr": (_optional_repr, "a string of at most 2048 characters, or null"),
+    "periodic_task_name": (_optional_name, "a string of at most 200 characters, or null"),
+    "redelivered": (lambda v: v is None or isinstance(v, bool), "a boolean or null"),
     "timelimit": (
         lambda v: (
             v is None
@@ -252,6 +311,10 @@ def check_publish_options(
         if linked:
             return f"task body links further tasks ({linked[0]}); the publisher never does"
     if headers.get("eta") is not None:
+        if not headers.get("retries"):
+            # Only a retry is scheduled (Task.retry, autoretry's backoff); a first delivery
+            # with an eta would be held in the worker's memory until then.
+            return "eta on a first delivery: the publisher schedules only retries"
         ahead = (_aware(headers["eta"]) - now).total_seconds()
         if ahead > eta_bound_seconds + CLOCK_SKEW_SECONDS:
             return (
@@ -270,6 +333,37 @@ def check_publish_options(
         expires = _aware(headers["expires"]).timestamp()
         if expires < headers["enqueued_at"] - CLOCK_SKEW_SECONDS:
             return "expires is earlier than the message's publish time (enqueued_at)"
+    return None
+
+
+# What a release message may weigh: its envelope fields, then each hold it carries (an item is
+# ~150 bytes of JSON; a batch's holds share the envelope). Other tasks carry a few small values.
+BASE_BODY_BYTES = 4096
+BODY_BYTES_PER_HOLD = 512
+
+
+def holds_carried(payload: Any) -> int:
+    """The holds a decoded ``[args, kwargs, embed]`` body names: a batch's items, one for a
+    one-hold release, none for any other task (sweeps, relay, prune)."""
+    args, kwargs = payload[0], payload[1]
+    message = args[0] if args else kwargs.get("message")
+    if not isinstance(message, dict):
+        return 0
+    items = message.get("items")
+    return len(items) if isinstance(items, list) else 1
+
+
+def check_body_size(size: int, payload: Any) -> str | None:
+    """A body no larger than what the holds it carries need (run after ``check_payload``).
+    The general cap (``CLEANUP_MAX_MESSAGE_BYTES``) bounds one message; this bounds each one
+    to its purpose, so a worker holding many (eta retries, prefetched ones) stays small."""
+    holds = holds_carried(payload)
+    limit = BASE_BODY_BYTES + BODY_BYTES_PER_HOLD * holds
+    if size > limit:
+        return (
+            f"body of {size} bytes is larger than a message carrying {holds} hold(s) needs "
+            f"({limit} bytes)"
+        )
     return None
 
 
@@ -306,6 +400,9 @@ def check_envelope(payload: Any) -> str | None:
             base64.b64decode(body, validate=True)
         except (binascii.Error, ValueError):
             return "not a broker envelope: 'body' is not valid base64"
+    problem = check_content(payload.get("content-type"), payload.get("content-encoding"))
+    if problem is not None:
+        return f"not a broker envelope: {problem}"
     return None
 
 
@@ -343,6 +440,10 @@ def parse_unacked(raw: bytes | str) -> tuple[UnackedEntry | None, str | None]:
         return None, "unacked entry's exchange and routing key are not strings"
     if not exchange and not routing_key:
         return None, "unacked entry names no exchange and no routing key"
+    problem = routes.route_problem(exchange, routing_key)
+    if problem is not None:
+        # kombu restores an entry to wherever it names: another key would receive a list.
+        return None, f"unacked entry is routed elsewhere: {problem}"
     problem = check_envelope(message)
     if problem is not None:
         return None, "unacked entry: " + problem.removeprefix("not a broker envelope: ")

@@ -99,9 +99,15 @@ class BacklogCollector(Collector):
         depth: list[Sample] = []
         age: list[Sample] = []
         unacked: list[Sample] = []
+        unreadable: list[Sample] = []
         conf = cleanup_settings()
         for queue in (conf.sweep_queue, conf.release_queue, conf.maintenance_queue):
             stats = queue_stats(queue)
+            unreadable.append(((queue,), float(len(stats.unreadable_keys))))
+            if not stats.readable:
+                # A key of the queue holds another type (planted): its depth and age are
+                # unknown, and exporting what the other keys hold would read as the truth.
+                continue
             depth.append(((queue,), float(stats.depth)))
             if stats.oldest_age_seconds is not None:
                 age.append(((queue,), stats.oldest_age_seconds))
@@ -115,6 +121,7 @@ class BacklogCollector(Collector):
             "queue_depth": depth,
             "queue_oldest_message_age_seconds": age,
             "queue_unacked": unacked,
+            "queue_unreadable_keys": unreadable,
         }
 
     def read_outbox(self) -> dict[str, list[Sample]]:
@@ -195,6 +202,7 @@ class BacklogCollector(Collector):
             "queue_depth": ["queue"],
             "queue_oldest_message_age_seconds": ["queue"],
             "queue_unacked": ["queue"],
+            "queue_unreadable_keys": ["queue"],
             "outbox_oldest_unpublished_age_seconds": [],
             "dead_letters_open": ["reason"],
             "dead_letters_open_cap": [],
@@ -250,6 +258,9 @@ GAUGE_HELP = {
         "Age of the oldest waiting message (enqueued_at header); 0 when the queue is empty"
     ),
     "queue_unacked": "Messages fetched by workers and not yet acknowledged (Redis)",
+    "queue_unreadable_keys": (
+        "Keys of the queue holding another type than a list (Redis): depth and age not exported"
+    ),
     "outbox_oldest_unpublished_age_seconds": "Age of the oldest unpublished outbox event (0: none)",
     "dead_letters_open": "Dead letters not yet resolved (requeued, discarded, summarised, ...)",
     "dead_letters_open_cap": (

@@ -333,7 +333,8 @@ def take_sample() -> HealthSample:
     readings = read_shards(shards, cap)
     depth: int | None
     try:
-        depth = queue_stats(cleanup_settings().release_queue).depth
+        stats = queue_stats(cleanup_settings().release_queue)
+        depth = stats.depth if stats.readable else None
     except Exception:  # noqa: BLE001 - a gap in the chart, not a failed sample
         depth = None
     released = CleanupReceipt.objects.filter(

@@ -31,7 +31,14 @@ RELEASED = ReleaseOutcome.RELEASED.value
 # Outcomes that record no receipt, because the same key may legitimately be released later:
 # not_expired (the hold expires later at the same version) and not_found (a message may name
 # an id before its hold exists; a receipt would then block that hold's release for good).
-NO_RECEIPT = {ReleaseOutcome.NOT_EXPIRED.value, ReleaseOutcome.NOT_FOUND.value}
+# unknown_version records none either: the hold never had that version, so no sweep sent it,
+# and a receipt per forged version would let anyone write rows without bound (and count them
+# in the service rate the sizing and the autoscaler read).
+NO_RECEIPT = {
+    ReleaseOutcome.NOT_EXPIRED.value,
+    ReleaseOutcome.NOT_FOUND.value,
+    ReleaseOutcome.UNKNOWN_VERSION.value,
+}
 
 
 @dataclass(frozen=True)

@@ -261,6 +261,10 @@ class Reader:
             stats = queue_stats(cleanup_settings().release_queue)
         except Exception as exc:  # noqa: BLE001
             return Reading(now, error=f"broker: {exc!r}"[:300])
+        if not stats.readable:
+            # A planted key: the depth is unknown, so the pool is kept as it is until a worker
+            # sets the key aside.
+            return Reading(now, error=f"broker: unreadable keys {', '.join(stats.unreadable_keys)}")
 
         history = self._backlog_history
         history.append((now, backlog))

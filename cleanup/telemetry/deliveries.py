@@ -2,11 +2,21 @@
 tally of release attempts.
 
 The counter bounds loops: a message whose delivery kills its worker, times out or keeps
-failing comes back marked as a redelivery (the broker's ``redelivered`` flag: RabbitMQ sets it
-on requeue, kombu's Redis transport when it restores an unacknowledged message) or as a retry.
-Such a delivery is counted before any work; above ``CLEANUP_MAX_DELIVERIES`` deliveries in
-all (the uncounted first one included) the message is dead-lettered before any work. A first
-delivery cannot be a loop yet, so it is not counted: the common path makes no round trip here.
+failing comes back as a redelivery or as a retry; above ``CLEANUP_MAX_DELIVERIES`` deliveries
+in all (the uncounted first one included) it is dead-lettered before any work. A redelivery is
+counted only on the word of whatever made it, never on a flag in the message, which any
+publisher can set:
+
+- kombu's Redis transport restoring an unacknowledged message (after a crash, a lost pool
+  process, a shutdown): counted as it is restored (``count_restored``, called by the worker's
+  transport);
+- the project's own retry: counted as it is published (``CleanupTask.retry``);
+- RabbitMQ's ``redelivered`` flag, which the broker sets in the delivery itself: counted when
+  the message arrives (``increment``).
+
+A message marked as a redelivery or a retry then only *reads* its key's count (``current``): a
+forged mark costs nothing and spends no real hold's budget. A first delivery cannot be a loop
+yet, so it is not counted: the common path makes no round trip here.
 Redis ``INCR`` + ``EXPIRE`` (one pipelined round trip) when a Redis URL is configured;
 otherwise an autocommit upsert in PostgreSQL.
 
@@ -18,16 +28,20 @@ that is killed loses at most that much of its tally.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import threading
 import time
+from typing import Any
 
 from django.db import models
+from kombu.utils.json import loads
 
 from cleanup import redis_clients, sql
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeliveryCount
+from cleanup.pipeline.messages import BATCH_KIND, MalformedMessage, validate, validate_batch
 from reservations.db import scalar
 
 logger = logging.getLogger("cleanup.deliveries")
@@ -41,6 +55,43 @@ TALLY_FLUSH_SECONDS = 1.0
 _pending: dict[int, int] = {}  # minute -> attempts not yet added to Redis
 _pending_lock = threading.Lock()
 _flusher: list[threading.Thread] = []  # this process's flush thread, once started
+
+
+def message_key(message: Any, task_id: str) -> str:
+    """The key a task's deliveries are counted under: a valid release message counts by its
+    idempotency key (a batch by its items' keys), anything else by its task id, which
+    redelivery and retries keep. A malformed message never counts against a real key."""
+    try:
+        if isinstance(message, dict) and message.get("kind") == BATCH_KIND:
+            return validate_batch(message).batch_key
+        return validate(message).idempotency_key
+    except MalformedMessage:
+        return f"task:{task_id}"
+
+
+def envelope_key(envelope: Any) -> str | None:
+    """``message_key`` of a kombu Redis envelope (a task message as it sits in a queue or in
+    the ``unacked`` hash); ``None`` when it is not a task message this can read."""
+    try:
+        headers = envelope["headers"]
+        task_id = headers["id"]
+        args, kwargs, _embed = loads(base64.b64decode(envelope["body"]))
+        message = args[0] if args else kwargs.get("message")
+    except Exception:  # noqa: BLE001 - the envelope was screened; anything odd is not counted
+        return None
+    return message_key(message, str(task_id)) if isinstance(task_id, str) else None
+
+
+def count_restored(envelope: Any) -> None:
+    """Count one redelivery of a message kombu's Redis transport has just restored; never
+    raises (a counter that cannot be written only weakens the loop bound for this message)."""
+    key = envelope_key(envelope)
+    if key is None:
+        return
+    try:
+        increment(key)
+    except Exception as exc:  # noqa: BLE001 - the counter is a guard, not a dependency
+        logger.warning("restored message not counted", extra={"key": key, "error": repr(exc)[:200]})
 
 
 def increment(key: str) -> int:

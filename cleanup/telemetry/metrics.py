@@ -77,6 +77,12 @@ SWEEP_DURATION = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 
+BROKER_KEYS_SET_ASIDE = Counter(
+    f"{PREFIX}_broker_keys_set_aside",
+    "Broker keys of the wrong type a process renamed out of the way (docs/HARDENING.md), by key",
+    ["key"],
+)
+
 CONTROL_DROPS = Counter(
     f"{PREFIX}_control_messages_dropped",
     "Remote-control and other broadcast messages a worker dropped unread, by reason",
@@ -193,6 +199,10 @@ def record_control_drop(reason: str) -> None:
 
 def record_skipped_entry(reader: str) -> None:
     BROKER_ENTRIES_SKIPPED.labels(reader=reader).inc()
+
+
+def record_key_set_aside(key: str) -> None:
+    BROKER_KEYS_SET_ASIDE.labels(key=key).inc()
 
 
 def record_message_sizes(sizes: list[int]) -> None:

@@ -35,7 +35,8 @@ from amqp.method_framing import frame_handler
 from amqp.serialization import dumps, loads
 from kombu.transport import pyamqp
 
-from cleanup.broker.screening import MAX_NESTING
+from cleanup.broker.screening import MAX_NESTING, max_bytes
+from cleanup.telemetry import metrics
 
 logger = logging.getLogger("cleanup.amqp_transport")
 
@@ -167,6 +168,11 @@ def check_content_header(buf: Buffer, max_depth: int = MAX_DEPTH) -> str | None:
     (class_id,) = unpack_from(">H", buf, 0)
     if class_id != spec.Basic.CLASS_ID:
         return f"content header of class {class_id}, not basic"
+    (body_size,) = unpack_from(">Q", buf, 4)
+    if body_size > max_bytes():
+        # Refused from the header's word, before py-amqp buffers a body frame: RabbitMQ
+        # accepts bodies up to 128 MiB, and py-amqp keeps the whole body before handing it on.
+        return f"body of {body_size} bytes exceeds CLEANUP_MAX_MESSAGE_BYTES ({max_bytes()} bytes)"
     (flags,) = unpack_from(">H", buf, 12)
     offset = 14
     for flag, kind in _PROPERTIES:
@@ -215,6 +221,10 @@ _METHOD_NAMES = {
 }
 
 
+# Celery's remote-control exchanges (``celery.pidbox`` and its reply exchange).
+PIDBOX_SUFFIX = ".pidbox"
+
+
 def refuse_delivery(
     connection: Any, channel_id: int, method_frame: Buffer | None, header: Buffer, problem: str
 ) -> None:
@@ -225,6 +235,11 @@ def refuse_delivery(
     channel = (connection.channels or {}).get(channel_id)
     if delivery_tag is not None and channel is not None:
         channel.basic_reject(delivery_tag, requeue=False)
+    if str(info.get("exchange", "")).endswith(PIDBOX_SUFFIX):
+        # A remote-control message names no hold: counted as a dropped broadcast, as on Redis.
+        logger.warning("AMQP control message dropped", extra={"error": problem[:300]})
+        metrics.record_control_drop("malformed")
+        return
     details = {
         "channel": channel_id,
         "queue": info.get("routing_key", ""),

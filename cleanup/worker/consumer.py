@@ -29,7 +29,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kombu.exceptions import ContentDisallowed, DecodeError
 from vine import promise
 
-from cleanup.broker import screening
+from cleanup.broker import routes, screening
 from cleanup.conf import WORKER_POOLS, cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.worker.signals import dead_letter_message, dead_letter_undecodable
@@ -92,7 +92,7 @@ class DeadLetteringConsumer(_Consumer):
 
     def __init__(self, *args: Any, worker_options: Any = None, **kwargs: Any) -> None:
         refuse_unsafe_pool(kwargs.get("pool"))
-        screening.refuse_compressed_bodies()
+        screening.refuse_untrusted_decoding()
         # Gossip and mingle are always off, whatever the command line says: both consume
         # broadcasts from every other worker (and from anyone who can write to the broker) in
         # the main process, with handlers that raise on a malformed body, and the pipeline
@@ -148,16 +148,28 @@ class DeadLetteringConsumer(_Consumer):
         problem = screening.check_headers(headers)
         if problem:
             return DeadLetter.Reason.REJECTED, problem
+        info = message.delivery_info or {}
+        problem = routes.route_problem(info.get("exchange"), info.get("routing_key"))
+        if problem:
+            # kombu's restore and Celery's retry would send it on to wherever it names.
+            return DeadLetter.Reason.REJECTED, f"misrouted: {problem}"
+        problem = screening.check_content(message.content_type, message.content_encoding)
+        if problem:
+            return DeadLetter.Reason.REJECTED, problem
         try:
             payload = message.payload  # decoded once; kombu caches it for the request
         except (DecodeError, ContentDisallowed) as exc:
             return DeadLetter.Reason.REJECTED, f"undecodable message: {exc!r}"[:2000]
-        problem = screening.check_payload(payload) or screening.check_publish_options(
-            headers,
-            payload[2],
-            time_limits=(self.app.conf.task_time_limit, self.app.conf.task_soft_time_limit),
-            eta_bound_seconds=cleanup_settings().retry_backoff_max,
-            now=datetime.now(UTC),
+        problem = (
+            screening.check_payload(payload)
+            or screening.check_body_size(len(message.body), payload)
+            or screening.check_publish_options(
+                headers,
+                payload[2],
+                time_limits=(self.app.conf.task_time_limit, self.app.conf.task_soft_time_limit),
+                eta_bound_seconds=cleanup_settings().retry_backoff_max,
+                now=datetime.now(UTC),
+            )
         )
         if problem:
             return DeadLetter.Reason.REJECTED, problem

@@ -19,14 +19,18 @@ messages (docs/HARDENING.md, "Planted broker state").
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from queue import Empty
-from typing import Any
+from typing import Any, TypeVar
 
+import redis as redis_py
+from kombu import exceptions as kombu_exceptions
 from kombu.transport import redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
-from cleanup.broker import screening
+from cleanup.broker import keys, routes, screening
+from cleanup.broker.keys import HASH, LIST, SET, STRING, ZSET, is_wrong_type
 from cleanup.broker.screening import ENVELOPE_SLACK, parse_unacked
 from cleanup.telemetry import metrics
 
@@ -36,23 +40,63 @@ logger = logging.getLogger("cleanup.redis_transport")
 _RedisChannel: Any = redis.Channel
 _RedisTransport: Any = redis.Transport
 _RedisQoS: Any = redis.QoS
+_kombu_redis: Any = redis
+_PublishBatch: Any = _kombu_redis.PublishBatch
+# kombu 5.7's error for a pipelined publish that failed (not in kombu's type stubs).
+BatchPublishError: Any = getattr(kombu_exceptions, "BatchPublishError")  # noqa: B009
+
+T = TypeVar("T")
+
+# How often one operation sets a key aside and tries again before giving up: a key planted
+# again at once, over and over, is an attack in progress, not a stray value.
+SET_ASIDE_ATTEMPTS = 3
 
 
-def dead_letter_entry(item: bytes | str, queue: str, problem: str) -> None:
+class KeyKeptWrong(redis_py.ConnectionError):
+    """A key was set aside and replaced with the wrong type again on every attempt. Raised as a
+    connection error so that kombu and Celery reconnect (and the broker redelivers what was not
+    acknowledged) instead of the worker exiting."""
+
+
+def retry_after_set_aside(
+    operation: Callable[[], T], set_aside: Callable[[], list[str]], where: str
+) -> T:
+    """Run ``operation``; when Redis answers WRONGTYPE, set the offending keys aside and run it
+    again (at most ``SET_ASIDE_ATTEMPTS`` times in all)."""
+    for _ in range(SET_ASIDE_ATTEMPTS - 1):
+        try:
+            return operation()
+        except redis_py.ResponseError as exc:
+            if not is_wrong_type(exc):
+                raise
+            set_aside()
+    try:
+        return operation()
+    except redis_py.ResponseError as exc:
+        if not is_wrong_type(exc):
+            raise
+        raise KeyKeptWrong(f"{where}: a key stays of the wrong type after being set aside") from exc
+
+
+def dead_letter_entry(item: bytes | str, queue: str, error: str) -> None:
     from cleanup.models import DeadLetter  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
     from cleanup.pipeline import deadletters  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
 
     raw = item if isinstance(item, bytes) else item.encode("utf-8", "surrogatepass")
-    logger.error("broker entry set aside", extra={"queue": queue, "error": problem})
+    logger.error("broker entry set aside", extra={"queue": queue, "error": error})
     deadletters.record(
         DeadLetter.Reason.REJECTED,
-        error=f"not a broker envelope: {problem}",
+        error=error,
         payload={"queue": queue, "entry_bytes": len(raw), "entry": raw[:8192]},
     )
 
 
 def screen_entry(item: bytes | str, queue: str) -> dict[str, Any] | None:
-    """The decoded envelope, or ``None`` once a bad entry has been dead-lettered."""
+    """The decoded envelope, or ``None`` once a bad entry has been dead-lettered.
+
+    An entry of one of the project's task queues must also say it was routed there: kombu
+    restores an unacknowledged message, and Celery routes its retry, by the delivery info the
+    entry carries, so one naming another key would be pushed there later."""
     problem = screening.check_raw(item, "broker entry", slack=ENVELOPE_SLACK)
     payload: Any = None
     if problem is None:
@@ -64,10 +108,19 @@ def screen_entry(item: bytes | str, queue: str) -> dict[str, Any] | None:
         problem = screening.check_envelope(payload)
         if problem is not None:
             problem = problem.removeprefix("not a broker envelope: ")
-    if problem is None:
+    error = None if problem is None else f"not a broker envelope: {problem}"
+    if error is None and queue in routes.task_queues():
+        info = payload["properties"]["delivery_info"]
+        if info["routing_key"] != queue:
+            error = (
+                f"misrouted: its delivery info names {info['routing_key'][:80]!r}, not {queue!r}"
+            )
+        elif (problem := routes.route_problem(info["exchange"], info["routing_key"])) is not None:
+            error = f"misrouted: {problem}"
+    if error is None:
         return payload  # type: ignore[no-any-return]
     try:
-        dead_letter_entry(item, queue, problem)
+        dead_letter_entry(item, queue, error)
     except Exception:
         logger.exception("could not dead-letter a broker entry")
     return None
@@ -95,13 +148,14 @@ def set_aside_unacked(raw: bytes | str, where: str, problem: str) -> None:
     one dead letter (never raises)."""
     metrics.record_skipped_entry("unacked_restore")
     try:
-        dead_letter_entry(raw, where, problem)
+        dead_letter_entry(raw, where, f"not a broker envelope: {problem}")
     except Exception:
         logger.exception("could not dead-letter an unacked entry")
 
 
 class ScreenedQoS(_RedisQoS):
-    """kombu's Redis ack emulation, with each ``unacked`` entry screened before it is restored.
+    """kombu's Redis ack emulation, screened: each ``unacked`` entry before it is restored, and
+    every key it touches for its type.
 
     kombu's ``restore_by_tag`` decodes an entry and unpacks it as ``[message, exchange,
     routing_key]`` without looking; an entry that is not that raises, and ``restore_visible``
@@ -112,32 +166,259 @@ class ScreenedQoS(_RedisQoS):
     bare decode; tests/unit/test_hardening.py fails when kombu's version changes. Every path
     that restores an unacked entry goes through it: the visibility-timeout scan, a requeue,
     and the restore at shutdown.
+
+    A key of the wrong type where the bookkeeping lives (``unacked``, ``unacked_index``, the
+    queue a message is restored to) is set aside (``cleanup.broker.keys``) and the operation
+    runs again, so a delivery is still recorded and an ack still lands. A restore lock that
+    would never expire (planted without an expiry, or of another type) is set aside too:
+    kombu's scan otherwise skips, silently and for good, while it exists.
     """
+
+    _vrestore_count: int
+
+    def _ack_keys(self) -> dict[str, str]:
+        return {self.unacked_key: HASH, self.unacked_index_key: ZSET}
+
+    def _set_aside_ack_keys(self) -> list[str]:
+        with self.channel.conn_or_acquire() as client:
+            return keys.set_aside(client, self._ack_keys(), "ack bookkeeping")
+
+    def append(self, message: Any, delivery_tag: Any) -> None:
+        retry_after_set_aside(
+            lambda: super(ScreenedQoS, self).append(message, delivery_tag),
+            self._set_aside_ack_keys,
+            "recording a delivery",
+        )
+
+    def ack(self, delivery_tag: Any) -> None:
+        retry_after_set_aside(
+            lambda: super(ScreenedQoS, self).ack(delivery_tag),
+            self._set_aside_ack_keys,
+            "acknowledging a delivery",
+        )
+
+    def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        retry_after_set_aside(
+            lambda: super(ScreenedQoS, self).reject(delivery_tag, requeue=requeue),
+            self._set_aside_ack_keys,
+            "rejecting a delivery",
+        )
+
+    def restore_visible(self, start: int = 0, num: int = 10, interval: int = 10) -> None:
+        """kombu's scan (run every ``interval``-th call); before it, a restore lock that could
+        never expire is set aside, and a scan that meets a key of the wrong type sets it aside
+        and runs again."""
+        if (self._vrestore_count % (interval or 1)) == 0:
+            with self.channel.conn_or_acquire() as client:
+                keys.set_aside(
+                    client,
+                    {self.unacked_mutex_key: STRING},
+                    "the restore lock",
+                    longest_expiry_ms=int(self.unacked_mutex_expire * 1000),
+                )
+
+        def scan() -> None:
+            super(ScreenedQoS, self).restore_visible(start=start, num=num, interval=interval)
+
+        def scan_again() -> None:
+            self._vrestore_count = 0  # the retry must scan, whatever the throttle says
+            super(ScreenedQoS, self).restore_visible(start=start, num=num, interval=1)
+
+        try:
+            scan()
+        except redis_py.ResponseError as exc:
+            if not is_wrong_type(exc):
+                raise
+            self._set_aside_ack_keys()
+            retry_after_set_aside(scan_again, self._set_aside_ack_keys, "restoring messages")
 
     def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
         refused: list[tuple[bytes | str, str]] = []
 
+        restored: list[Any] = []
+
         def restore_transaction(pipe: Any) -> None:
             refused.clear()  # the transaction runs again when the hash changed meanwhile
+            restored.clear()
             p = pipe.hget(self.unacked_key, tag)
+            entry, problem = parse_unacked(p) if p else (None, None)
+            if entry is not None:
+                # The push runs inside MULTI after the entry is removed from the hash: a
+                # destination key of the wrong type would fail only the push and lose the
+                # message, so such a key is set aside before the transaction starts.
+                self.channel.set_aside_restore_targets(entry[1], entry[2])
             pipe.multi()
             self._remove_from_indices(tag, pipe)
             if p:
-                entry, problem = parse_unacked(p)
                 if entry is None:
                     refused.append((p, problem or "unreadable"))
                     return
                 M, EX, RK = entry
                 self.channel._do_restore_message(M, EX, RK, pipe, leftmost)
+                restored.append(M)
 
-        with self.channel.conn_or_acquire(client) as client:
-            client.transaction(restore_transaction, self.unacked_key)
+        def restore() -> None:
+            with self.channel.conn_or_acquire(client) as conn:
+                conn.transaction(restore_transaction, self.unacked_key)
+
+        retry_after_set_aside(restore, self._set_aside_ack_keys, "restoring a message")
+        if restored:
+            # The redelivery is counted here, where it is made: the message's own
+            # "redelivered" mark is only read (cleanup.telemetry.deliveries).
+            from cleanup.telemetry import deliveries  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
+
+            for envelope in restored:
+                deliveries.count_restored(envelope)
         for raw, problem in refused:
             set_aside_unacked(raw, str(self.unacked_key), problem)
 
 
+# Every binding this process made, by exchange: put back when the exchange's binding set had to
+# be set aside (it held none of them any more), so routing by that exchange goes on.
+_bindings_made: dict[str, set[tuple[str, str, str]]] = {}
+
+
+class ScreenedPublishBatch(_PublishBatch):
+    """kombu's pipelined publish, where a queue key of the wrong type fails only the commands
+    for it: the key is set aside and exactly those commands run again (the others already ran,
+    so running the whole pipeline again would publish them twice)."""
+
+    _buffered: int
+
+    def flush(self) -> None:
+        self._check_usable()
+        if not self._buffered:
+            return
+        stack = list(self.pipeline.command_stack)
+        try:
+            replies = self.pipeline.execute(raise_on_error=False)
+        except BaseException as exc:
+            self._failed = exc
+            self._buffered = 0
+            self.pipeline.reset()
+            if isinstance(exc, Exception):
+                raise BatchPublishError(
+                    "Redis publish batch failed; delivery is uncertain"
+                ) from exc
+            raise
+        self._buffered = 0
+        failed = [
+            (cmd, reply)
+            for cmd, reply in zip(stack, replies, strict=True)
+            if isinstance(reply, Exception)
+        ]
+        if not failed:
+            return
+        other = next((reply for _, reply in failed if not is_wrong_type(reply)), None)
+        if other is not None:
+            self._failed = other
+            raise BatchPublishError("Redis publish batch failed; delivery is uncertain") from other
+        again = [(args, options) for (args, options), _ in failed]
+
+        def publish_again() -> None:
+            with self.channel.conn_or_acquire() as client:
+                pipe = client.pipeline(transaction=False)
+                for args, options in again:
+                    pipe.execute_command(*args, **options)
+                outcome = pipe.execute(raise_on_error=False)
+            still = [
+                (cmd, r) for cmd, r in zip(again, outcome, strict=True) if isinstance(r, Exception)
+            ]
+            again[:] = [cmd for cmd, _ in still]
+            if still:
+                raise still[0][1]
+
+        def set_aside() -> list[str]:
+            targets = {bytes_to_str(args[1]): LIST for args, _ in again if len(args) > 1}
+            with self.channel.conn_or_acquire() as client:
+                return keys.set_aside(client, targets, "publishing")
+
+        set_aside()
+        retry_after_set_aside(publish_again, set_aside, "publishing")
+
+
 class Channel(_RedisChannel):
     QoS = ScreenedQoS
+
+    # --- keys of the wrong type ------------------------------------------------------------
+
+    def _set_aside_queues(self, queues: Any, where: str) -> list[str]:
+        expected: dict[str, str] = {}
+        for queue in queues:
+            expected.update(keys.queue_keys(queue, self.priority_steps))
+        with self.conn_or_acquire() as client:
+            return keys.set_aside(client, expected, where)
+
+    def _set_aside_bindings(self, exchange: str) -> list[str]:
+        expected = {
+            self.keyprefix_queue % (exchange,): SET,
+            self.keyprefix_binding_permanent % (exchange,): SET,
+        }
+        with self.conn_or_acquire() as client:
+            moved = keys.set_aside(client, expected, f"the bindings of exchange {exchange!r}")
+        if moved:
+            for routing_key, pattern, queue in sorted(_bindings_made.get(exchange, ())):
+                super()._queue_bind(exchange, routing_key, pattern, queue)
+        return moved
+
+    def set_aside_restore_targets(self, exchange: str, routing_key: str) -> list[str]:
+        """Before a message is restored by ``(exchange, routing_key)``: its queue's keys, if any
+        is of the wrong type."""
+        return self._set_aside_queues(self._lookup(exchange, routing_key), "restoring a message")
+
+    def _size(self, queue: str) -> int:
+        """kombu's depth reading (a worker's queue declare at start-up makes one); a key of the
+        wrong type is set aside and counts as empty."""
+        names = [self._q_for_pri(queue, pri) for pri in self.priority_steps]
+        with self.conn_or_acquire() as client:
+            pipe = client.pipeline(transaction=False)
+            for name in names:
+                pipe.llen(name)
+            replies = pipe.execute(raise_on_error=False)
+        wrong = {
+            name: LIST
+            for name, reply in zip(names, replies, strict=True)
+            if isinstance(reply, Exception) and is_wrong_type(reply)
+        }
+        if wrong:
+            with self.conn_or_acquire() as client:
+                keys.set_aside(client, wrong, "reading a queue's depth")
+        for reply in replies:
+            if isinstance(reply, Exception) and not is_wrong_type(reply):
+                raise reply
+        return sum(reply for reply in replies if isinstance(reply, int))
+
+    def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
+        if kwargs.get("_publish_batch") is not None:
+            super()._put(queue, message, **kwargs)  # errors surface at the batch's flush
+            return
+        retry_after_set_aside(
+            lambda: super(Channel, self)._put(queue, message, **kwargs),
+            lambda: self._set_aside_queues([queue], "publishing"),
+            "publishing",
+        )
+
+    def create_publish_batch(self, max_size: int) -> Any:
+        return ScreenedPublishBatch(self, max_size)
+
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+        _bindings_made.setdefault(exchange, set()).add(
+            (routing_key or "", pattern or "", queue or "")
+        )
+        retry_after_set_aside(
+            lambda: super(Channel, self)._queue_bind(exchange, routing_key, pattern, queue),
+            lambda: self._set_aside_bindings(exchange),
+            "binding a queue",
+        )
+
+    def get_table(self, exchange: str) -> Any:
+        return retry_after_set_aside(
+            lambda: super(Channel, self).get_table(exchange),
+            lambda: self._set_aside_bindings(exchange),
+            "routing a message",
+        )
+
+    # --- reading ----------------------------------------------------------------------------
 
     def _handle_message(self, client: Any, r: Any) -> dict[str, Any]:
         """kombu's parsed pub/sub reply; a message whose payload is not a kombu envelope is
@@ -163,6 +444,14 @@ class Channel(_RedisChannel):
                 # iteration will reconnect automatically.
                 self.client.connection.disconnect()
                 raise
+            except redis_py.ResponseError as exc:
+                # A queue's key (or one of its priority sub-keys) is not a list: Redis does not
+                # say which, so every consumed queue's keys are checked and the wrong ones set
+                # aside; the next poll reads on.
+                if not is_wrong_type(exc):
+                    raise
+                self._set_aside_queues(list(self.active_queues), "consuming")
+                raise Empty() from None
             if dest__item:
                 dest, item = dest__item
                 dest = bytes_to_str(dest).rsplit(self.sep, 1)[0]
@@ -180,7 +469,14 @@ class Channel(_RedisChannel):
     def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
         with self.conn_or_acquire() as client:
             for pri in self.priority_steps:
-                item = client.rpop(self._q_for_pri(queue, pri))
+                name = self._q_for_pri(queue, pri)
+                try:
+                    item = client.rpop(name)
+                except redis_py.ResponseError as exc:
+                    if not is_wrong_type(exc):
+                        raise
+                    keys.set_aside(client, {name: LIST}, "consuming")
+                    continue
                 if item:
                     self._maybe_update_queues_expire(client, queue)
                     payload = screen_entry(item, queue)

@@ -35,6 +35,8 @@ _BODY_KEYS = frozenset(
 # 'pcre' would compile a sender's regular expression in the main process (a slow one stalls
 # every consumer of this worker); glob and exact destinations are what the tools use.
 _MATCHERS = (None, "glob")
+# A Lamport clock counts messages: 2**63 - 1 is more than any cluster sends.
+MAX_CLOCK = 2**63 - 1
 
 
 def allowed_commands() -> frozenset[str]:
@@ -87,6 +89,10 @@ def check_command(
     clock = headers.get("clock") if isinstance(headers, dict) else None
     if clock is not None and (isinstance(clock, bool) or not isinstance(clock, int)):
         return "malformed", "header 'clock' is not an integer"
+    if clock is not None and not 0 <= clock <= MAX_CLOCK:
+        # kombu's Lamport clock adopts max(own, clock) + 1 and every later reply carries it:
+        # an integer of thousands of digits broke every reply's encoding until a restart.
+        return "malformed", "header 'clock' is out of range"
     return None
 
 

@@ -9,6 +9,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
 from cleanup.conf import CleanupSettings
+from config import redis_tls
 from config.env import env_bool, env_int, env_list, env_str, env_typed, parse_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -123,9 +124,21 @@ if BROKER_IS_REDIS:
         "unacked_restore_interval": _cleanup.unacked_restore_interval,
         "unacked_restore_throttle": 1,
     }
-if CELERY_BROKER_URL.startswith("redis://"):
-    # kombu's Redis transport with every list entry screened before kombu decodes it.
+# TLS for every rediss:// client of the project (broker, counters, readers): from the URL's
+# query or the REDIS_TLS_* settings (config.redis_tls).
+REDIS_TLS_OPTIONS = redis_tls.options_from_environment()
+if BROKER_IS_REDIS:
+    # kombu's Redis transport with every list entry screened before kombu decodes it, for TLS
+    # (rediss://) as for plain connections: the screening does not depend on the socket.
     CELERY_BROKER_TRANSPORT = "cleanup.worker.redis_transport:Transport"
+    # A mix of URL options and settings is refused at start-up for every Redis URL.
+    redis_tls.for_url("CLEANUP_COUNTER_REDIS_URL", _cleanup.counter_redis_url, REDIS_TLS_OPTIONS)
+    if redis_tls.is_tls(CELERY_BROKER_URL):
+        # kombu reads TLS options from the URL's query itself; otherwise it must be given them
+        # (named transport or not, it would otherwise connect without TLS, or without checks).
+        CELERY_BROKER_USE_SSL = (
+            redis_tls.for_url("CELERY_BROKER_URL", CELERY_BROKER_URL, REDIS_TLS_OPTIONS) or None
+        )
 elif CELERY_BROKER_URL.startswith(("amqp://", "pyamqp://", "amqps://")):
     # kombu's py-amqp transport with every content header screened before py-amqp decodes it.
     CELERY_BROKER_TRANSPORT = "cleanup.worker.amqp_transport:" + (
@@ -151,6 +164,7 @@ CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True
 # the fewest messages behind a lost worker (each waits for the visibility timeout); higher
 # values hide the broker round trip between two tasks (docs/PERFORMANCE.md measures both).
 CELERY_WORKER_PREFETCH_MULTIPLIER = env_int("CELERY_WORKER_PREFETCH_MULTIPLIER", 1, minimum=1)
+CELERY_WORKER_ETA_TASK_LIMIT = _cleanup.worker_eta_task_limit
 CELERY_TASK_TIME_LIMIT = _cleanup.task_time_limit
 CELERY_TASK_SOFT_TIME_LIMIT = _cleanup.task_soft_time_limit
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
@@ -160,6 +174,8 @@ CELERY_TASK_QUEUES = [
     Queue(_cleanup.release_queue, routing_key=_cleanup.release_queue),
     Queue(_cleanup.maintenance_queue, routing_key=_cleanup.maintenance_queue),
 ]
+# A queue not declared above is refused, not created (cleanup.broker.routes checks the rest).
+CELERY_TASK_CREATE_MISSING_QUEUES = False
 CELERY_TASK_ROUTES = {
     "cleanup.sweep_shard": {"queue": _cleanup.sweep_queue},
     "cleanup.release_reservation": {"queue": _cleanup.release_queue},

@@ -10,6 +10,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
+from config import redis_tls
 from config.env import (
     DEVELOPMENT_VALUES,
     EXAMPLE_MARKER,
@@ -20,7 +21,13 @@ from config.env import (
 )
 
 from .base import *  # noqa: F403
-from .base import RESERVATIONS_API_TOKEN, SECRET_KEY
+from .base import (
+    CELERY_BROKER_URL,
+    REDIS_TLS_OPTIONS,
+    RESERVATIONS_API_TOKEN,
+    SECRET_KEY,
+    _cleanup,
+)
 
 if env_bool("DEBUG", False):
     raise ImproperlyConfigured(
@@ -161,3 +168,28 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", Fals
 SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", True)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", True)
+
+
+# --- TLS to Redis: certificate and host-name checks stay on ----------------------------------
+def _refuse_unchecked_tls(variable: str, url: str) -> None:
+    if not redis_tls.is_tls(url):
+        return
+    in_url = bool(redis_tls.url_options(url))
+    options = redis_tls.effective(url, REDIS_TLS_OPTIONS)
+    verify = str(options.get("ssl_cert_reqs", "required")).lower().removeprefix("cert_")
+    if verify != "required":
+        where = f"{variable}'s ssl_cert_reqs" if in_url else "REDIS_TLS_VERIFY"
+        raise ImproperlyConfigured(
+            f"{where}={verify}: production refuses a TLS connection to Redis that does not "
+            "verify the server's certificate (anyone on the path could read and write the queue)"
+        )
+    if options.get("ssl_check_hostname") is False:
+        where = f"{variable}'s ssl_check_hostname" if in_url else "REDIS_TLS_CHECK_HOSTNAME"
+        raise ImproperlyConfigured(
+            f"{where}=false: production refuses a TLS connection to Redis that accepts a "
+            "certificate issued for another host"
+        )
+
+
+_refuse_unchecked_tls("CELERY_BROKER_URL", CELERY_BROKER_URL)
+_refuse_unchecked_tls("CLEANUP_COUNTER_REDIS_URL", _cleanup.counter_redis_url)

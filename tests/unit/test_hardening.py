@@ -300,8 +300,14 @@ def test_what_the_publisher_sends_passes_the_publish_contract(headers: dict[str,
         ({}, {**EMBED, "callbacks": [{"task": "x"}]}, "links further tasks (callbacks)"),
         ({}, {**EMBED, "chord": {"task": "x"}}, "links further tasks (chord)"),
         ({}, {**EMBED, "other": 1}, "embed has 'other'"),
-        ({"eta": (NOW + timedelta(days=1)).isoformat()}, EMBED, "eta is 86400 s ahead"),
-        ({"eta": "2026-12-02T12:00:00"}, EMBED, "eta is 86400 s ahead"),  # naive is UTC
+        (
+            {"eta": (NOW + timedelta(days=1)).isoformat(), "retries": 1},
+            EMBED,
+            "eta is 86400 s ahead",
+        ),
+        ({"eta": "2026-12-02T12:00:00", "retries": 1}, EMBED, "eta is 86400 s ahead"),  # naive: UTC
+        # only a retry is ever scheduled: an eta on a first delivery is held in memory for nothing
+        ({"eta": (NOW + timedelta(seconds=5)).isoformat()}, EMBED, "eta on a first delivery"),
         ({"timelimit": [3600, None]}, EMBED, "hard limit of 3600"),
         ({"timelimit": [None, 26]}, EMBED, "soft limit of 26"),
         ({"expires": (NOW - timedelta(hours=1)).isoformat()}, EMBED, "expires is earlier"),

@@ -49,10 +49,48 @@ def test_a_first_delivery_is_not_counted_and_makes_no_round_trip(settings: Any) 
 @pytest.mark.parametrize(
     ("delivery_info", "retries"), [({"redelivered": True}, 0), ({}, 1), ({"redelivered": True}, 2)]
 )
-def test_a_redelivery_or_a_retry_is_counted_with_the_first_delivery_included(
+def test_a_message_that_only_says_it_is_a_redelivery_or_a_retry_spends_nothing(
     delivery_info: dict[str, Any], retries: int
 ) -> None:
-    assert _count(delivery_info, retries) == (2, 1)
+    """On Redis the mark is whatever the publisher wrote: eight forged "redelivered" messages
+    for a real hold's key used to spend its whole budget, and its genuine redelivery after a
+    crash was then dead-lettered. The count is read, not raised."""
+    assert _count(delivery_info, retries) == (1, 0)
+
+
+def test_a_redelivery_counts_where_it_is_restored_and_the_cap_counts_the_first() -> None:
+    # given: a message kombu's Redis transport has just restored (after a crash, say)
+    hold = seed_holds(1, offerings=1, expires_in=-60, name="restored")[0]
+    message = build(hold, 1, datetime.now(UTC), 0, "t")
+    key = validate(message).idempotency_key
+    envelope = _envelope(message)
+    deliveries.count_restored(envelope)
+    # when: it arrives, marked as a redelivery
+    task: Any = release_reservation_task
+    task.push_request(id=envelope["headers"]["id"], delivery_info={"redelivered": True}, retries=0)
+    try:
+        number = task.count_delivery((message,), {})
+    finally:
+        task.pop_request()
+    # then: its second delivery, counted once
+    assert (number, deliveries.current(key)) == (2, 1)
+
+
+def test_on_rabbitmq_the_brokers_redelivered_flag_is_counted_as_it_arrives(settings: Any) -> None:
+    """RabbitMQ sets ``redelivered`` in the delivery itself (no publisher can): counted."""
+    settings.BROKER_IS_REDIS = False
+    assert _count({"redelivered": True}, 0) == (2, 1)
+
+
+def _envelope(message: dict[str, Any]) -> dict[str, Any]:
+    import base64
+    import json
+
+    body = json.dumps([[message], {}, None]).encode()
+    return {
+        "body": base64.b64encode(body).decode(),
+        "headers": {"id": uuid.uuid4().hex, "task": "cleanup.release_reservation"},
+    }
 
 
 def test_release_attempts_are_tallied_per_hold_and_reach_redis_within_seconds(

@@ -547,6 +547,22 @@ def test_releasing_a_hold_renewed_since_the_message_was_built_reads_renewed(offe
     assert [e.version for e in released_events(hold.pk)] == [2]
 
 
+@pytest.mark.parametrize("status", ["held", "released"])
+def test_a_version_above_the_holds_own_reads_unknown_version(offering, t0, status):
+    # given: a hold at version 2 (renewed once), still held or released at 2
+    hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
+    services.renew(hold.pk, 1, ttl_seconds=60, now=t0)
+    later = t0 + timedelta(hours=1)
+    if status == "released":
+        services.release_if_expired(hold.pk, 2, now=later)
+    # when: a message names a version it never had (no sweep could have sent it)
+    outcome = services.release_if_expired(hold.pk, 3, now=later)
+    # then
+    assert outcome == ReleaseOutcome.UNKNOWN_VERSION
+    assert row(hold.pk)["status"] == status
+    assert len(released_events(hold.pk)) == (1 if status == "released" else 0)
+
+
 def test_releasing_a_hold_released_at_another_version_reads_renewed(offering, t0):
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
     services.renew(hold.pk, 1, ttl_seconds=60, now=t0)
@@ -558,16 +574,23 @@ def test_releasing_a_hold_released_at_another_version_reads_renewed(offering, t0
 
 
 @pytest.mark.parametrize("final_status", ["confirmed", "cancelled"])
-@pytest.mark.parametrize("message_version", [1, 2])
-def test_releasing_a_confirmed_or_cancelled_hold_reads_no_longer_held_whatever_the_version(
-    offering, t0, final_status, message_version
+@pytest.mark.parametrize(
+    ("message_version", "expected"),
+    [
+        (1, ReleaseOutcome.NO_LONGER_HELD),  # the version it was held at
+        (2, ReleaseOutcome.NO_LONGER_HELD),  # the version confirm or cancel gave it
+        (3, ReleaseOutcome.UNKNOWN_VERSION),  # a version it never had
+    ],
+)
+def test_releasing_a_confirmed_or_cancelled_hold_reads_no_longer_held_at_any_version_it_had(
+    offering, t0, final_status, message_version, expected
 ):
     hold_id, _ = ended_hold(offering, t0, final_status)
     free_before = seats(offering)
 
     outcome = services.release_if_expired(hold_id, message_version, now=t0 + timedelta(hours=1))
 
-    assert outcome == ReleaseOutcome.NO_LONGER_HELD
+    assert outcome == expected
     assert row(hold_id)["status"] == final_status
     assert released_events(hold_id) == []
     assert seats(offering) == free_before

@@ -1,0 +1,126 @@
+"""Where a task message may be routed: the project's own task queues, and nowhere else.
+
+Celery routes a task to whatever queue, exchange and routing key its caller names, and creates
+a queue it has never heard of. Flower's task API and a periodic task's queue, exchange and
+routing key in the admin pass straight through, so a caller could name any Redis key as a
+queue: ``send_task(..., queue="unacked")`` pushed a list where kombu keeps its ack hash and
+stopped every worker. A message may only be routed to the project's task queues (sweep,
+release, maintenance), whoever publishes it:
+
+- at publish time, ``ScreenedAMQP`` (the app's ``amqp`` class) refuses any other destination
+  before Celery resolves or creates a queue, for every ``send_task``/``apply_async`` of the
+  process: the sweep's fan-out, beat's periodic tasks, the admin's actions, and Flower when it
+  runs with the project's app;
+- at consumption, the worker's consumer and the Redis transport refuse a message whose
+  delivery info names another destination (kombu's restore of an unacknowledged message, and
+  Celery's retry, route by it).
+
+Docs: docs/HARDENING.md, "Routing".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from celery.app.amqp import AMQP
+from kombu import Exchange, Queue
+
+from cleanup.conf import cleanup_settings
+
+
+class RoutingRefused(ValueError):
+    """A task message names a destination other than the project's task queues."""
+
+
+def task_queues() -> frozenset[str]:
+    """The queues task messages may go to (``CLEANUP_SWEEP_QUEUE``, ``CLEANUP_RELEASE_QUEUE``,
+    ``CLEANUP_MAINTENANCE_QUEUE``). The events queue takes the outbox's events, never a task."""
+    conf = cleanup_settings()
+    return frozenset({conf.sweep_queue, conf.release_queue, conf.maintenance_queue})
+
+
+def task_exchanges() -> frozenset[str]:
+    """The exchanges a task message may name: the anonymous one (Celery's default for direct
+    routing) and the exchange Celery binds the task queues to (named after the default queue,
+    the release queue, unless ``task_default_exchange`` is set)."""
+    from celery import current_app  # noqa: PLC0415 - the configured app, at call time
+
+    conf = current_app.conf
+    return frozenset({"", conf.task_default_exchange or conf.task_default_queue})
+
+
+def _name(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, Exchange | Queue):
+        return str(value.name or "")
+    return str(value)
+
+
+def route_problem(exchange: Any, routing_key: Any) -> str | None:
+    """Why a task message with this delivery info may not be delivered, or ``None``."""
+    exchange_name = _name(exchange) or ""
+    if exchange_name not in task_exchanges():
+        return f"exchange {exchange_name[:80]!r} is not one the project's task queues are bound to"
+    if not isinstance(routing_key, str) or routing_key not in task_queues():
+        return (
+            f"routing key {str(routing_key)[:80]!r} names none of the project's task queues "
+            f"({', '.join(sorted(task_queues()))})"
+        )
+    return None
+
+
+def check_publish(
+    name: str, queue: Any = None, exchange: Any = None, routing_key: Any = None
+) -> None:
+    """Refuse a task publish whose queue, exchange or routing key leaves the project's task
+    queues (``RoutingRefused``). Only what the caller asked for is checked: what Celery fills in
+    from the routes and defaults is the project's own configuration."""
+    queue_name = _name(queue)
+    if queue_name is not None and queue_name not in task_queues():
+        raise RoutingRefused(
+            f"task {name[:200]!r}: queue {queue_name[:80]!r} is not one of the project's task "
+            f"queues ({', '.join(sorted(task_queues()))})"
+        )
+    if isinstance(queue, Queue) and queue.exchange is not None:
+        exchange = exchange if exchange is not None else queue.exchange
+        routing_key = routing_key if routing_key else (queue.routing_key or queue_name)
+    if exchange is None and not routing_key:
+        return
+    problem = route_problem(exchange, routing_key or queue_name)
+    if problem is not None:
+        raise RoutingRefused(f"task {name[:200]!r}: {problem}")
+
+
+# celery-types does not declare AMQP's task-sender factory.
+_AMQP: Any = AMQP
+
+
+class ScreenedAMQP(_AMQP):
+    """Celery's AMQP helper with every task publish's destination checked first."""
+
+    def _create_task_sender(self) -> Callable[..., Any]:
+        send = super()._create_task_sender()
+
+        def send_task_message(
+            producer: Any,
+            name: str,
+            message: Any,
+            exchange: Any = None,
+            routing_key: Any = None,
+            queue: Any = None,
+            **kwargs: Any,
+        ) -> Any:
+            check_publish(name, queue=queue, exchange=exchange, routing_key=routing_key)
+            return send(
+                producer,
+                name,
+                message,
+                exchange=exchange,
+                routing_key=routing_key,
+                queue=queue,
+                **kwargs,
+            )
+
+        return send_task_message
