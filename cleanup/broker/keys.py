@@ -64,7 +64,12 @@ return kind
 
 def is_wrong_type(exc: BaseException) -> bool:
     """Redis's answer to a command on a key holding another type of value."""
-    return isinstance(exc, redis.ResponseError) and str(exc).startswith("WRONGTYPE")
+    if not isinstance(exc, redis.ResponseError):
+        return False
+    text = str(exc)
+    # A pipeline's error names the command first ("Command # 2 (HSET ...) of pipeline caused
+    # error: WRONGTYPE ...").
+    return text.startswith("WRONGTYPE") or "caused error: WRONGTYPE" in text
 
 
 def describe(key: str | bytes) -> str:

@@ -128,8 +128,9 @@ def test_keys_of_the_wrong_type_are_skipped(broker: redis.Redis) -> None:
     before = (skipped("queue_depth"), skipped("unacked_count"))
     # when
     stats = broker_module.queue_stats(QUEUE, now=NOW)
-    # then
+    # then: the readable list is read; the planted key is named unreadable, not counted as 0
     assert (stats.depth, stats.oldest_age_seconds, stats.unacked) == (1, GOOD_AGE, 0)
+    assert stats.unreadable_keys == (QUEUE,)
     assert broker_module.queue_depth(QUEUE) == 1
     assert skipped("queue_depth") == before[0] + 2
     assert skipped("unacked_count") == before[1] + 1
