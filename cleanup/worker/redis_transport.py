@@ -140,7 +140,7 @@ def screen_broadcast(data: bytes | str) -> str | None:
         payload = loads(bytes_to_str(data))
     except Exception as exc:  # noqa: BLE001 - whatever the decoder raises, drop the payload
         return f"not JSON ({type(exc).__name__})"
-    return screening.check_envelope(payload)
+    return screening.check_envelope(payload, content=True)
 
 
 def set_aside_unacked(raw: bytes | str, where: str, problem: str) -> None:

@@ -230,7 +230,7 @@ CASES: dict[str, Case] = {
         "built-in task 'celery.map'",
     ),
     "eta a day ahead": Case(
-        lambda: publish_raw(_body(_good()), headers={"eta": _from_now(days=1)}),
+        lambda: publish_raw(_body(_good()), headers={"eta": _from_now(days=1), "retries": 1}),
         "rejected",
         "eta is 86400 s ahead",
     ),
@@ -270,6 +270,54 @@ CASES: dict[str, Case] = {
     "near 1 MiB of escaped quotes (quadratic to scan before)": Case(
         lambda: publish_raw(b"[]" * 40 + b'"' + b'\\"' * (500 * 1024)), "rejected", "undecodable"
     ),
+    # -- passed the screening and cost memory or trust (round three)
+    "content type application/data, encoded bz2": Case(
+        lambda: publish_raw(_bomb(), content_type="application/data", encoding="bz2"),
+        "rejected",
+        "content type 'application/data' is not 'application/json'",
+    ),
+    "json in another encoding": Case(
+        lambda: publish_raw(_body(_good()).encode(), encoding="zlib"),
+        "rejected",
+        "content encoding 'zlib' is not 'utf-8'",
+    ),
+    "eta on a first delivery": Case(
+        lambda: publish_raw(_body(_good()), headers={"eta": _from_now(seconds=1)}),
+        "rejected",
+        "eta on a first delivery",
+    ),
+    "a 700 KB one-hold message": Case(
+        lambda: publish_raw(_body(_good(padding="p" * 700_000))),
+        "rejected",
+        "larger than a message carrying 1 hold(s) needs",
+    ),
+    "argsrepr of 100 KB": Case(
+        lambda: publish_raw(_body(_good()), headers={"argsrepr": "a" * 100_000}),
+        "rejected",
+        "argsrepr",
+    ),
+    "redis entry routed to kombu's ack hash": Case(
+        lambda: push_redis_entry(
+            _envelope(
+                _body(_good()).encode(),
+                properties={
+                    "delivery_info": {"exchange": "", "routing_key": "unacked"},
+                    "priority": 0,
+                    "body_encoding": "base64",
+                    "delivery_tag": str(uuid.uuid4()),
+                },
+            )
+        ),
+        "rejected",
+        "misrouted",
+        redis_only=True,
+    ),
+    "a 5 MiB body on RabbitMQ": Case(
+        lambda: publish_raw(_body(_good(trace_id="x" * (5 * 1024 * 1024)))),
+        "rejected",
+        "exceeds CLEANUP_MAX_MESSAGE_BYTES",
+        amqp_only=True,
+    ),
     # -- AMQP content headers (stopped the worker inside py-amqp's frame decoding)
     "amqp header table nested 3,000 deep": Case(
         lambda: publish_deep_headers(3000), "rejected", "nested deeper", amqp_only=True
@@ -284,6 +332,11 @@ class Drop:
     send: Callable[[], Any]
     reason: str  # the drop counter's label
     redis_only: bool = False
+    amqp_reason: str = ""  # the label on RabbitMQ, when it differs
+
+
+def _drop_reason(drop: Drop) -> str:
+    return drop.reason if settings.BROKER_IS_REDIS else (drop.amqp_reason or drop.reason)
 
 
 def _app() -> Any:
@@ -300,17 +353,23 @@ def _control_channel() -> str:
     return f"{prefix}{app.control.mailbox.exchange.name}"
 
 
-def _publish_control(body: Any) -> None:
+def _publish_control(body: Any, headers: dict[str, Any] | None = None) -> None:
     app = _app()
     mailbox = app.control.mailbox
-    with app.connection_for_write() as conn:
-        conn.Producer().publish(
-            body,
-            exchange=mailbox.exchange,
-            declare=[mailbox.exchange],  # kombu routes by the exchange type it has declared
-            routing_key="",
-            serializer="json",
-        )
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)  # json writes the 4,000-digit clock only without the cap
+    try:
+        with app.connection_for_write() as conn:
+            conn.Producer().publish(
+                body,
+                exchange=mailbox.exchange,
+                declare=[mailbox.exchange],  # kombu routes by the exchange type it has declared
+                routing_key="",
+                serializer="json",
+                headers=headers,
+            )
+    finally:
+        sys.set_int_max_str_digits(limit)
 
 
 def _redis_publish(channel: str, data: bytes | str) -> None:
@@ -339,6 +398,20 @@ DROPS: dict[str, Drop] = {
         "malformed",
     ),
     "compressed control message": Drop(lambda: _publish_compressed_control(), "undecodable"),
+    # kombu decoded a trusted content type by its content-encoding, bz2 included
+    "control message typed application/data, encoded bz2": Drop(
+        lambda: _publish_compressed_control(
+            content_type="application/data", content_encoding="bz2", headers={}
+        ),
+        "not_an_envelope",
+        amqp_reason="undecodable",
+    ),
+    # kombu's Lamport clock adopted it and every later reply failed to encode
+    "control clock of 4,000 digits": Drop(
+        lambda: _publish_control({"method": "ping"}, headers={"clock": 10**4000}),
+        "malformed",
+        redis_only=True,  # an AMQP header table has no integer of that size
+    ),
 }
 
 
@@ -348,7 +421,11 @@ def _control(command: str, **arguments: Any) -> None:
     app.control.broadcast(command, arguments=arguments)
 
 
-def _publish_compressed_control() -> None:
+def _publish_compressed_control(
+    content_type: str = "application/json",
+    content_encoding: str = "utf-8",
+    headers: dict[str, Any] | None = None,
+) -> None:
     app = _app()
     with app.connection_for_write() as conn:
         conn.Producer().publish(
@@ -356,9 +433,9 @@ def _publish_compressed_control() -> None:
             exchange=app.control.mailbox.exchange,
             declare=[app.control.mailbox.exchange],
             routing_key="",
-            content_type="application/json",
-            content_encoding="utf-8",
-            headers={"compression": "application/x-bz2"},
+            content_type=content_type,
+            content_encoding=content_encoding,
+            headers={"compression": "application/x-bz2"} if headers is None else headers,
         )
 
 
@@ -471,7 +548,7 @@ def test_each_hostile_message_is_one_dead_letter_and_the_worker_keeps_releasing(
 
 def test_an_unstorable_message_still_leaves_a_dead_letter_row(hostile_worker: Worker) -> None:
     # given: a malformed release message whose fields PostgreSQL cannot store as they are
-    hostile = _good(rid=2**64, version=2**40, trace_id="\ud800\x00" + "y" * 100_000)
+    hostile = _good(rid=2**64, version=2**40, trace_id="\ud800\x00" + "y" * 3000)
     hostile["idempotency_key"] = "\x00" * 200
     # when
     publish_raw(_body(hostile))
@@ -511,7 +588,8 @@ def test_each_hostile_broadcast_is_dropped_and_counted_and_the_worker_keeps_rele
     worker, main_pid = hostile_worker, hostile_worker.pid
     failures: list[str] = []
     for hold_id, (name, drop) in zip(holds, drops.items(), strict=True):
-        before = _dropped(metrics_port, drop.reason)
+        reason = _drop_reason(drop)
+        before = _dropped(metrics_port, reason)
         # when: the broadcast, then a valid release message
         drop.send()
         _publish_valid(hold_id)
@@ -525,7 +603,7 @@ def test_each_hostile_broadcast_is_dropped_and_counted_and_the_worker_keeps_rele
             wait_until(released_or_stopped, timeout=45, what=f"the valid hold after {name!r}")
             if worker.alive():
                 wait_until(
-                    lambda r=drop.reason, b=before: _dropped(metrics_port, r) > b,  # type: ignore[misc]
+                    lambda r=reason, b=before: _dropped(metrics_port, r) > b,  # type: ignore[misc]
                     timeout=15,
                     what=f"a counted drop for {name!r}",
                 )
@@ -538,7 +616,7 @@ def test_each_hostile_broadcast_is_dropped_and_counted_and_the_worker_keeps_rele
             main_pid = worker.pid
             continue
         time.sleep(0.5)
-        counted = _dropped(metrics_port, drop.reason) - before
+        counted = _dropped(metrics_port, reason) - before
         if counted != 1:
             failures.append(f"{name}: {counted} drops counted")
     assert failures == [], "\n" + "\n".join(failures) + "\n" + worker.log_tail(30)
@@ -606,3 +684,209 @@ def test_protocol_1_messages_are_refused_before_celery_reads_their_body(
         ("rejected", True),
     ], [(d.reason, d.error) for d in letters]
     assert not log_lines([hostile_worker.log_path], "message raised before reaching a task")
+
+
+def test_a_trusted_content_type_is_never_decoded_by_its_codec(hostile_worker: Worker) -> None:
+    """kombu decodes ``application/data`` and ``application/text`` (accepted whatever the
+    accept list says) with ``codecs.decode(body, content_encoding)``, and bz2 is a codec: the
+    same 115 bytes as above, typed so, grew a worker by its decompressed size, as a task on
+    either broker and as one control message on every worker at once."""
+    # given
+    hold_id = create_eligible_holds(1, offerings=1)[0]
+    peak_before = hostile_worker.memory()["main"]["VmHWM"]
+    # when: a task message and a control message typed application/data, encoded bz2
+    publish_raw(_bomb(), content_type="application/data", encoding="bz2")
+    _publish_compressed_control(content_type="application/data", content_encoding="bz2", headers={})
+    _publish_valid(hold_id)
+    # then: one dead letter, the hold behind them released, and no decompressed body held
+    letter = wait_until(lambda: DeadLetter.objects.first(), timeout=45, what="a dead letter")
+    assert "application/data" in letter.error
+    wait_until(lambda: outcome_counts().get("released") == 1, timeout=45, what="the release")
+    grown_kib = hostile_worker.memory()["main"]["VmHWM"] - peak_before
+    assert grown_kib < 64 * 1024, f"main process peak grew by {grown_kib} KiB"
+    assert DeadLetter.objects.count() == 1
+
+
+def test_a_flood_of_large_eta_messages_is_refused_before_it_is_held(hostile_worker: Worker) -> None:
+    """150 messages of 700 KB with an eta just inside the bound were all prefetched and held in
+    the main process (+345 MB), each then ending as not_found."""
+    # given
+    hold_id = create_eligible_holds(1, offerings=1)[0]
+    peak_before = hostile_worker.memory()["main"]["VmHWM"]
+    flood = 40
+    # when: a flood of large retries that are due later, then a valid message
+    for _ in range(flood):
+        publish_raw(
+            _body(_good(rid=10**9, padding="p" * 700_000)),
+            headers={"eta": _from_now(seconds=1.5), "retries": 1},
+        )
+    _publish_valid(hold_id)
+    # then: each is one dead letter, the valid hold is released, the main process stays small
+    wait_until(lambda: DeadLetter.objects.count() >= flood, timeout=90, what="the dead letters")
+    wait_until(lambda: outcome_counts().get("released") == 1, timeout=45, what="the release")
+    grown_kib = hostile_worker.memory()["main"]["VmHWM"] - peak_before
+    assert grown_kib < 64 * 1024, f"main process peak grew by {grown_kib} KiB"
+    assert DeadLetter.objects.count() == flood
+    assert {d.reason for d in DeadLetter.objects.all()} == {"rejected"}
+
+
+def _redelivered_envelope(message: dict[str, Any]) -> str:
+    """A valid release message as a Redis list entry, marked as kombu marks a restored one."""
+    entry = json.loads(
+        _envelope(
+            _body(message).encode(),
+            properties={
+                "delivery_info": {"exchange": "", "routing_key": cleanup_settings().release_queue},
+                "priority": 0,
+                "body_encoding": "base64",
+                "delivery_tag": str(uuid.uuid4()),
+            },
+        )
+    )
+    entry["headers"].update(redelivered=True, enqueued_at=time.time())
+    entry["properties"]["delivery_info"]["redelivered"] = True
+    return json.dumps(entry)
+
+
+@pytest.mark.skipif(not settings.BROKER_IS_REDIS, reason="only a Redis envelope can be forged")
+def test_forged_redelivery_marks_never_spend_a_real_holds_budget(
+    hostile_worker: Worker, metrics_port: int
+) -> None:
+    # given: a real hold, not yet expired, and more forged "redelivered" messages for its key
+    # than the delivery budget allows
+    from reservations import services
+
+    offering = services.create_offering("budget", capacity=1)
+    hold = services.hold_seat(offering.pk, "learner", ttl_seconds=3)
+    forged = cleanup_settings().max_deliveries + 4
+    message = _good(rid=hold.pk, version=hold.version, expires_at=hold.expires_at.isoformat())
+    for _ in range(forged):
+        push_redis_entry(_redelivered_envelope(message))
+    wait_until(
+        lambda: _outcomes(metrics_port).get("not_expired", 0) >= forged,
+        timeout=45,
+        what="the forged messages read",
+    )
+    # when: the hold expires and its message comes marked as a redelivery (as after a crash)
+    wait_until(
+        lambda: scalar(
+            "SELECT expires_at <= now() FROM reservations_reservation WHERE id = %s", [hold.pk]
+        ),
+        timeout=10,
+        what="the expiry",
+    )
+    push_redis_entry(_redelivered_envelope(message))
+    # then: it is released, not dead-lettered as deliveries_exhausted
+    wait_until(lambda: outcome_counts().get("released") == 1, timeout=45, what="the release")
+    assert DeadLetter.objects.count() == 0
+    assert hostile_worker.alive()
+
+
+def test_messages_for_versions_a_hold_never_had_leave_no_receipt(
+    hostile_worker: Worker, metrics_port: int
+) -> None:
+    # given: a real hold at version 1
+    hold_id = create_eligible_holds(1, offerings=1)[0]
+    before = _outcomes(metrics_port).get("unknown_version", 0)
+    # when: valid-looking messages for versions it never had, then its own
+    for version in range(1000, 1010):
+        publish_raw(_body(_good(rid=hold_id, version=version)))
+    _publish_valid(hold_id)
+    # then: released once; the forged ones are counted drops with no receipt and no dead letter
+    wait_until(lambda: outcome_counts().get("released") == 1, timeout=45, what="the release")
+    wait_until(
+        lambda: _outcomes(metrics_port).get("unknown_version", 0) - before >= 10,
+        timeout=15,
+        what="ten counted drops",
+    )
+    assert outcome_counts() == {"released": 1}
+    assert DeadLetter.objects.count() == 0
+
+
+def _outcomes(port: int) -> dict[str, float]:
+    samples, _ = scrape_worker(port)
+    found: dict[str, float] = {}
+    for (name, labels), value in samples.items():
+        if name == "reservation_cleanup_outcomes_total":
+            outcome = dict(labels).get("outcome", "")
+            found[outcome] = found.get(outcome, 0.0) + value
+    return found
+
+
+def _set_aside(port: int, key: str) -> float:
+    samples, _ = scrape_worker(port)
+    return total(samples, "reservation_cleanup_broker_keys_set_aside_total", key=key)
+
+
+PLANTED_KEYS = {
+    "the release queue's key": lambda q: q,
+    "a priority sub-key of it": lambda q: f"{q}\x06\x166",
+    "kombu's ack hash": lambda q: "unacked",
+    "kombu's ack index": lambda q: "unacked_index",
+}
+
+
+@pytest.mark.skipif(not settings.BROKER_IS_REDIS, reason="Redis keys")
+def test_each_planted_key_of_the_wrong_type_is_set_aside_and_the_worker_keeps_releasing(
+    hostile_worker: Worker, metrics_port: int
+) -> None:
+    """One SET of a string at a consumed queue's key (or a priority sub-key no operator looks
+    at) made every worker exit ("Unrecoverable error ... WRONGTYPE" from BRPOP); at kombu's ack
+    hash or index it killed each worker on its next delivery and lost that message."""
+    from cleanup.broker import keys
+    from cleanup.broker.readers import redis_client
+
+    queue = cleanup_settings().release_queue
+    holds = create_eligible_holds(len(PLANTED_KEYS), offerings=2)
+    main_pid = hostile_worker.pid
+    failures: list[str] = []
+    for hold_id, (name, key_of) in zip(holds, PLANTED_KEYS.items(), strict=True):
+        key = key_of(queue)
+        before = _set_aside(metrics_port, keys.describe(key))
+        # when: the key is planted, then a valid message is published
+        redis_client().set(key, "planted")
+        time.sleep(1.5)  # the worker polls the planted key (BRPOP) before the message comes
+        _publish_valid(hold_id)
+
+        def released_or_stopped(hold_id: int = hold_id) -> bool:
+            status = scalar("SELECT status FROM reservations_reservation WHERE id = %s", [hold_id])
+            return not hostile_worker.alive() or status == "released"
+
+        try:
+            wait_until(released_or_stopped, timeout=45, what=f"the release after {name}")
+        except TimeoutError as exc:
+            failures.append(f"{name}: {exc}")
+            continue
+        if not hostile_worker.alive() or hostile_worker.pid != main_pid:
+            failures.append(f"{name}: stopped the worker's main process")
+            break
+        if _set_aside(metrics_port, keys.describe(key)) - before != 1:
+            failures.append(f"{name}: not counted once as set aside")
+        if redis_client().type(key) not in (b"none", b"list", b"hash", b"zset"):
+            failures.append(f"{name}: still planted")
+    assert failures == [], "\n" + "\n".join(failures) + "\n" + hostile_worker.log_tail(30)
+    assert outcome_counts() == {"released": len(holds)}
+    assert DeadLetter.objects.count() == 0
+
+
+@pytest.mark.skipif(not settings.BROKER_IS_REDIS, reason="Redis keys")
+def test_a_new_worker_starts_and_releases_over_a_planted_binding_set(
+    clean: None, exclusive_workers: None, tmp_path: Path, metrics_port: int, restarted: list[Worker]
+) -> None:
+    """A string at the exchange's binding set stopped every new worker before it was ready (its
+    queue bind raised) and every publish that declared a queue on a fresh connection."""
+    from cleanup.broker.readers import redis_client
+    from config.celery_app import app as celery_app
+
+    exchange = celery_app.conf.task_default_exchange or celery_app.conf.task_default_queue
+    redis_client().set(f"_kombu.binding.{exchange}", "planted")
+    hold_id = create_eligible_holds(1, offerings=1)[0]
+    # when: a worker starts, and a release is published on a fresh connection
+    worker = _new_worker(tmp_path, metrics_port)
+    restarted.append(worker.start())
+    worker.wait_ready()
+    _publish_valid(hold_id)
+    # then
+    wait_until(lambda: outcome_counts().get("released") == 1, timeout=45, what="the release")
+    assert worker.alive()
+    assert redis_client().type(f"_kombu.binding.{exchange}") == b"set"

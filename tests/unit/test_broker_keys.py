@@ -137,7 +137,7 @@ def test_a_batch_publish_to_a_planted_queue_key_publishes_every_message_once(
     assert ids == list(range(1, 251))
 
 
-def readers_body(raw: bytes) -> str:
+def readers_body(raw: bytes | str) -> str:
     import base64
 
     return base64.b64decode(json.loads(raw)["body"]).decode()
