@@ -110,6 +110,7 @@ tools_check() {
   command -v ip >/dev/null 2>&1 || missing+=(iproute2)
   ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
   command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+  command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # the TLS suites' certificates
   [ "${#missing[@]}" = 0 ] && return 0
   if ! in_ci; then
     echo "not installed here: ${missing[*]} (the tests that need them will skip)"
@@ -212,6 +213,37 @@ rabbitmq_suites() {
     && .venv/bin/python -m pytest -p no:cacheprovider "${RABBITMQ_SUITES[@]}" )
 }
 
+# The delivery and hostile-input suites again on a TLS Redis (rediss://, how managed Redis
+# runs): a private redis-server with a throwaway certificate authority (scripts/tls_redis.py),
+# certificate and host-name checks on, a test database of its own (+ _tls). Without a
+# redis-server that has TLS, a person's run skips them and says so; CI fails.
+TLS_SUITES=(tests/integration/test_delivery.py tests/integration/test_hostile_input.py)
+tls_suites() {
+  local dir exports rc=0
+  dir=$(mktemp -d)
+  exports=$(.venv/bin/python scripts/tls_redis.py start "$dir") || rc=$?
+  if [ "$rc" = 3 ]; then
+    rm -rf "$dir"
+    if in_ci; then
+      echo "CI: no TLS Redis could be started (reason above): the TLS suites cannot be skipped in CI"
+      return 1
+    fi
+    echo "TLS suites SKIPPED (reason above)"
+    left_out "skipped because no TLS redis-server could be started: the TLS suites (${TLS_SUITES[*]})"
+    return 0
+  elif [ "$rc" != 0 ]; then
+    rm -rf "$dir"
+    return "$rc"
+  fi
+  local db
+  db=$(database_url_with_suffix _tls)
+  ( eval "$exports" && export DATABASE_URL="$db" \
+    && .venv/bin/python -m pytest -p no:cacheprovider "${TLS_SUITES[@]}" ) || rc=$?
+  .venv/bin/python scripts/tls_redis.py stop "$dir" || true
+  rm -rf "$dir"
+  return "$rc"
+}
+
 # run_lane LANE STEP:FUNCTION...: run the steps one after another in the background, beside the
 # phases that follow; each step's output goes to a file of its own (printed whole when the lane
 # is finished, so two phases' lines never interleave) and each step runs even if one before it
@@ -284,7 +316,8 @@ PY
 #      tests' Redis database, the test database);
 #   lane 2, pytest-b: the slow waiting real-worker modules (beat, autoscaler, metrics, try-it)
 #      on the tests' Redis database + 1 and the test database + _b, then library-suites (the
-#      libraries' own tests, CPU-bound, about 30 s; last, when the lanes' start-up is over);
+#      libraries' own tests, CPU-bound, about 30 s; when the lanes' start-up is over), then
+#      pytest-tls: the delivery and hostile-input suites on a private TLS Redis (+ _tls);
 #   lane 3, pytest-c: the browser tests and the failure-path modules (tests' Redis database + 2,
 #      test database + _c), then pytest-rabbitmq: the correctness suites again on RabbitMQ
 #      (test database + _amqp).
@@ -309,7 +342,7 @@ else
   for f in "${DRILLS[@]}"; do ignore_drills+=("--ignore=$f"); done
   case "$CELERY_BROKER_URL" in
     redis://*)
-      run_lane "lane-2" "pytest-b:pytest_b" "library-suites:library_suites"
+      run_lane "lane-2" "pytest-b:pytest_b" "library-suites:library_suites" "pytest-tls:tls_suites"
       run_lane "lane-3" "pytest-c:pytest_c" "pytest-rabbitmq:rabbitmq_suites"
       phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration \
         "${ignore_lanes[@]}" "${ignore_drills[@]}"
@@ -321,6 +354,7 @@ else
       phase "library-suites" library_suites
       phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration "${ignore_drills[@]}"
       phase "pytest-rabbitmq" rabbitmq_suites
+      phase "pytest-tls" tls_suites
       ;;
   esac
   if drills_wanted; then

@@ -175,7 +175,8 @@ MALFORMED: dict[str, tuple[dict[str, Any], str, str]] = {
             "encoding": "binary",
         },
         "rejected",
-        "ContentDisallowed",
+        # refused by its content type before kombu is asked to decode it
+        "content type 'application/x-python-serialize' is not 'application/json'",
     ),
     "unknown task name": (
         {"body": _body(GOOD), "task": "cleanup.no_such_task"},
