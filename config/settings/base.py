@@ -131,14 +131,15 @@ if BROKER_IS_REDIS:
     # kombu's Redis transport with every list entry screened before kombu decodes it, for TLS
     # (rediss://) as for plain connections: the screening does not depend on the socket.
     CELERY_BROKER_TRANSPORT = "cleanup.worker.redis_transport:Transport"
-    # A mix of URL options and settings is refused at start-up for every Redis URL.
-    redis_tls.for_url("CLEANUP_COUNTER_REDIS_URL", _cleanup.counter_redis_url, REDIS_TLS_OPTIONS)
     if redis_tls.is_tls(CELERY_BROKER_URL):
         # kombu reads TLS options from the URL's query itself; otherwise it must be given them
         # (named transport or not, it would otherwise connect without TLS, or without checks).
         CELERY_BROKER_USE_SSL = (
             redis_tls.for_url("CELERY_BROKER_URL", CELERY_BROKER_URL, REDIS_TLS_OPTIONS) or None
         )
+# A mix of URL options and settings is refused at start-up for every Redis URL.
+if _cleanup.counter_redis_url != CELERY_BROKER_URL:
+    redis_tls.for_url("CLEANUP_COUNTER_REDIS_URL", _cleanup.counter_redis_url, REDIS_TLS_OPTIONS)
 elif CELERY_BROKER_URL.startswith(("amqp://", "pyamqp://", "amqps://")):
     # kombu's py-amqp transport with every content header screened before py-amqp decodes it.
     CELERY_BROKER_TRANSPORT = "cleanup.worker.amqp_transport:" + (

@@ -228,3 +228,66 @@ def test_local_settings_start_on_a_fresh_clone_with_nothing_set() -> None:
     # then: development defaults, a local database, debug on
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "reservations", "True"]
+
+
+# --- TLS to Redis ------------------------------------------------------------------------------
+
+TLS_BROKER = "rediss://:pw@redis.internal:6380/0"
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"REDIS_TLS_VERIFY": "none"}, "REDIS_TLS_VERIFY=none: production refuses"),
+        ({"REDIS_TLS_VERIFY": "optional"}, "REDIS_TLS_VERIFY=optional: production refuses"),
+        ({"REDIS_TLS_CHECK_HOSTNAME": "false"}, "REDIS_TLS_CHECK_HOSTNAME=false: production"),
+        (
+            {"CELERY_BROKER_URL": TLS_BROKER + "?ssl_cert_reqs=none"},
+            "CELERY_BROKER_URL's ssl_cert_reqs=none: production refuses",
+        ),
+        (
+            {"CELERY_BROKER_URL": TLS_BROKER + "?ssl_cert_reqs=CERT_NONE"},
+            "CELERY_BROKER_URL's ssl_cert_reqs=none: production refuses",
+        ),
+        ({"REDIS_TLS_VERIFY": "sometimes"}, "REDIS_TLS_VERIFY='sometimes': expected one of"),
+        ({"REDIS_TLS_CA_FILE": "/nonexistent/ca.pem"}, "REDIS_TLS_CA_FILE='/nonexistent/ca.pem'"),
+        (
+            {
+                "CELERY_BROKER_URL": TLS_BROKER + "?ssl_cert_reqs=required",
+                "REDIS_TLS_CHECK_HOSTNAME": "true",
+            },
+            "CELERY_BROKER_URL carries TLS options in its query (ssl_cert_reqs) while "
+            "REDIS_TLS_CHECK_HOSTNAME is set too",
+        ),
+    ],
+)
+def test_production_refuses_tls_to_redis_without_checks_naming_the_variable(
+    changes: dict[str, str | None], words: str
+) -> None:
+    out = load_production(**{"CELERY_BROKER_URL": TLS_BROKER, **changes})
+    assert out.returncode != 0
+    assert f"ImproperlyConfigured: {words}" in out.stderr, out.stderr[-800:]
+
+
+def test_a_tls_broker_gets_the_screened_transport_and_checks_on_by_default() -> None:
+    code = (
+        "from django.conf import settings; import django; django.setup(); "
+        "print(settings.CELERY_BROKER_TRANSPORT, settings.CELERY_BROKER_USE_SSL)"
+    )
+    out = run_python(
+        code, CELERY_BROKER_URL=TLS_BROKER, DJANGO_SETTINGS_MODULE="config.settings.production"
+    )
+    assert out.returncode == 0, out.stderr[-800:]
+    assert out.stdout.split(" ", 1)[0] == "cleanup.worker.redis_transport:Transport"
+    assert (
+        "'ssl_cert_reqs': 'required'" in out.stdout and "'ssl_check_hostname': True" in out.stdout
+    )
+
+
+@pytest.mark.parametrize(
+    "url", ["sentinel://redis.internal:26379", "sqs://", "redis+socket:///tmp/r.sock"]
+)
+def test_a_broker_scheme_the_project_cannot_screen_is_refused_naming_the_variable(url: str) -> None:
+    out = load_production(CELERY_BROKER_URL=url)
+    assert out.returncode != 0
+    assert "ImproperlyConfigured: CELERY_BROKER_URL" in out.stderr, out.stderr[-800:]
