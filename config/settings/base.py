@@ -137,14 +137,14 @@ if BROKER_IS_REDIS:
         CELERY_BROKER_USE_SSL = (
             redis_tls.for_url("CELERY_BROKER_URL", CELERY_BROKER_URL, REDIS_TLS_OPTIONS) or None
         )
-# A mix of URL options and settings is refused at start-up for every Redis URL.
-if _cleanup.counter_redis_url != CELERY_BROKER_URL:
-    redis_tls.for_url("CLEANUP_COUNTER_REDIS_URL", _cleanup.counter_redis_url, REDIS_TLS_OPTIONS)
-elif CELERY_BROKER_URL.startswith(("amqp://", "pyamqp://", "amqps://")):
+else:
     # kombu's py-amqp transport with every content header screened before py-amqp decodes it.
     CELERY_BROKER_TRANSPORT = "cleanup.worker.amqp_transport:" + (
         "SSLTransport" if CELERY_BROKER_URL.startswith("amqps://") else "Transport"
     )
+# A mix of URL options and settings is refused at start-up for every Redis URL.
+if _cleanup.counter_redis_url != CELERY_BROKER_URL:
+    redis_tls.for_url("CLEANUP_COUNTER_REDIS_URL", _cleanup.counter_redis_url, REDIS_TLS_OPTIONS)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # JSON only: a pickle payload would execute code; anything else is rejected and dead-lettered.
 CELERY_TASK_SERIALIZER = "json"
