@@ -273,7 +273,7 @@ def test_the_compose_stack_serves_alerts_and_the_admin_as_deployed(stack: Stack)
     stack.wait(lambda: in_alertmanager(SLO_ALERT), 60, f"Alertmanager's API to show {SLO_ALERT}")
     assert in_alertmanager(DEAD_LETTER_ALERT)
     paged = next(a for a in stack.alertmanager_alerts() if a["labels"]["alertname"] == SLO_ALERT)
-    assert paged["labels"]["severity"] == "page"
+    assert paged["labels"]["severity"] == "critical"
     assert "page" in [r["name"] for r in paged["receivers"]]
     stack.note(f"Alertmanager shows {SLO_ALERT} (receiver page) and {DEAD_LETTER_ALERT}")
 

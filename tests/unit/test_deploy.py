@@ -369,7 +369,7 @@ def test_alerts_go_to_an_alertmanager_service() -> None:
     ]  # fmt: skip
     assert targets == ["alertmanager:9093"]
     routes = yaml.safe_load((ROOT / "deploy" / "alertmanager.yml").read_text())["route"]
-    assert any(r["matchers"] == ['severity="page"'] for r in routes["routes"])
+    assert any(r["matchers"] == ['severity="critical"'] for r in routes["routes"])
 
 
 def _alert_rules() -> dict[str, dict[str, Any]]:
