@@ -475,6 +475,97 @@ def test_scrape_errors_are_counted_per_scrape_not_per_process() -> None:
         assert "scrape_errors_total" not in expr, expr
 
 
+def _dashboard() -> dict[str, Any]:
+    path = ROOT / "deploy" / "grafana" / "dashboards" / "reservation-cleanup.json"
+    return dict(json.loads(path.read_text()))
+
+
+def _dashboard_targets() -> list[tuple[str, dict[str, Any]]]:
+    return [(p["title"], t) for p in _dashboard()["panels"] for t in p.get("targets", [])]
+
+
+def test_the_dashboard_imports_into_any_grafana() -> None:
+    """No data source uid of one installation: every panel and query use the `datasource`
+    variable; shard and queue variables filter the panels; links lead to the admin's health
+    page and the runbook; rate windows follow Grafana's $__rate_interval."""
+    from django.urls import reverse
+
+    dashboard = _dashboard()
+    text = json.dumps(dashboard)
+    variable = {"type": "prometheus", "uid": "${datasource}"}
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for name, metric in (
+        ("shard", "reservation_cleanup_oldest_eligible_reservation_age_seconds"),
+        ("queue", "reservation_cleanup_queue_depth"),
+    ):
+        assert variables[name]["query"]["query"] == f"label_values({metric}, {name})"
+        assert variables[name]["datasource"] == variable
+        assert variables[name]["includeAll"] and variables[name]["allValue"] == ".*"
+    uids = set(re.findall(r'"uid": "([^"]+)"', text)) - {dashboard["uid"]}
+    assert uids == {"${datasource}"}, uids
+    for panel in dashboard["panels"]:
+        assert panel["datasource"] == variable, panel["title"]
+    for title, target in _dashboard_targets():
+        assert target["datasource"] == variable, title
+        expr = target["expr"]
+        windows = set(re.findall(r"\[([^\]]+)\]", expr))
+        assert windows <= {"$__rate_interval"}, (title, expr)
+        for label in ("shard", "queue"):
+            if "{{" + label + "}}" in target.get("legendFormat", ""):
+                assert f'{label}=~"${label}"' in expr, (title, expr)
+    links = {link["url"] for link in dashboard["links"]}
+    base = "${app_url}"
+    assert links == {base + reverse("cleanup-health"), base + reverse("cleanup-runbook")}
+    assert variables["app_url"]["type"] == "textbox"
+
+
+def test_every_panel_query_names_exported_families_and_parses(tmp_path: Path) -> None:
+    """Each query on its own (not the file as a whole) names only metric families the code
+    exports, and promtool parses it with the variables as Grafana fills them in."""
+    import shutil
+    import subprocess
+
+    from tests.integration.prodstack import grafana_interpolate
+    from tests.missing_tools import skip_for_missing
+
+    exported = exported_metrics()
+    rules = []
+    for i, (title, target) in enumerate(_dashboard_targets()):
+        names = set(METRIC.findall(target["expr"]))
+        assert names, (title, target["expr"])
+        assert sorted(names - exported) == [], title
+        expr = grafana_interpolate(target["expr"])
+        rules.append({"record": f"dashboard:query_{i}", "expr": expr})
+    assert not any("$" in r["expr"] for r in rules), "a variable Grafana would fill is left"
+    if not shutil.which("promtool"):
+        skip_for_missing("promtool", "Debian package prometheus")
+    path = tmp_path / "dashboard-queries.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    done = subprocess.run(
+        ["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in done.stdout
+
+
+def test_the_panels_cover_every_counter_the_runbook_sends_the_on_call_to() -> None:
+    exprs = " ".join(t["expr"] for _, t in _dashboard_targets())
+    for family in (
+        "reservation_cleanup_control_messages_dropped_total",
+        "reservation_cleanup_broker_entries_skipped_total",
+        "reservation_cleanup_backpressure_pauses_total",
+        "reservation_cleanup_dead_letters_total",
+        "reservation_cleanup_retries_total",
+    ):
+        assert family in exprs, family
+    # the web's gauges are the same on every replica: aggregated with max, never summed
+    for gauge in ("dead_letters_open", "queue_depth", "oldest_eligible_reservation_age_seconds"):
+        assert f"sum(reservation_cleanup_{gauge}" not in exprs.replace("sum by", "sumby")
+        assert re.search(rf"max(?: by \(\w+\))? \(reservation_cleanup_{gauge}\b", exprs), gauge
+
+
 # --- Kubernetes manifests (issue 19) ---------------------------------------------------------
 
 
