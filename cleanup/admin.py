@@ -28,7 +28,7 @@ from django_celery_beat.admin import PeriodicTaskAdmin, PeriodicTaskForm
 from django_celery_beat.models import PeriodicTask
 
 from cleanup.console.story import explain
-from cleanup.models import CleanupReceipt, CleanupSchedule, DeadLetter
+from cleanup.models import CleanupReceipt, CleanupSchedule, DeadLetter, ReleasePause
 from cleanup.pipeline import deadletters, periodic_guard, schedule_preview
 from cleanup.pipeline.messages import idempotency_key
 from cleanup.pipeline.schedule import MANAGED_NOTE, SWEEP_PREFIX, apply_schedule, is_managed
@@ -413,6 +413,18 @@ add_hold_section(
     HoldSection("deliveries_counted", "redeliveries (current version)", _hold_deliveries)
 )
 add_hold_section(HoldSection("story", "story (explain_hold)", _hold_story))
+
+
+# --- The release pause ------------------------------------------------------------------------
+
+
+@admin.register(ReleasePause)
+class ReleasePauseAdmin(ReadOnlyAdmin):
+    """Read-only: the switch is on the health page (audited there); this shows its state and
+    its History, one entry per pause and resume."""
+
+    fields = ("paused", "since", "changed_by", "reason")
+    list_display = ("__str__", "reason")
 
 
 # --- The Cleanup schedule ---------------------------------------------------------------------

@@ -231,6 +231,14 @@ class CleanupSettings:
     )
     # A staff user can give a periodic task any interval in django-celery-beat's admin, down to
     # microseconds; a project task sent that often floods its queue (cleanup.admin refuses it).
+    # How soon a worker follows the console's "pause releases" switch (cleanup.worker.pause):
+    # one small query per worker instance each time.
+    pause_poll_interval: float = setting(
+        "CLEANUP_PAUSE_POLL_INTERVAL",
+        2.0,
+        "seconds between two readings of the pause switch by each worker",
+        minimum=0.1,
+    )
     periodic_min_interval: float = setting(
         "CLEANUP_PERIODIC_MIN_INTERVAL",
         1.0,
