@@ -61,7 +61,8 @@ def test_pausing_shows_since_when_and_why_and_leaves_one_history_entry(operator:
     assert f"{row.since:%Y-%m-%d %H:%M:%S} UTC" in html
     entry = LogEntry.objects.get()
     assert entry.change_message == "releases: paused (database migration)"
-    assert entry.user.username == "ops" and entry.object_id == str(row.pk)
+    assert entry.user_id == get_user_model().objects.get(username="ops").pk
+    assert entry.object_id == str(row.pk)
     # and Prometheus sees it (the paused-too-long alert reads the age)
     gauges = _gauges()
     assert gauges["reservation_cleanup_releases_paused"] == 1
