@@ -558,6 +558,7 @@ def test_the_panels_cover_every_counter_the_runbook_sends_the_on_call_to() -> No
         "reservation_cleanup_backpressure_pauses_total",
         "reservation_cleanup_dead_letters_total",
         "reservation_cleanup_retries_total",
+        "reservation_cleanup_releases_paused_seconds",
     ):
         assert family in exprs, family
     # the web's gauges are the same on every replica: aggregated with max, never summed
