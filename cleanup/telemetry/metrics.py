@@ -130,6 +130,11 @@ KNOWN_DEAD_LETTER_REASONS = (
     "failed",
     "periodic_failed",
 )
+# The reasons cleanup.worker.remote_control and the Redis transport drop a control message for,
+# and the broker readers that skip entries (tests/unit/test_deploy.py checks these against the
+# calls in the code): the alerts on both counters need a series to read 0 from.
+KNOWN_CONTROL_DROP_REASONS = ("malformed", "not_allowed", "undecodable", "not_an_envelope")
+KNOWN_SKIP_READERS = ("queue_age", "queue_depth", "unacked_count", "unacked_restore")
 
 
 def initialize_worker_series() -> None:
@@ -138,6 +143,10 @@ def initialize_worker_series() -> None:
         RETRIES.labels(task=task)
     for reason in KNOWN_DEAD_LETTER_REASONS:
         DEAD_LETTERS.labels(reason=reason)
+    for reason in KNOWN_CONTROL_DROP_REASONS:
+        CONTROL_DROPS.labels(reason=reason)
+    for reader in KNOWN_SKIP_READERS:
+        BROKER_ENTRIES_SKIPPED.labels(reader=reader)
 
 
 def record_autoscale_decision(action: str, reason: str, current: int, target: int) -> None:
