@@ -1,4 +1,4 @@
-"""The reservations JSON API, mounted under ``/api/`` by ``config.urls``."""
+"""The reservations JSON API, mounted under ``/api/v1/`` by ``config.urls``."""
 
 from django.urls import URLPattern, path
 
@@ -7,12 +7,14 @@ from . import api
 app_name = "reservations"
 
 urlpatterns: list[URLPattern] = [
-    path("offerings/<int:offering_id>/holds", api.create_hold, name="create-hold"),
+    # GET lists the offering's holds; POST holds a seat.
+    path("offerings/<int:offering_id>/holds", api.offering_holds, name="offering-holds"),
     path(
         "offerings/<int:offering_id>/availability",
         api.offering_availability,
         name="availability",
     ),
+    path("holds", api.holds, name="holds"),
     path("holds/<int:hold_id>", api.hold_detail, name="hold-detail"),
     path("holds/<int:hold_id>/renew", api.renew_hold, name="renew-hold"),
     path("holds/<int:hold_id>/confirm", api.confirm_hold, name="confirm-hold"),

@@ -85,7 +85,13 @@ STORAGES = {
 }
 
 # --- Reservations domain -------------------------------------------------------------------
-RESERVATIONS_API_TOKEN = env_str("RESERVATIONS_API_TOKEN")
+# The one shared bearer token, for local development and tests only (empty: off); production
+# refuses it. Every other caller is an API client with its own tokens (reservations.clients).
+RESERVATIONS_API_TOKEN = env_str("RESERVATIONS_API_TOKEN", "")
+# How long a response stays replayable under its Idempotency-Key (reservations.idempotency).
+RESERVATIONS_IDEMPOTENCY_KEY_TTL_SECONDS = env_int(
+    "RESERVATIONS_IDEMPOTENCY_KEY_TTL_SECONDS", 86400, minimum=60
+)
 RESERVATIONS_DEFAULT_HOLD_TTL_SECONDS = env_int(
     "RESERVATIONS_DEFAULT_HOLD_TTL_SECONDS", 600, minimum=1
 )
