@@ -62,9 +62,7 @@ def issue_token(client: ApiClient) -> str:
     """A new token for ``client``. The return value is the only time the token exists in
     clear: only its digest is stored."""
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    ApiToken.objects.create(
-        client=client, prefix=token[:SHOWN_PREFIX_LENGTH], digest=digest(token)
-    )
+    ApiToken.objects.create(client=client, prefix=token[:SHOWN_PREFIX_LENGTH], digest=digest(token))
     return token
 
 
@@ -87,7 +85,9 @@ def authenticate(token: str) -> Principal | None:
     if not token.startswith(TOKEN_PREFIX):
         return None
     with connection.cursor() as cur:
-        cur.execute(sql.AUTHENTICATE_TOKEN, {"digest": digest(token), "window": RATE_WINDOW_SECONDS})
+        cur.execute(
+            sql.AUTHENTICATE_TOKEN, {"digest": digest(token), "window": RATE_WINDOW_SECONDS}
+        )
         row = cur.fetchone()
     if row is None:
         return None

@@ -180,12 +180,8 @@ class Reservation(models.Model):
             # The API's listings, in id order after a cursor:
             # WHERE client_id = c AND holder = h AND id > cursor ORDER BY id LIMIT n, and
             # WHERE client_id = c AND offering_id = o AND id > cursor ORDER BY id LIMIT n.
-            models.Index(
-                fields=["client", "holder", "id"], name="reservations_client_holder_idx"
-            ),
-            models.Index(
-                fields=["client", "offering", "id"], name="reservations_client_offer_idx"
-            ),
+            models.Index(fields=["client", "holder", "id"], name="reservations_client_holder_idx"),
+            models.Index(fields=["client", "offering", "id"], name="reservations_client_offer_idx"),
         ]
 
     def __str__(self) -> str:
