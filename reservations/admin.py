@@ -30,6 +30,7 @@ from django.db.models import (
     ExpressionWrapper,
     F,
     IntegerField,
+    Max,
     OuterRef,
     Q,
     QuerySet,
@@ -42,9 +43,9 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
-from . import admin_guard, services
+from . import admin_guard, clients, services
 from .errors import ReservationError
-from .models import ELIGIBLE, Offering, OutboxEvent, Reservation
+from .models import ELIGIBLE, ApiClient, ApiToken, Offering, OutboxEvent, Reservation
 from .retry import call_with_retries, is_transient_db_error
 
 logger = logging.getLogger(__name__)
@@ -417,3 +418,121 @@ class OutboxEventAdmin(admin_guard.ReadOnly, admin.ModelAdmin):
         if reservation_id is None:
             return queryset.none(), False
         return queryset.filter(reservation_id=reservation_id), False
+
+
+# --- API clients and their tokens ---------------------------------------------------------------
+
+
+class ApiTokenInline(admin.TabularInline):
+    """A client's tokens: never editable (a token is issued by the action, revoked by the token
+    list's action), never shown in clear (only its first characters are stored)."""
+
+    model = ApiToken
+    fields = ("prefix", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    ordering = ("-id",)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def _show_token_once(request: HttpRequest, client: ApiClient, token: str) -> None:
+    messages.warning(
+        request,
+        f"New token for {client.name}: {token} — copy it now; it is stored only as a digest "
+        "and will not be shown again.",
+    )
+
+
+@admin.register(ApiClient)
+class ApiClientAdmin(admin.ModelAdmin):
+    list_display = (
+        "name",
+        "can_read",
+        "can_write",
+        "all_offerings",
+        "requests_per_minute",
+        "is_active",
+        "valid_tokens",
+        "last_used_at",
+    )
+    list_filter = ("is_active", "can_write")
+    search_fields = ("name",)
+    filter_horizontal = ("offerings",)
+    fields = (
+        "name",
+        "is_active",
+        "can_read",
+        "can_write",
+        "all_offerings",
+        "offerings",
+        "requests_per_minute",
+        "created_at",
+    )
+    readonly_fields = ("created_at",)
+    inlines = (ApiTokenInline,)
+    actions = ("issue_token",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ApiClient]:
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                valid_token_count=Count("tokens", filter=Q(tokens__revoked_at__isnull=True)),
+                last_used=Max("tokens__last_used_at"),
+            )
+        )
+
+    @admin.display(description="valid tokens", ordering="valid_token_count")
+    def valid_tokens(self, obj: ApiClient) -> int:
+        return int(getattr(obj, "valid_token_count", 0))
+
+    @admin.display(description="last used", ordering="last_used")
+    def last_used_at(self, obj: ApiClient) -> Any:
+        return getattr(obj, "last_used", None) or EMPTY
+
+    def save_model(
+        self, request: HttpRequest, obj: ApiClient, form: ModelForm, change: bool
+    ) -> None:
+        super().save_model(request, obj, form, change)
+        if not change:
+            # A new client gets its first token at once, shown this one time.
+            _show_token_once(request, obj, clients.issue_token(obj))
+
+    @admin.action(description="Issue a new token (shown once)")
+    def issue_token(self, request: HttpRequest, queryset: QuerySet[ApiClient]) -> None:
+        for client in queryset.order_by("pk"):
+            _show_token_once(request, client, clients.issue_token(client))
+
+    def has_delete_permission(self, request: HttpRequest, obj: ApiClient | None = None) -> bool:
+        # Holds keep their client; a client that must stop is deactivated or its tokens revoked.
+        return False
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ("prefix", "client", "created_at", "last_used_at", "revoked_at")
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
+    list_select_related = ("client",)
+    search_fields = ("prefix", "client__name")
+    fields = ("client", "prefix", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = fields
+    actions = ("revoke",)
+    ordering = ("-id",)
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        revoked = clients.revoke_tokens(ids=list(queryset.values_list("pk", flat=True)))
+        self.message_user(request, f"{revoked} token(s) revoked; they are refused from now on.")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # tokens are issued from their client's page, so they can be shown once
+
+    def has_change_permission(self, request: HttpRequest, obj: ApiToken | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: ApiToken | None = None) -> bool:
+        return False

@@ -251,7 +251,9 @@ def test_a_holder_the_database_cannot_store_is_a_400(api_client, offering, setti
 
 
 def test_an_unknown_field_is_a_400_naming_it(api_client, offering):
-    response = post(api_client, f"/api/v1/offerings/{offering.pk}/holds", {"holder": "x", "ttl": 60})
+    response = post(
+        api_client, f"/api/v1/offerings/{offering.pk}/holds", {"holder": "x", "ttl": 60}
+    )
     assert_error(response, 400, "unknown_field", "ttl")
 
 
@@ -337,7 +339,9 @@ def test_holding_on_an_unknown_offering_is_a_404(api_client, db):
 
 
 def test_availability_of_an_unknown_offering_is_a_404(api_client, db):
-    assert_error(get(api_client, "/api/v1/offerings/999999/availability"), 404, "offering_not_found")
+    assert_error(
+        get(api_client, "/api/v1/offerings/999999/availability"), 404, "offering_not_found"
+    )
 
 
 @pytest.mark.parametrize("hold_id", [999999, 0, 2**63, 10**30])

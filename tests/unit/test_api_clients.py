@@ -13,6 +13,7 @@ import pytest
 from django.db.models.functions import Now
 from django.test import Client
 
+from cleanup.tasks import prune_task
 from reservations import clients, idempotency, services
 from reservations.models import ApiClient, ApiToken, IdempotencyKey, Offering, Reservation
 
@@ -394,3 +395,13 @@ def test_a_bad_listing_query_is_a_400_naming_it(client, make_client, query, code
     assert response.status_code == 400, response.content
     assert response.json()["error"]["code"] == code
     assert response.json()["error"]["field"] == field
+
+
+def test_the_cleanups_hourly_prune_deletes_expired_idempotency_keys(client, offering, make_client):
+    _, token = make_client()
+    call(client, "post", hold_url(offering), token, {"holder": "ann"}, key="old")
+    call(client, "post", hold_url(offering), token, {"holder": "bob"}, key="young")
+    IdempotencyKey.objects.filter(key="old").update(expires_at=Now() - timedelta(seconds=1))
+    result = prune_task.run()  # the task's body, as the worker runs it
+    assert result["idempotency_keys"] == 1
+    assert list(IdempotencyKey.objects.values_list("key", flat=True)) == ["young"]
