@@ -2,7 +2,7 @@
 
 from django.urls import URLPattern, path
 
-from . import api
+from . import api, openapi
 
 app_name = "reservations"
 
@@ -19,4 +19,8 @@ urlpatterns: list[URLPattern] = [
     path("holds/<int:hold_id>/renew", api.renew_hold, name="renew-hold"),
     path("holds/<int:hold_id>/confirm", api.confirm_hold, name="confirm-hold"),
     path("holds/<int:hold_id>/cancel", api.cancel_hold, name="cancel-hold"),
+    # The OpenAPI document (public) and Swagger UI over it (staff); the names are the ones
+    # django-ninja's docs page reverses.
+    path("openapi.json", openapi.openapi_json, name="openapi-json"),
+    path("docs", openapi.docs, name="openapi-view"),
 ]

@@ -25,6 +25,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_celery_beat",
+    # The API's OpenAPI document and its Swagger UI (templates and bundled static files).
+    "ninja",
     "reservations",
     "cleanup",
 ]
