@@ -34,7 +34,7 @@ from .errors import (
     ReservationNotFound,
     StaleVersion,
 )
-from .models import Reservation
+from .models import Offering, Reservation
 from .retry import call_with_retries, is_transient_db_error
 
 logger = logging.getLogger(__name__)
@@ -406,6 +406,8 @@ def offering_holds(request: HttpRequest, principal: Principal, offering_id: int)
         return _create_hold(request, principal, offering_id)
     _check_id(offering_id, *_OFFERING)
     _check_access(principal, offering_id, _OFFERING)
+    if not Offering.objects.filter(pk=offering_id).exists():
+        raise OfferingNotFound(f"offering {offering_id} does not exist")
     return _page(request, principal, frozenset(), offering_id=offering_id)
 
 

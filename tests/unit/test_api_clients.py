@@ -367,6 +367,13 @@ def test_a_holders_holds_are_listed_page_by_page_each_once(client, make_offering
     assert found == [ids[0:2], ids[2:4], ids[4:5]]
 
 
+def test_listing_the_holds_of_an_offering_that_does_not_exist_is_a_404(client, make_client):
+    _, token = make_client()
+    response = call(client, "get", "/api/v1/offerings/999999/holds", token)
+    assert response.status_code == 404
+    assert error_code(response) == "offering_not_found"
+
+
 def test_an_offerings_holds_are_listed_page_by_page(client, make_offering, make_client):
     a, b = make_offering(capacity=5, name="a"), make_offering(capacity=5, name="b")
     _, token = make_client()
