@@ -73,7 +73,7 @@ def test_every_operation_answers_as_its_schema_says_and_never_with_a_5xx(web):
             suppress_health_check=list(hypothesis.HealthCheck),
         )
         @hypothesis.given(case=operation.as_strategy(), use_known=st.booleans())
-        def check(case: Any, use_known: bool) -> None:
+        def check(case: Any, use_known: bool, label: str = label) -> None:
             if use_known and case.path_parameters:
                 case.path_parameters.update(
                     {k: v for k, v in known.items() if k in case.path_parameters}
