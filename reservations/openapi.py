@@ -137,13 +137,14 @@ def _with_headers(doc: dict[str, Any]) -> dict[str, Any]:
             for code, response in responses.items():
                 headers = response.setdefault("headers", {})
                 if code in ("429", "503"):
-                    headers["Retry-After"] = _RETRY_AFTER
+                    headers["Retry-After"] = {**_RETRY_AFTER, "required": True}
                 if method == "post":
                     headers["Idempotent-Replayed"] = _REPLAYED
                 if code == "201":
                     headers["Location"] = {
                         "schema": {"type": "string"},
                         "description": "the new hold's path",
+                        "required": True,
                     }
                 if not headers:
                     del response["headers"]
