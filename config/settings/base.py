@@ -35,6 +35,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: its time covers the rest (request counts and latency by route and status).
+    "cleanup.telemetry.request_metrics.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Serves the collected static files (the admin's) from the app server itself, with far-future
     # cache headers and compressed variants; the container image runs collectstatic at build.
