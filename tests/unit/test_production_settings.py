@@ -59,6 +59,12 @@ def test_production_starts_with_strong_values() -> None:
             "RESERVATIONS_API_TOKEN is set: the shared token is for local development only",
         ),
         ({"METRICS_TOKEN": "metrics"}, "METRICS_TOKEN is too weak"),
+        (
+            {"RESERVATIONS_IDEMPOTENCY_KEY_TTL_SECONDS": "10"},
+            "RESERVATIONS_IDEMPOTENCY_KEY_TTL_SECONDS=10 must be >= 60",
+        ),
+        ({"AXES_FAILURE_LIMIT": "many"}, "AXES_FAILURE_LIMIT='many' is not an integer"),
+        ({"ADMIN_PASSWORD_MIN_LENGTH": "4"}, "ADMIN_PASSWORD_MIN_LENGTH=4 must be >= 8"),
         ({"FLOWER_BASIC_AUTH": None}, "FLOWER_BASIC_AUTH must be set"),
     ],
 )
