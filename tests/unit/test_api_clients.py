@@ -145,6 +145,19 @@ def test_keys_belong_to_their_client(client, offering, make_client):
     assert b["Idempotent-Replayed"] == "false"
 
 
+def test_the_development_tokens_keys_are_one_scope_of_their_own(client, offering, make_client):
+    # the development token has no client row: its keys still meet each other, not a client's
+    body = {"holder": "ann"}
+    first = call(client, "post", hold_url(offering), DEV_TOKEN, body, key="dev-1")
+    retry = call(client, "post", hold_url(offering), DEV_TOKEN, body, key="dev-1")
+    _, token = make_client()
+    other = call(client, "post", hold_url(offering), token, body, key="dev-1")
+    assert retry.json() == first.json()
+    assert retry["Idempotent-Replayed"] == "true"
+    assert other["Idempotent-Replayed"] == "false"
+    assert Reservation.objects.count() == 2
+
+
 @pytest.mark.parametrize("action", ["renew", "confirm", "cancel"])
 def test_a_retried_change_of_a_hold_replays_its_first_answer(client, offering, make_client, action):
     # given a hold at version 1, changed once under a key
