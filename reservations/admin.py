@@ -52,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 # The release action runs in the request; bound the work one click can start.
 ADMIN_RELEASE_LIMIT = 1000
+# Tokens one click issues or revokes.
+ADMIN_TOKEN_LIMIT = 100
 MAX_ID = 2**63 - 1
 EMPTY = "—"
 
@@ -502,10 +504,16 @@ class ApiClientAdmin(admin.ModelAdmin):
             # A new client gets its first token at once, shown this one time.
             _show_token_once(request, obj, clients.issue_token(obj))
 
-    @admin.action(description="Issue a new token (shown once)")
+    def has_issue_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("reservations.change_apiclient"))
+
+    @admin.action(description="Issue a new token (shown once)", permissions=["issue"])
     def issue_token(self, request: HttpRequest, queryset: QuerySet[ApiClient]) -> None:
-        for client in queryset.order_by("pk"):
+        issued = []
+        for client in queryset.order_by("pk")[:ADMIN_TOKEN_LIMIT]:
             _show_token_once(request, client, clients.issue_token(client))
+            issued.append(client)
+        admin_guard.log_each(request, {"issued": issued}, "issue a new API token")
 
     def has_delete_permission(self, request: HttpRequest, obj: ApiClient | None = None) -> bool:
         # Holds keep their client; a client that must stop is deactivated or its tokens revoked.
@@ -523,10 +531,45 @@ class ApiTokenAdmin(admin.ModelAdmin):
     actions = ("revoke",)
     ordering = ("-id",)
 
-    @admin.action(description="Revoke selected tokens")
-    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
-        revoked = clients.revoke_tokens(ids=list(queryset.values_list("pk", flat=True)))
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("reservations.change_apitoken"))
+
+    @admin.action(description="Revoke selected tokens", permissions=["revoke"])
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> TemplateResponse | None:
+        selection = admin_guard.bounded_selection(
+            self, request, queryset, ADMIN_TOKEN_LIMIT, what="tokens", done="revoked"
+        )
+        if selection is None:
+            return None
+        if not admin_guard.confirmed(request):
+            valid = ApiToken.objects.filter(pk__in=selection.ids, revoked_at__isnull=True)
+            return admin_guard.confirmation(
+                self,
+                request,
+                selection,
+                action="revoke",
+                title="Revoke API tokens?",
+                verb="revoke",
+                breakdown=[
+                    ("valid: refused from the next request on", valid.count()),
+                    ("already revoked: left as they are", len(selection.ids) - valid.count()),
+                ],
+                breakdown_title="state now",
+                note="A revoked token cannot be restored; issue a new one from its client's page.",
+            )
+        valid_ids = list(
+            ApiToken.objects.filter(pk__in=selection.ids, revoked_at__isnull=True).values_list(
+                "pk", flat=True
+            )
+        )
+        revoked = clients.revoke_tokens(ids=valid_ids)
+        admin_guard.log_each(
+            request,
+            {"revoked": list(ApiToken.objects.filter(pk__in=valid_ids))},
+            "revoke API token",
+        )
         self.message_user(request, f"{revoked} token(s) revoked; they are refused from now on.")
+        return None
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # tokens are issued from their client's page, so they can be shown once

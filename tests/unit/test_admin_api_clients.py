@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from django.contrib.admin.models import LogEntry
 from django.test import Client
 
 from reservations.models import ApiClient, ApiToken
@@ -64,14 +65,29 @@ def test_issuing_a_second_token_and_revoking_the_first(admin_client, offering):
     (first,) = issue(admin_client, client)
     (second,) = issue(admin_client, client)
     first_row = ApiToken.objects.get(prefix=first[:12])
-    admin_client.post(
+    # the revoke action asks first, then revokes only what it showed
+    asked = admin_client.post(
         "/admin/reservations/apitoken/",
         {"action": "revoke", "_selected_action": [first_row.pk]},
+    )
+    assert asked.status_code == 200 and b"Revoke API tokens?" in asked.content
+    assert availability(Client(), offering.pk, first) == 200
+    admin_client.post(
+        "/admin/reservations/apitoken/",
+        {
+            "action": "revoke",
+            "_selected_action": [first_row.pk],
+            "confirm": "yes",
+            "confirm_ids": str(first_row.pk),
+        },
     )
     assert availability(Client(), offering.pk, first) == 401
     assert availability(Client(), offering.pk, second) == 200
     first_row.refresh_from_db()
     assert first_row.revoked_at is not None
+    assert LogEntry.objects.filter(
+        object_id=str(first_row.pk), change_message="revoke API token: revoked"
+    ).exists()
 
 
 def test_a_client_cannot_be_deleted_only_deactivated(admin_client, db):
