@@ -32,6 +32,7 @@ def web(transactional_db: None, tmp_path: Path, metrics_dir: Path) -> Iterator[W
         tmp_path,
         workers=2,
         threads=1,
+        worker_class="sync",
         WEB_METRICS_DIR=str(metrics_dir),
         METRICS_TOKEN=METRICS_TOKEN,
     ) as server:

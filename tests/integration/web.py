@@ -74,10 +74,12 @@ def _up(port: int) -> bool:
 
 @contextmanager
 def gunicorn(
-    log_dir: Path, *, workers: int = 2, threads: int = 4, **env: str
+    log_dir: Path, *, workers: int = 2, threads: int = 4, worker_class: str = "gthread", **env: str
 ) -> Iterator[WebServer]:
     """gunicorn serving ``config.wsgi`` with the test settings until the block ends: the same
-    server the container image runs, with ``workers`` × ``threads`` requests at once."""
+    server the container image runs, with ``workers`` × ``threads`` requests at once (``sync``
+    workers: one each, and a busy one accepts no connection, so concurrent requests spread
+    over all of them)."""
     port = free_port()
     log = log_dir / f"gunicorn-{port}.log"
     with log.open("wb") as out:
@@ -90,7 +92,7 @@ def gunicorn(
                 f"--bind=127.0.0.1:{port}",
                 f"--workers={workers}",
                 f"--threads={threads}",
-                "--worker-class=gthread",
+                f"--worker-class={worker_class}",
                 "--timeout=60",
             ],
             cwd=ROOT,
