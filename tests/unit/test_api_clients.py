@@ -202,6 +202,22 @@ def test_a_request_refused_before_it_ran_leaves_the_key_free(client, offering, m
     assert good["Idempotent-Replayed"] == "false"
 
 
+def test_a_change_that_fails_stores_nothing_and_leaves_the_key_free(db):
+    # given a change that raises (what a transient database error does, answered 503)
+    def failing() -> idempotency.Response:
+        raise services.TransientConflict("raced")
+
+    with pytest.raises(services.TransientConflict):
+        idempotency.run_once(None, "k-503", "hash", failing)
+    assert not IdempotencyKey.objects.exists()
+    # when the client retries, the change runs
+    answer = idempotency.run_once(
+        None, "k-503", "hash", lambda: idempotency.Response(201, {"id": 1})
+    )
+    assert answer == idempotency.Response(201, {"id": 1})
+    assert IdempotencyKey.objects.get(key="k-503").response_status == 201
+
+
 @pytest.mark.parametrize("key", ["", " ", "has space", "x" * 256, "caf\u00e9"])
 def test_a_malformed_key_is_a_400_naming_the_header(client, offering, make_client, key):
     _, token = make_client()
