@@ -12,7 +12,8 @@ urlpatterns = [
     # What each alert's runbook_url links to (docs/RUNBOOK.md), staff only like the health page.
     path("admin/cleanup/runbook/", admin.site.admin_view(runbook_view), name="cleanup-runbook"),
     path("admin/", admin.site.urls),
-    path("api/", include("reservations.urls")),
+    # The JSON API, versioned in its path: a change that breaks clients gets a new prefix.
+    path("api/v1/", include("reservations.urls")),
     path("metrics", endpoints.metrics_view, name="metrics"),
     path("healthz", endpoints.healthz, name="healthz"),
     path("readyz", endpoints.readyz, name="readyz"),

@@ -270,7 +270,7 @@ def banner(
         "",
         "Reservation cleanup is running. Ctrl-C stops everything.",
         f"  admin    {base}/admin/{admin_note}",
-        f"  API      {base}/api/",
+        f"  API      {base}/api/v1/ (OpenAPI: {base}/api/v1/openapi.json, staff: /api/v1/docs)",
         f"  metrics  {base}/metrics",
         f"  Flower   http://{HOST}:{flower_port}/  (basic auth {flower_auth})",
         f"  postgres {svc.sources.get('postgres', '?')}",

@@ -107,6 +107,20 @@ AUTOSCALE_TARGET = Gauge(
     multiprocess_mode="livemax",
 )
 
+# The web's requests (cleanup.telemetry.request_metrics). ``route`` is the URL pattern that
+# matched ("api/v1/holds/<int:hold_id>"), never the path: ids would make one series per hold.
+HTTP_REQUESTS = Counter(
+    f"{PREFIX}_http_requests",
+    "Web requests answered, by URL route, method and status code",
+    ["route", "method", "status"],
+)
+HTTP_REQUEST_DURATION = Histogram(
+    f"{PREFIX}_http_request_duration_seconds",
+    "Time to answer a web request, by URL route and method",
+    ["route", "method"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+
 
 # Label values known in advance. A labelled counter has no series until its first increment, so
 # a panel or rule over retries or dead letters would show nothing (not 0) on a healthy fleet;

@@ -12,7 +12,7 @@ from tests import child_python
 
 STRONG = {
     "SECRET_KEY": "k3Jq9-vX2mPzR7tWc8YbN4hL6sD1fGa5eU0iOyTqZxCvBnMlKjHg",
-    "RESERVATIONS_API_TOKEN": "tok-8Zq2Lm5Xv9Rb3Nc7Wd1Fh6Jk4Ps0Ty2",
+    "RESERVATIONS_API_TOKEN": "",
     "FLOWER_BASIC_AUTH": "ops:9f8e7d6c5b4a",
     "DATABASE_URL": "postgres://app@db.internal:5432/reservations",
     "CELERY_BROKER_URL": "redis://:pw@redis.internal:6379/0",
@@ -53,12 +53,18 @@ def test_production_starts_with_strong_values() -> None:
             {"SECRET_KEY": "change-me-to-a-long-random-string-of-at-least-fifty-chars"},
             "SECRET_KEY is still .env.example's placeholder",
         ),
+        ({"RESERVATIONS_API_TOKEN": "local-dev-token"}, "RESERVATIONS_API_TOKEN is set"),
         (
-            {"RESERVATIONS_API_TOKEN": "local-dev-token"},
-            "RESERVATIONS_API_TOKEN is a development value",
+            {"RESERVATIONS_API_TOKEN": "tok-8Zq2Lm5Xv9Rb3Nc7Wd1Fh6Jk4Ps0Ty2"},
+            "RESERVATIONS_API_TOKEN is set: the shared token is for local development only",
         ),
-        ({"RESERVATIONS_API_TOKEN": "abc"}, "RESERVATIONS_API_TOKEN is too weak"),
         ({"METRICS_TOKEN": "metrics"}, "METRICS_TOKEN is too weak"),
+        (
+            {"RESERVATIONS_IDEMPOTENCY_KEY_TTL_SECONDS": "10"},
+            "RESERVATIONS_IDEMPOTENCY_KEY_TTL_SECONDS=10 must be >= 60",
+        ),
+        ({"AXES_FAILURE_LIMIT": "many"}, "AXES_FAILURE_LIMIT='many' is not an integer"),
+        ({"ADMIN_PASSWORD_MIN_LENGTH": "4"}, "ADMIN_PASSWORD_MIN_LENGTH=4 must be >= 8"),
         ({"FLOWER_BASIC_AUTH": None}, "FLOWER_BASIC_AUTH must be set"),
     ],
 )
