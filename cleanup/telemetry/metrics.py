@@ -161,6 +161,9 @@ def initialize_worker_series() -> None:
         CONTROL_DROPS.labels(reason=reason)
     for reader in KNOWN_SKIP_READERS:
         BROKER_ENTRIES_SKIPPED.labels(reader=reader)
+    # kombu's ack bookkeeping keys: the set-aside alert reads 0 from them until a key is planted
+    for key in ("unacked", "unacked_index", "unacked_mutex"):
+        BROKER_KEYS_SET_ASIDE.labels(key=key)
 
 
 def record_autoscale_decision(action: str, reason: str, current: int, target: int) -> None:
