@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import redis as redis_py
 from kombu import exceptions as kombu_exceptions
-from kombu.transport import redis
+from kombu.transport import TRANSPORT_ALIASES, redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
@@ -489,3 +489,36 @@ class Channel(_RedisChannel):
 
 class Transport(_RedisTransport):
     Channel = Channel
+
+
+# --- Redis Sentinel ---------------------------------------------------------------------------
+#
+# kombu's Sentinel channel is a subclass of kombu's own Redis channel: it changes only how the
+# connection pool is made (ask the sentinels for the master of ``master_name``, through
+# redis-py's ``SentinelManagedConnection``, which asks again on every reconnect) and the
+# fan-out topics. Used as it is, a sentinel:// broker would get none of the screening above.
+# The screened channel comes first in the bases, so every method it overrides is the one that
+# runs; kombu's Sentinel channel comes next, so its pool and fan-out methods (which the screened
+# channel does not touch) are the ones used; both reach kombu's own channel through ``super()``.
+# tests/unit/test_sentinel.py checks the method resolution and fails when kombu's Sentinel
+# channel starts overriding one of the screened methods.
+_SentinelChannel: Any = redis.SentinelChannel
+_SentinelTransport: Any = redis.SentinelTransport
+
+
+class SentinelChannel(Channel, _SentinelChannel):
+    QoS = ScreenedQoS
+
+
+class SentinelTransport(Transport, _SentinelTransport):
+    Channel = SentinelChannel
+    default_port = _SentinelTransport.default_port
+
+
+# kombu keeps every ``sentinel://`` URL of the broker setting as a failover alternate, and when a
+# connection attempt fails it switches to the next one by parsing that URL, which sets the
+# transport to the URL's scheme whatever the ``broker_transport`` setting names: the worker
+# would reconnect, mid-failover, on kombu's own unscreened Sentinel transport. The scheme's
+# alias names this transport instead. The first broker connection of a process loads this
+# module (``broker_transport``), so the alias is in place before any switch can happen.
+TRANSPORT_ALIASES["sentinel"] = f"{__name__}:SentinelTransport"
