@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 import redis
 from redis.sentinel import Sentinel
 
+from cleanup.broker import sentinel as redis_sentinel
+
 _clients: dict[str, redis.Redis] = {}
 # The parent's clients as a child inherited them: referenced, never used (see above).
 _inherited: list[redis.Redis] = []
@@ -45,14 +47,12 @@ def _sentinel_master(url: str) -> redis.Redis | None:
     """For a ``sentinel://`` URL, a client of the master the sentinels name now: redis-py's
     ``SentinelConnectionPool`` asks them again whenever it opens a connection, so after a
     failover the next command reaches the new master, with no restart. ``None`` otherwise."""
-    from config import redis_sentinel  # noqa: PLC0415 - a settings helper, read when a client is made
-
     if not redis_sentinel.is_sentinel(url):
         return None
     from django.conf import settings  # noqa: PLC0415 - read when a client is made, not at import
 
-    # Checked at start-up (config.redis_sentinel.check); the name is not the URL, which may
-    # carry a password.
+    # Checked at start-up (the settings call cleanup.broker.sentinel.check); the name given is
+    # not the URL, which may carry a password.
     target = redis_sentinel.parse("a sentinel:// URL", url, settings.CELERY_BROKER_SENTINEL_MASTER)
     timeouts = {"socket_timeout": 5, "socket_connect_timeout": 5}
     sentinels = Sentinel(list(target.nodes), sentinel_kwargs=dict(timeouts), **timeouts)

@@ -10,7 +10,8 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from config import redis_sentinel, redis_tls
+from cleanup.broker import sentinel as redis_sentinel
+from config import redis_tls
 from config.env import (
     DEVELOPMENT_VALUES,
     EXAMPLE_MARKER,
