@@ -373,7 +373,11 @@ def test_a_master_killed_mid_drain_is_followed_without_restarts_and_every_hold_r
                     timeout=30,
                     what="the planted queue entry dead-lettered",
                 )
-                time.sleep(2)  # the broadcast reached every worker (a crash would show below)
+                wait_until(
+                    lambda: len(log_lines(logs, "broadcast dropped")) >= len(workers),
+                    timeout=30,
+                    what="every worker to drop the planted broadcast",
+                )
                 beat_alive = beat.alive()
                 at_end = BrokerState.of(replica)
             alive = [w.alive() for w in workers]
