@@ -14,21 +14,22 @@ from typing import Any, cast
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import Count, QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.text import capfirst
-from django_celery_beat.admin import PeriodicTaskAdmin
+from django_celery_beat.admin import PeriodicTaskAdmin, PeriodicTaskForm
 from django_celery_beat.models import PeriodicTask
 
 from cleanup.console.story import explain
-from cleanup.models import CleanupReceipt, CleanupSchedule, DeadLetter
-from cleanup.pipeline import deadletters
+from cleanup.models import CleanupReceipt, CleanupSchedule, DeadLetter, ReleasePause
+from cleanup.pipeline import deadletters, periodic_guard, schedule_preview
 from cleanup.pipeline.messages import idempotency_key
 from cleanup.pipeline.schedule import MANAGED_NOTE, SWEEP_PREFIX, apply_schedule, is_managed
 from cleanup.telemetry import deliveries
@@ -414,6 +415,18 @@ add_hold_section(
 add_hold_section(HoldSection("story", "story (explain_hold)", _hold_story))
 
 
+# --- The release pause ------------------------------------------------------------------------
+
+
+@admin.register(ReleasePause)
+class ReleasePauseAdmin(ReadOnlyAdmin):
+    """Read-only: the switch is on the health page (audited there); this shows its state and
+    its History, one entry per pause and resume."""
+
+    fields = ("paused", "since", "changed_by", "reason")
+    list_display = ("__str__", "reason")
+
+
 # --- The Cleanup schedule ---------------------------------------------------------------------
 
 
@@ -451,6 +464,52 @@ class CleanupScheduleAdmin(admin.ModelAdmin):
             messages.SUCCESS,
         )
 
+    def get_urls(self) -> list[Any]:
+        preview = path(
+            "<path:object_id>/change/preview/",
+            self.admin_site.admin_view(self.preview_view),
+            name="cleanup_cleanupschedule_preview",
+        )
+        # before the admin's own: its catch-all "<object_id>/" would take the URL otherwise
+        return [preview, *super().get_urls()]
+
+    def preview_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The change form's values (POSTed by its "Preview the change" button), applied inside
+        a transaction that is rolled back: the entries the save would add, remove and change,
+        and the sweeps per second before and after. Nothing is written; the page's own button
+        saves the same values through the change form."""
+        obj = self.get_object(request, object_id)
+        if obj is None or not self.has_change_permission(request, obj):
+            raise PermissionDenied
+        if request.method != "POST":
+            return HttpResponseRedirect(
+                reverse("admin:cleanup_cleanupschedule_change", args=[obj.pk])
+            )
+        form = self.get_form(request, obj, change=True)(request.POST, instance=obj)
+        planned = None
+        if form.is_valid():
+            edited = form.save(commit=False)
+
+            def change() -> None:
+                edited.save()
+                apply_schedule(edited)
+
+            planned = schedule_preview.preview(change)
+            obj.refresh_from_db()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Preview of the schedule change",
+            "subtitle": None,
+            "opts": self.opts,
+            "original": obj,
+            "form": form,
+            "planned": planned,
+            "values": {name: request.POST.get(name, "") for name in ("shards", "every_seconds")},
+            "enabled": bool(request.POST.get("enabled")),
+            "change_url": reverse("admin:cleanup_cleanupschedule_change", args=[obj.pk]),
+        }
+        return TemplateResponse(request, "admin/cleanup/schedule_preview.html", context)
+
     @admin.display(description="beat entries it manages")
     def entries(self, obj: CleanupSchedule) -> str:
         rows = PeriodicTask.objects.filter(name__startswith=SWEEP_PREFIX).order_by("name")
@@ -475,9 +534,30 @@ class CleanupScheduleAdmin(admin.ModelAdmin):
         )
 
 
-class CleanupAwarePeriodicTaskAdmin(PeriodicTaskAdmin):  # type: ignore[misc]
-    """django-celery-beat's admin, with the entries the Cleanup schedule manages read-only."""
+class CleanupPeriodicTaskForm(PeriodicTaskForm):  # type: ignore[misc]
+    """django-celery-beat's form, refusing for a task of this project an interval below the
+    floor and routing away from the project's queues (cleanup.pipeline.periodic_guard), each
+    message on the field to change."""
 
+    def clean(self) -> dict[str, Any]:
+        data: dict[str, Any] = super().clean()
+        refused = periodic_guard.problems(
+            data.get("task"),
+            data.get("interval"),
+            data.get("queue"),
+            data.get("exchange"),
+            data.get("routing_key"),
+        )
+        for field, message in refused.items():
+            self.add_error(field, message)
+        return data
+
+
+class CleanupAwarePeriodicTaskAdmin(PeriodicTaskAdmin):  # type: ignore[misc]
+    """django-celery-beat's admin, with the entries the Cleanup schedule manages read-only and
+    this project's tasks kept to a sane interval and the project's queues."""
+
+    form = CleanupPeriodicTaskForm
     list_display = (*PeriodicTaskAdmin.list_display, "managed_by")
 
     @admin.display(description="managed by")

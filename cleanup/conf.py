@@ -237,6 +237,22 @@ class CleanupSettings:
         "seconds after which a silent beat leader's session (and lease) ends",
         minimum=1,
     )
+    # A staff user can give a periodic task any interval in django-celery-beat's admin, down to
+    # microseconds; a project task sent that often floods its queue (cleanup.admin refuses it).
+    # How soon a worker follows the console's "pause releases" switch (cleanup.worker.pause):
+    # one small query per worker instance each time.
+    pause_poll_interval: float = setting(
+        "CLEANUP_PAUSE_POLL_INTERVAL",
+        2.0,
+        "seconds between two readings of the pause switch by each worker",
+        minimum=0.1,
+    )
+    periodic_min_interval: float = setting(
+        "CLEANUP_PERIODIC_MIN_INTERVAL",
+        1.0,
+        "shortest interval in seconds the admin accepts for a periodic task of this project",
+        minimum=0.001,
+    )
     # --- Redis redelivery ------------------------------------------------------------------
     # A message fetched but not acked comes back after the visibility timeout, also when its
     # worker is lost, so recovery after a node loss is about this + the restore interval

@@ -194,3 +194,24 @@ class HealthSample(models.Model):
 
     def __str__(self) -> str:
         return f"sample {self.taken_at:%H:%M:%S}"
+
+
+class ReleasePause(models.Model):
+    """The operator's "pause releases" switch (one row, pk 1): while paused, workers stop
+    consuming the release queue (cleanup.worker.pause); sweeps, their backpressure and every
+    gauge go on, so the backlog stays visible. Changes go through cleanup.pipeline.pause, which
+    the console audits."""
+
+    paused = models.BooleanField(default=False)
+    since = models.DateTimeField(null=True, blank=True)
+    changed_by = models.CharField(max_length=150, blank=True)
+    reason = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        verbose_name = "release pause"
+        verbose_name_plural = "release pause"
+
+    def __str__(self) -> str:
+        if not self.paused:
+            return "releases running"
+        return f"releases paused since {self.since:%Y-%m-%d %H:%M:%S} UTC by {self.changed_by}"

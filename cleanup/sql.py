@@ -171,6 +171,11 @@ OLDEST_UNPUBLISHED_EVENT_AGE = (
     "SELECT EXTRACT(EPOCH FROM (now() - created_at))::float8 FROM reservations_outboxevent "
     "WHERE published_at IS NULL ORDER BY id LIMIT 1"
 )
+# The "pause releases" switch (one row) and how long it has been on, by PostgreSQL's clock.
+RELEASE_PAUSE_AGE = (
+    "SELECT paused, EXTRACT(EPOCH FROM (now() - since))::float8 FROM cleanup_releasepause "
+    "WHERE id = 1"
+)
 # Served by the partial index cleanup_dl_open_idx (open letters only).
 OPEN_DEAD_LETTERS_BY_REASON = (
     "SELECT reason, count(*) FROM cleanup_deadletter WHERE resolved_at IS NULL GROUP BY reason"

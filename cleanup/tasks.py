@@ -29,6 +29,7 @@ from cleanup.pipeline.publish import RELEASE_BATCH_TASK, RELEASE_TASK, SWEEP_TAS
 from cleanup.pipeline.release import Attempt, release, release_batch
 from cleanup.pipeline.sweep import sweep_shard
 from cleanup.telemetry import deliveries, metrics
+from reservations import idempotency
 from reservations.services import TransientConflict
 
 logger = logging.getLogger("cleanup.tasks")
@@ -432,6 +433,7 @@ def relay_outbox_task(self: CleanupTask) -> dict[str, Any]:
 def prune_task(self: CleanupTask) -> dict[str, Any]:
     counts = outbox.prune()
     counts["health_samples"] = health.prune_samples()
+    counts["idempotency_keys"] = idempotency.prune_expired()
     return counts
 
 

@@ -17,7 +17,6 @@ _MISSING = object()
 # Values the development and test settings fill in; production refuses every one of them.
 DEVELOPMENT_VALUES: dict[str, frozenset[str]] = {
     "SECRET_KEY": frozenset({"local-dev-only-not-secret", "test-only-not-secret"}),
-    "RESERVATIONS_API_TOKEN": frozenset({"local-dev-token", "test-token"}),
     # scripts/run.sh's local login (README) and .env.example's placeholder.
     "FLOWER_BASIC_AUTH": frozenset({"admin:admin", "admin:change-me-flower"}),
 }

@@ -2,13 +2,18 @@ from django.contrib import admin
 from django.urls import include, path
 
 from cleanup.console import endpoints
-from cleanup.console.health_page import health_view
+from cleanup.console.health_page import health_view, pause_view
+from cleanup.console.runbook import runbook_view
 
 urlpatterns = [
     # Staff only (admin_view redirects anyone else to the admin login).
     path("admin/cleanup/health/", admin.site.admin_view(health_view), name="cleanup-health"),
+    path("admin/cleanup/health/pause/", admin.site.admin_view(pause_view), name="cleanup-pause"),
+    # What each alert's runbook_url links to (docs/RUNBOOK.md), staff only like the health page.
+    path("admin/cleanup/runbook/", admin.site.admin_view(runbook_view), name="cleanup-runbook"),
     path("admin/", admin.site.urls),
-    path("api/", include("reservations.urls")),
+    # The JSON API, versioned in its path: a change that breaks clients gets a new prefix.
+    path("api/v1/", include("reservations.urls")),
     path("metrics", endpoints.metrics_view, name="metrics"),
     path("healthz", endpoints.healthz, name="healthz"),
     path("readyz", endpoints.readyz, name="readyz"),

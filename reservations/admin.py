@@ -30,6 +30,7 @@ from django.db.models import (
     ExpressionWrapper,
     F,
     IntegerField,
+    Max,
     OuterRef,
     Q,
     QuerySet,
@@ -42,15 +43,17 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
-from . import admin_guard, services
+from . import admin_guard, clients, services
 from .errors import ReservationError
-from .models import ELIGIBLE, Offering, OutboxEvent, Reservation
+from .models import ELIGIBLE, ApiClient, ApiToken, Offering, OutboxEvent, Reservation
 from .retry import call_with_retries, is_transient_db_error
 
 logger = logging.getLogger(__name__)
 
 # The release action runs in the request; bound the work one click can start.
 ADMIN_RELEASE_LIMIT = 1000
+# Tokens one click issues or revokes.
+ADMIN_TOKEN_LIMIT = 100
 MAX_ID = 2**63 - 1
 EMPTY = "—"
 
@@ -417,3 +420,162 @@ class OutboxEventAdmin(admin_guard.ReadOnly, admin.ModelAdmin):
         if reservation_id is None:
             return queryset.none(), False
         return queryset.filter(reservation_id=reservation_id), False
+
+
+# --- API clients and their tokens ---------------------------------------------------------------
+
+
+class ApiTokenInline(admin.TabularInline):
+    """A client's tokens: never editable (a token is issued by the action, revoked by the token
+    list's action), never shown in clear (only its first characters are stored)."""
+
+    model = ApiToken
+    fields = ("prefix", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    ordering = ("-id",)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def _show_token_once(request: HttpRequest, client: ApiClient, token: str) -> None:
+    messages.warning(
+        request,
+        f"New token for {client.name}: {token} — copy it now; it is stored only as a digest "
+        "and will not be shown again.",
+    )
+
+
+@admin.register(ApiClient)
+class ApiClientAdmin(admin.ModelAdmin):
+    list_display = (
+        "name",
+        "can_read",
+        "can_write",
+        "all_offerings",
+        "requests_per_minute",
+        "is_active",
+        "valid_tokens",
+        "last_used_at",
+    )
+    list_filter = ("is_active", "can_write")
+    search_fields = ("name",)
+    filter_horizontal = ("offerings",)
+    fields = (
+        "name",
+        "is_active",
+        "can_read",
+        "can_write",
+        "all_offerings",
+        "offerings",
+        "requests_per_minute",
+        "created_at",
+    )
+    readonly_fields = ("created_at",)
+    inlines = (ApiTokenInline,)
+    actions = ("issue_token",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ApiClient]:
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                valid_token_count=Count("tokens", filter=Q(tokens__revoked_at__isnull=True)),
+                last_used=Max("tokens__last_used_at"),
+            )
+        )
+
+    @admin.display(description="valid tokens", ordering="valid_token_count")
+    def valid_tokens(self, obj: ApiClient) -> int:
+        return int(getattr(obj, "valid_token_count", 0))
+
+    @admin.display(description="last used", ordering="last_used")
+    def last_used_at(self, obj: ApiClient) -> Any:
+        return getattr(obj, "last_used", None) or EMPTY
+
+    def save_model(
+        self, request: HttpRequest, obj: ApiClient, form: ModelForm, change: bool
+    ) -> None:
+        super().save_model(request, obj, form, change)
+        if not change:
+            # A new client gets its first token at once, shown this one time.
+            _show_token_once(request, obj, clients.issue_token(obj))
+
+    def has_issue_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("reservations.change_apiclient"))
+
+    @admin.action(description="Issue a new token (shown once)", permissions=["issue"])
+    def issue_token(self, request: HttpRequest, queryset: QuerySet[ApiClient]) -> None:
+        issued = []
+        for client in queryset.order_by("pk")[:ADMIN_TOKEN_LIMIT]:
+            _show_token_once(request, client, clients.issue_token(client))
+            issued.append(client)
+        admin_guard.log_each(request, {"issued": issued}, "issue a new API token")
+
+    def has_delete_permission(self, request: HttpRequest, obj: ApiClient | None = None) -> bool:
+        # Holds keep their client; a client that must stop is deactivated or its tokens revoked.
+        return False
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    list_display = ("prefix", "client", "created_at", "last_used_at", "revoked_at")
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
+    list_select_related = ("client",)
+    search_fields = ("prefix", "client__name")
+    fields = ("client", "prefix", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = fields
+    actions = ("revoke",)
+    ordering = ("-id",)
+
+    def has_revoke_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("reservations.change_apitoken"))
+
+    @admin.action(description="Revoke selected tokens", permissions=["revoke"])
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> TemplateResponse | None:
+        selection = admin_guard.bounded_selection(
+            self, request, queryset, ADMIN_TOKEN_LIMIT, what="tokens", done="revoked"
+        )
+        if selection is None:
+            return None
+        if not admin_guard.confirmed(request):
+            valid = ApiToken.objects.filter(pk__in=selection.ids, revoked_at__isnull=True)
+            return admin_guard.confirmation(
+                self,
+                request,
+                selection,
+                action="revoke",
+                title="Revoke API tokens?",
+                verb="revoke",
+                breakdown=[
+                    ("valid: refused from the next request on", valid.count()),
+                    ("already revoked: left as they are", len(selection.ids) - valid.count()),
+                ],
+                breakdown_title="state now",
+                note="A revoked token cannot be restored; issue a new one from its client's page.",
+            )
+        valid_ids = list(
+            ApiToken.objects.filter(pk__in=selection.ids, revoked_at__isnull=True).values_list(
+                "pk", flat=True
+            )
+        )
+        revoked = clients.revoke_tokens(ids=valid_ids)
+        admin_guard.log_each(
+            request,
+            {"revoked": list(ApiToken.objects.filter(pk__in=valid_ids))},
+            "revoke API token",
+        )
+        self.message_user(request, f"{revoked} token(s) revoked; they are refused from now on.")
+        return None
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # tokens are issued from their client's page, so they can be shown once
+
+    def has_change_permission(self, request: HttpRequest, obj: ApiToken | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: ApiToken | None = None) -> bool:
+        return False

@@ -2,11 +2,14 @@
 service, serialize. Every user-input failure is a JSON 4xx; nothing a client sends yields a 500.
 
 Error body: ``{"error": {"code": str, "message": str, "field": str | null}}``.
+
+Who may do what is ``reservations.clients`` (tokens, scopes, offerings, rate limits, which holds
+a client sees); a POST under an ``Idempotency-Key`` runs through ``reservations.idempotency``.
+docs/API.md describes the whole surface.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -16,9 +19,11 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.db import OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
-from . import services
+from . import clients, idempotency, services
+from .clients import Principal
 from .errors import (
     HoldExpired,
     InvalidTtl,
@@ -29,7 +34,7 @@ from .errors import (
     ReservationNotFound,
     StaleVersion,
 )
-from .models import Reservation
+from .models import Offering, Reservation
 from .retry import call_with_retries, is_transient_db_error
 
 logger = logging.getLogger(__name__)
@@ -86,23 +91,38 @@ def error_response(
 # --- request handling ----------------------------------------------------------------------
 
 
-def _authenticate(request: HttpRequest) -> None:
-    expected = settings.RESERVATIONS_API_TOKEN
+def _authenticate(request: HttpRequest) -> Principal:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     token = token.strip()
-    # compare_digest on bytes: on str it raises TypeError for non-ASCII input.
-    if (
-        not expected
-        or scheme.lower() != "bearer"
-        or not token
-        or not hmac.compare_digest(token.encode(), expected.encode())
-    ):
+    principal = None
+    if scheme.lower() == "bearer" and token:
+        try:
+            principal = clients.authenticate(token)
+        except clients.RateLimited as exc:
+            raise ApiError(
+                429,
+                "rate_limited",
+                f"this client's requests per minute are used up; retry in {exc.retry_after} s",
+                headers={"Retry-After": str(exc.retry_after)},
+            ) from None
+    if principal is None:
         raise ApiError(
             401,
             "unauthorized",
             "missing or invalid bearer token",
             headers={"WWW-Authenticate": 'Bearer realm="reservations"'},
         )
+    return principal
+
+
+def _require_scope(principal: Principal, method: str) -> None:
+    """GET and HEAD need the read scope; every other method the write scope."""
+    if method in ("GET", "HEAD"):
+        allowed, scope = principal.can_read, "read"
+    else:
+        allowed, scope = principal.can_write, "write"
+    if not allowed:
+        raise ApiError(403, "insufficient_scope", f"this client has no {scope} scope")
 
 
 def _read_body(request: HttpRequest) -> bytes:
@@ -215,20 +235,27 @@ def hold_json(hold: Reservation) -> dict[str, Any]:
     }
 
 
-def _domain_error(exc: ReservationError) -> JsonResponse:
+def _domain_error(exc: ReservationError) -> tuple[int, dict[str, Any]]:
+    """The status and error body for a domain error."""
     if isinstance(exc, InvalidTtl):
-        return error_response(400, exc.code, str(exc), field="ttl_seconds")
-    if isinstance(exc, _NOT_FOUND):
-        return error_response(404, exc.code, str(exc))
-    if isinstance(exc, StaleVersion):
-        return error_response(409, exc.code, str(exc), field="expected_version")
-    if isinstance(exc, _CONFLICTS):
-        return error_response(409, exc.code, str(exc))
-    return error_response(409, exc.code, str(exc) or exc.code)
+        status, field = 400, "ttl_seconds"
+    elif isinstance(exc, _NOT_FOUND):
+        status, field = 404, None
+    elif isinstance(exc, StaleVersion):
+        status, field = 409, "expected_version"
+    elif isinstance(exc, idempotency.InvalidIdempotencyKey):
+        status, field = 400, idempotency.HEADER
+    elif isinstance(exc, idempotency.IdempotencyKeyReused):
+        status, field = 422, idempotency.HEADER
+    else:
+        status, field = 409, None
+    message = str(exc) or exc.code
+    return status, {"error": {"code": exc.code, "message": message, "field": field}}
 
 
 def api_view(*methods: str) -> Callable[[View], View]:
-    """Token auth, method check and error translation around a view."""
+    """Token auth, method check, scope check and error translation around a view, which is
+    called with the request's ``Principal`` after the request."""
     allowed = set(methods)
     if "GET" in allowed:
         allowed.add("HEAD")
@@ -238,7 +265,7 @@ def api_view(*methods: str) -> Callable[[View], View]:
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             try:
-                _authenticate(request)
+                principal = _authenticate(request)
                 if request.method not in allowed:
                     raise ApiError(
                         405,
@@ -246,11 +273,13 @@ def api_view(*methods: str) -> Callable[[View], View]:
                         f"method {request.method} is not allowed here",
                         headers={"Allow": ", ".join(sorted(allowed))},
                     )
-                return view(request, *args, **kwargs)
+                _require_scope(principal, request.method or "")
+                return view(request, principal, *args, **kwargs)
             except ApiError as exc:
                 return error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)
             except ReservationError as exc:
-                return _domain_error(exc)
+                status, body = _domain_error(exc)
+                return JsonResponse(body, status=status)
             except (OperationalError, services.TransientConflict) as exc:
                 if not is_transient_db_error(exc):
                     raise
@@ -280,9 +309,19 @@ _VERSION_FIELDS = frozenset({"expected_version"})
 _OFFERING = (OfferingNotFound.code, "offering")
 _HOLD = (ReservationNotFound.code, "hold")
 
+# Listings: a page holds this many holds unless the client asks for fewer (or up to the max).
+PAGE_SIZE = 50
+MAX_PAGE_SIZE = 100
+
+
+def _idempotency_key(request: HttpRequest) -> str | None:
+    value = request.headers.get(idempotency.HEADER)
+    return None if value is None else idempotency.check_key(value)
+
 
 def _hold_change(
     request: HttpRequest,
+    principal: Principal,
     target_id: int,
     target: tuple[str, str],
     fields: frozenset[str],
@@ -292,41 +331,150 @@ def _hold_change(
     """Every POST that changes a hold, in order:
 
     1. the path id is in range (else 404 with the target's code);
-    2. the body is a JSON object with only ``fields`` (else 400);
+    2. the body is a JSON object with only ``fields`` (else 400), and the
+       ``Idempotency-Key``, when sent, is well formed (else 400);
     3. ``parse`` reads and validates the fields and returns the service call, so a bad field
        is a 400 before any database work;
-    4. the call runs, retried on transient database errors; the answer is the hold.
+    4. the target is the principal's to use (else the same 404: another client's hold does
+       not exist for this one);
+    5. the call runs, retried on transient database errors, under the key when one was sent
+       (a repeat replays the stored response); the answer is the hold, or the domain error.
     """
     _check_id(target_id, *target)
-    call = parse(_json_object(request, fields))
-    return JsonResponse(hold_json(call_with_retries(call)), status=status)
+    data = _json_object(request, fields)
+    key = _idempotency_key(request)
+    call = parse(data)
+    _check_access(principal, target_id, target)
+
+    def produce() -> idempotency.Response:
+        try:
+            hold = call_with_retries(call)
+        except ReservationError as exc:
+            return idempotency.Response(*_domain_error(exc))
+        headers = {"Location": _hold_location(hold.pk)} if status == 201 else {}
+        return idempotency.Response(status, hold_json(hold), headers)
+
+    if key is None:
+        response = produce()
+    else:
+        fingerprint = idempotency.request_hash(request.method or "POST", request.path, data)
+        response = idempotency.run_once(principal.client_id, key, fingerprint, produce)
+    answer = JsonResponse(response.body, status=response.status)
+    for name, value in response.headers.items():
+        answer[name] = value
+    if key is not None:
+        answer["Idempotent-Replayed"] = "true" if response.replayed else "false"
+    return answer
 
 
-@api_view("POST")
-def create_hold(request: HttpRequest, offering_id: int) -> HttpResponse:
+def _check_access(principal: Principal, target_id: int, target: tuple[str, str]) -> None:
+    code, what = target
+    if target is _HOLD:
+        allowed = clients.owned_hold(principal, target_id) is not None
+    else:
+        allowed = clients.may_use_offering(principal, target_id)
+    if not allowed:
+        raise ApiError(404, code, f"{what} {target_id} does not exist")
+
+
+def _hold_location(hold_id: int) -> str:
+    return reverse("reservations:hold-detail", kwargs={"hold_id": hold_id})
+
+
+def _create_hold(request: HttpRequest, principal: Principal, offering_id: int) -> HttpResponse:
     return _hold_change(
         request,
+        principal,
         offering_id,
         _OFFERING,
         _HOLD_FIELDS,
-        lambda data: partial(services.hold_seat, offering_id, _holder(data), _ttl(data)),
+        lambda data: partial(
+            services.hold_seat,
+            offering_id,
+            _holder(data),
+            _ttl(data),
+            client_id=principal.client_id,
+        ),
         status=201,
     )
 
 
+@api_view("GET", "POST")
+def offering_holds(request: HttpRequest, principal: Principal, offering_id: int) -> HttpResponse:
+    """POST: hold a seat (201 with ``Location``). GET: the offering's holds, by cursor."""
+    if request.method == "POST":
+        return _create_hold(request, principal, offering_id)
+    _check_id(offering_id, *_OFFERING)
+    _check_access(principal, offering_id, _OFFERING)
+    if not Offering.objects.filter(pk=offering_id).exists():
+        raise OfferingNotFound(f"offering {offering_id} does not exist")
+    return _page(request, principal, frozenset(), offering_id=offering_id)
+
+
 @api_view("GET")
-def hold_detail(request: HttpRequest, hold_id: int) -> HttpResponse:
+def holds(request: HttpRequest, principal: Principal) -> HttpResponse:
+    """A holder's holds (``?holder=``, required), by cursor."""
+    if "holder" not in request.GET:
+        raise ApiError(400, "missing_field", "holder is required", field="holder")
+    return _page(request, principal, frozenset({"holder"}), holder=_holder(request.GET))
+
+
+def _page(
+    request: HttpRequest,
+    principal: Principal,
+    extra: frozenset[str],
+    *,
+    holder: str | None = None,
+    offering_id: int | None = None,
+) -> HttpResponse:
+    """One page of a listing: ``limit`` (1 to 100, default 50) holds in id order after
+    ``cursor`` (the previous page's ``next_cursor``); ``next_cursor`` is null on the last."""
+    query = request.GET
+    for name in query:
+        if name not in extra | {"cursor", "limit"}:
+            raise ApiError(400, "unknown_field", f"unknown parameter {name!r}", field=name)
+        if len(query.getlist(name)) > 1:
+            raise ApiError(400, "invalid_value", f"{name} is given more than once", field=name)
+    limit = PAGE_SIZE
+    if "limit" in query:
+        text = query["limit"]
+        if not text.isascii() or not text.isdigit():
+            raise ApiError(400, "invalid_type", "limit must be an integer", field="limit")
+        limit = int(text)
+        if not 1 <= limit <= MAX_PAGE_SIZE:
+            raise ApiError(
+                400, "out_of_range", f"limit must be between 1 and {MAX_PAGE_SIZE}", field="limit"
+            )
+    after = 0
+    if "cursor" in query:
+        try:
+            after = clients.decode_cursor(query["cursor"])
+        except clients.InvalidCursor:
+            raise ApiError(
+                400, "invalid_cursor", "cursor is not one this API returned", field="cursor"
+            ) from None
+    page = clients.list_holds(
+        principal, holder=holder, offering_id=offering_id, after_id=after, limit=limit
+    )
+    return JsonResponse(
+        {"holds": [hold_json(h) for h in page.holds], "next_cursor": page.next_cursor}
+    )
+
+
+@api_view("GET")
+def hold_detail(request: HttpRequest, principal: Principal, hold_id: int) -> HttpResponse:
     _check_id(hold_id, *_HOLD)
-    hold = Reservation.objects.filter(pk=hold_id).first()
+    hold = clients.owned_hold(principal, hold_id)
     if hold is None:
         raise ReservationNotFound(f"hold {hold_id} does not exist")
     return JsonResponse(hold_json(hold))
 
 
 @api_view("POST")
-def renew_hold(request: HttpRequest, hold_id: int) -> HttpResponse:
+def renew_hold(request: HttpRequest, principal: Principal, hold_id: int) -> HttpResponse:
     return _hold_change(
         request,
+        principal,
         hold_id,
         _HOLD,
         _RENEW_FIELDS,
@@ -335,11 +483,15 @@ def renew_hold(request: HttpRequest, hold_id: int) -> HttpResponse:
 
 
 def _versioned_change(
-    request: HttpRequest, hold_id: int, change: Callable[[int, int], Reservation]
+    request: HttpRequest,
+    principal: Principal,
+    hold_id: int,
+    change: Callable[[int, int], Reservation],
 ) -> HttpResponse:
     """confirm/cancel: the body carries only the version the client saw."""
     return _hold_change(
         request,
+        principal,
         hold_id,
         _HOLD,
         _VERSION_FIELDS,
@@ -348,16 +500,19 @@ def _versioned_change(
 
 
 @api_view("POST")
-def confirm_hold(request: HttpRequest, hold_id: int) -> HttpResponse:
-    return _versioned_change(request, hold_id, services.confirm)
+def confirm_hold(request: HttpRequest, principal: Principal, hold_id: int) -> HttpResponse:
+    return _versioned_change(request, principal, hold_id, services.confirm)
 
 
 @api_view("POST")
-def cancel_hold(request: HttpRequest, hold_id: int) -> HttpResponse:
-    return _versioned_change(request, hold_id, services.cancel)
+def cancel_hold(request: HttpRequest, principal: Principal, hold_id: int) -> HttpResponse:
+    return _versioned_change(request, principal, hold_id, services.cancel)
 
 
 @api_view("GET")
-def offering_availability(request: HttpRequest, offering_id: int) -> HttpResponse:
+def offering_availability(
+    request: HttpRequest, principal: Principal, offering_id: int
+) -> HttpResponse:
     _check_id(offering_id, *_OFFERING)
+    _check_access(principal, offering_id, _OFFERING)
     return JsonResponse(services.availability(offering_id))

@@ -34,6 +34,63 @@ class Offering(models.Model):
         return f"{self.name} (#{self.pk})"
 
 
+class ApiClient(models.Model):
+    """A caller of the JSON API with its own tokens, scopes and rate limit (docs/API.md).
+
+    Holds belong to the client that created them; another client's request for one is a 404.
+    """
+
+    name = models.CharField(max_length=100, unique=True)
+    can_read = models.BooleanField(default=True, help_text="GET requests")
+    can_write = models.BooleanField(
+        default=False, help_text="POST requests: hold, renew, confirm, cancel"
+    )
+    all_offerings = models.BooleanField(
+        default=False, help_text="every offering; otherwise only the offerings chosen below"
+    )
+    offerings = models.ManyToManyField(Offering, blank=True, related_name="api_clients")
+    requests_per_minute = models.PositiveIntegerField(
+        default=600, help_text="requests answered per minute; beyond it, 429 with Retry-After"
+    )
+    is_active = models.BooleanField(default=True, help_text="off: every token is refused")
+    created_at = models.DateTimeField(auto_now_add=True)
+    # The rate limit's current window (reservations.clients.authenticate), kept on the row so
+    # that every web process counts against the same window.
+    window_started_at = models.DateTimeField(null=True, blank=True, editable=False)
+    window_count = models.PositiveIntegerField(default=0, editable=False)
+
+    class Meta:
+        verbose_name = "API client"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(requests_per_minute__gte=1),
+                name="reservations_apiclient_rate_limit_positive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ApiToken(models.Model):
+    """A bearer token of a client. Only its SHA-256 digest is stored: the token is shown once,
+    when it is issued (tokens are 256 random bits, so a fast hash is enough)."""
+
+    client = models.ForeignKey(ApiClient, on_delete=models.CASCADE, related_name="tokens")
+    # The token's first characters, to tell tokens apart in the admin and in logs.
+    prefix = models.CharField(max_length=12)
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "API token"
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.client})"
+
+
 class ReservationQuerySet(models.QuerySet["Reservation"]):
     def held(self) -> ReservationQuerySet:
         """Active holds, expired or not."""
@@ -60,6 +117,17 @@ class Reservation(models.Model):
 
     offering = models.ForeignKey(Offering, on_delete=models.PROTECT, related_name="reservations")
     holder = models.CharField(max_length=200)
+    # The API client that created the hold; null for holds made with the local development
+    # token, the admin or a seeding command. Only that client can see or change it by API.
+    # No index of its own: the two listing indexes below lead with it.
+    client = models.ForeignKey(
+        ApiClient,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="holds",
+        db_index=False,
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.HELD)
     expires_at = models.DateTimeField()
     version = models.PositiveIntegerField(default=1)
@@ -109,6 +177,11 @@ class Reservation(models.Model):
                 name="reservations_offering_held_idx",
                 condition=Q(status="held"),
             ),
+            # The API's listings, in id order after a cursor:
+            # WHERE client_id = c AND holder = h AND id > cursor ORDER BY id LIMIT n, and
+            # WHERE client_id = c AND offering_id = o AND id > cursor ORDER BY id LIMIT n.
+            models.Index(fields=["client", "holder", "id"], name="reservations_client_holder_idx"),
+            models.Index(fields=["client", "offering", "id"], name="reservations_client_offer_idx"),
         ]
 
     def __str__(self) -> str:
@@ -160,3 +233,42 @@ class OutboxEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} #{self.reservation_id} v{self.version}"
+
+
+class IdempotencyKey(models.Model):
+    """The response a client's POST produced under an ``Idempotency-Key``, kept until
+    ``expires_at`` so that a retry gets the same answer instead of a second effect.
+
+    The row is inserted in the same transaction as the change it records: a concurrent
+    request under the same key waits on the unique index until that transaction ends, then
+    replays what it stored (reservations.idempotency).
+    """
+
+    client = models.ForeignKey(
+        ApiClient, on_delete=models.CASCADE, null=True, blank=True, related_name="+"
+    )
+    key = models.CharField(max_length=255)
+    # SHA-256 of the method, the path and the canonical JSON body.
+    request_hash = models.CharField(max_length=64)
+    response_status = models.PositiveSmallIntegerField()
+    response_body = models.JSONField()
+    response_headers = models.JSONField(default=dict)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            # One row per key and client; the local development token (no client) is one scope.
+            models.UniqueConstraint(
+                fields=["client", "key"],
+                nulls_distinct=False,
+                name="reservations_idempotencykey_one_per_client",
+            ),
+        ]
+        indexes = [
+            # The prune: WHERE expires_at <= now() ORDER BY expires_at LIMIT n
+            models.Index(fields=["expires_at"], name="reservations_idem_expiry_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.response_status})"

@@ -94,11 +94,13 @@ def insert_holds(
     holders: Sequence[str],
     expires_in_seconds: Sequence[float],
     *,
+    client_id: int | None = None,
     now: datetime | None = None,
 ) -> list[tuple[int, datetime]]:
     """Insert held reservations (version 1) on ``offering_id``, each expiring that many seconds
     from now (negative: already expired; ``next_attempt_at`` = ``expires_at``); return
-    ``(id, expires_at)`` in order. Seats are the caller's business: ``hold_seat`` takes one
+    ``(id, expires_at)`` in order, owned by API client ``client_id`` (None: no client).
+    Seats are the caller's business: ``hold_seat`` takes one
     under the offering's lock; a seeding caller creates the offering with its seats taken."""
     cur.execute(
         sql.INSERT_HOLDS,
@@ -106,6 +108,7 @@ def insert_holds(
             "offering": offering_id,
             "holders": list(holders),
             "secs": list(expires_in_seconds),
+            "client": client_id,
             "now": now,
         },
     )
@@ -123,9 +126,11 @@ def hold_seat(
     holder: str,
     ttl_seconds: int | None = None,
     *,
+    client_id: int | None = None,
     now: datetime | None = None,
 ) -> Reservation:
-    """Take one seat for ``holder`` for ``ttl_seconds``.
+    """Take one seat for ``holder`` for ``ttl_seconds``, the hold owned by API client
+    ``client_id`` (None: a hold of no client, as the development token and the admin make).
 
     A learner is never refused because of an eligible hold cleanup has not reached yet: on a
     full offering, that offering's eligible holds are released first, through the same
@@ -153,7 +158,7 @@ def hold_seat(
                 raise NoSeatsAvailable(f"offering {offering_id} has no seats available")
             cur.execute(sql.TAKE_SEAT, [offering_id])
             ((reservation_id, expires_at),) = insert_holds(
-                cur, offering_id, [holder], [float(ttl)], now=now
+                cur, offering_id, [holder], [float(ttl)], client_id=client_id, now=now
             )
         _write_event(
             OutboxEvent.Kind.HELD,

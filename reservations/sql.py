@@ -26,9 +26,11 @@ CLOCK = "COALESCE(%(now)s::timestamptz, now())"
 
 # The one INSERT of holds: ``hold_seat`` writes one row through it, drills and tests many.
 INSERT_HOLDS = f"""
-INSERT INTO reservations_reservation (offering_id, holder, status, expires_at, next_attempt_at,
-                 version, claim_count, last_trace_id, created_at, updated_at, release_reason)
-SELECT %(offering)s, wanted.holder, 'held', expiry.at, expiry.at, 1, 0, '', now(), now(), ''
+INSERT INTO reservations_reservation (offering_id, holder, client_id, status, expires_at,
+                 next_attempt_at, version, claim_count, last_trace_id, created_at, updated_at,
+                 release_reason)
+SELECT %(offering)s, wanted.holder, %(client)s, 'held', expiry.at, expiry.at, 1, 0, '', now(),
+       now(), ''
 FROM unnest(%(holders)s::text[], %(secs)s::float8[]) WITH ORDINALITY
      AS wanted(holder, secs, position)
 CROSS JOIN LATERAL (SELECT {CLOCK} + make_interval(secs => wanted.secs) AS at) expiry
@@ -275,3 +277,71 @@ ANALYZE_HOLDS_AND_OFFERINGS = ("ANALYZE reservations_reservation", "ANALYZE rese
 LOCAL_STATEMENT_TIMEOUT = "SELECT set_config('statement_timeout', %s, true)"
 # Prepared statements of this connection planned once, generically (reservations/db.py).
 FORCE_GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
+
+
+# --- API clients and idempotency keys (reservations.clients, reservations.idempotency) --------
+
+# The rate limit's window is stale once it started a window's length ago (or never).
+_STALE_WINDOW = (
+    "(c.window_started_at IS NULL "
+    "OR c.window_started_at <= now() - make_interval(secs => %(window)s))"
+)
+
+# One statement per authenticated request: the token's last use, and one more request in its
+# client's current window (a new window when the last one is over). Every web process counts
+# on the same row, so the limit holds across processes and hosts. Returns nothing for an
+# unknown or revoked token, or a deactivated client.
+AUTHENTICATE_TOKEN = f"""
+WITH token AS (
+    UPDATE reservations_apitoken AS t SET last_used_at = now()
+    FROM reservations_apiclient AS c
+    WHERE t.digest = %(digest)s AND t.revoked_at IS NULL AND c.id = t.client_id AND c.is_active
+    RETURNING t.client_id
+)
+UPDATE reservations_apiclient AS c
+SET window_started_at = CASE WHEN {_STALE_WINDOW} THEN now() ELSE c.window_started_at END,
+    window_count = CASE WHEN {_STALE_WINDOW} THEN 1 ELSE c.window_count + 1 END
+FROM token
+WHERE c.id = token.client_id
+RETURNING c.id, c.name, c.can_read, c.can_write, c.all_offerings, c.window_count,
+          c.requests_per_minute,
+          extract(epoch FROM c.window_started_at + make_interval(secs => %(window)s) - now())
+"""
+
+# An expired key is as good as none: it goes before the claim, so its key can be used again.
+DELETE_EXPIRED_IDEMPOTENCY_KEY = """
+DELETE FROM reservations_idempotencykey
+WHERE client_id IS NOT DISTINCT FROM %(client)s AND key = %(key)s AND expires_at <= now()
+"""
+
+# Claims a key for this request. A concurrent request under the same key waits here, on the
+# unique index, until the first one's transaction ends: then it inserts nothing (the first
+# committed) and reads what was stored, or inserts (the first rolled back) and goes ahead.
+CLAIM_IDEMPOTENCY_KEY = """
+INSERT INTO reservations_idempotencykey (client_id, key, request_hash, response_status,
+                                        response_body, response_headers, created_at, expires_at)
+VALUES (%(client)s, %(key)s, %(hash)s, 0, 'null', '{}', now(),
+        now() + make_interval(secs => %(ttl)s))
+ON CONFLICT (client_id, key) DO NOTHING
+RETURNING id
+"""
+
+STORED_IDEMPOTENT_RESPONSE = """
+SELECT request_hash, response_status, response_body, response_headers
+FROM reservations_idempotencykey
+WHERE client_id IS NOT DISTINCT FROM %(client)s AND key = %(key)s
+"""
+
+STORE_IDEMPOTENT_RESPONSE = """
+UPDATE reservations_idempotencykey
+SET response_status = %(status)s, response_body = %(body)s::jsonb,
+    response_headers = %(headers)s::jsonb
+WHERE id = %(id)s
+"""
+
+# The prune, a batch at a time on reservations_idem_expiry_idx.
+PRUNE_IDEMPOTENCY_KEYS = """
+DELETE FROM reservations_idempotencykey
+WHERE id IN (SELECT id FROM reservations_idempotencykey WHERE expires_at <= now()
+             ORDER BY expires_at LIMIT %(batch)s)
+"""

@@ -4,9 +4,9 @@
    servers, else embedded private servers under ./.embedded/);
 2. migrate; create a dev superuser admin/admin when there is no superuser (local settings only);
    install the cleanup beat schedule when that management command exists;
-3. start web (runserver), one Celery worker, Celery beat and Flower, each in its own process
-   group, their output prefixed with their name; once web answers, print where everything is and
-   the README's try-it story (scripts/tryit.py);
+3. start web (runserver), one Celery worker, Celery beat and Flower (read-only), each in its
+   own process group, their output prefixed with their name; once web answers, print where
+   everything is and the README's try-it story (scripts/tryit.py);
 4. Ctrl-C (SIGINT) or SIGTERM stops them all (SIGTERM to each group, SIGKILL after a grace
    period), waits for them, then stops the embedded servers this run started, last.
 
@@ -270,7 +270,7 @@ def banner(
         "",
         "Reservation cleanup is running. Ctrl-C stops everything.",
         f"  admin    {base}/admin/{admin_note}",
-        f"  API      {base}/api/",
+        f"  API      {base}/api/v1/ (OpenAPI: {base}/api/v1/openapi.json, staff: /api/v1/docs)",
         f"  metrics  {base}/metrics",
         f"  Flower   http://{HOST}:{flower_port}/  (basic auth {flower_auth})",
         f"  postgres {svc.sources.get('postgres', '?')}",
@@ -292,6 +292,15 @@ def try_it(port: int) -> list[str]:
     if port != 8000:
         lines.append(f"export PORT={port}")
     return [*lines, *story, ""]
+
+
+def flower_argv(port: int) -> list[str]:
+    """Flower read-only: the workers refuse most control commands anyway, and a dashboard that
+    offers shutdown and pool buttons invites someone to press them."""
+    return [
+        CELERY, "-A", "config", "flower", f"--address={HOST}", f"--port={port}",
+        "--read_only=True", "--persistent=True", "--db=var/flower.db",
+    ]  # fmt: skip
 
 
 def main() -> int:
@@ -349,11 +358,7 @@ def main() -> int:
              "-n", "worker1@%h", "--loglevel=INFO"],
         )  # fmt: skip
         supervisor.start("beat", [CELERY, "-A", "config", "beat"])
-        supervisor.start(
-            "flower",
-            [CELERY, "-A", "config", "flower", f"--address={HOST}", f"--port={flower_port}",
-             "--persistent=True", "--db=var/flower.db"],
-        )  # fmt: skip
+        supervisor.start("flower", flower_argv(flower_port))
 
         announced = False
         started_at = time.monotonic()

@@ -74,3 +74,40 @@ def publish_raw(
             content_encoding=encoding,
         )
     return task_id
+
+
+def publish_task(
+    name: str,
+    queue: str,
+    *,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    expires: float | None = None,
+) -> str:
+    """Publish a task message, as Celery writes it, to a queue this process's app does not
+    route to: the queues of another deployment (workers started with other ``CLEANUP_*_QUEUE``
+    settings), which the app's own ``send_task`` refuses (cleanup.broker.routes). Returns the
+    task id."""
+    from datetime import UTC, datetime, timedelta
+
+    from kombu import Queue
+
+    from config.celery_app import app
+
+    task_id = str(uuid.uuid4())
+    until = datetime.now(UTC) + timedelta(seconds=expires) if expires is not None else None
+    headers, properties, body, _ = app.amqp.as_task_v2(
+        task_id, name, args=args, kwargs=kwargs or {}, expires=until
+    )
+    headers["enqueued_at"] = time.time()
+    with app.connection_for_write() as conn:
+        conn.Producer().publish(
+            body,
+            exchange="",
+            routing_key=queue,
+            headers=headers,
+            declare=[Queue(queue, routing_key=queue)],
+            serializer="json",
+            **properties,
+        )
+    return task_id

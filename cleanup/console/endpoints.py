@@ -19,6 +19,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import os
 import time
 from functools import lru_cache
 from typing import Any
@@ -54,10 +55,19 @@ class _DefaultRegistryCollector(Collector):
 
 @lru_cache(maxsize=1)
 def metrics_registry() -> CollectorRegistry:
-    """Built on the first /metrics request: the backlog collector is registered only here."""
+    """Built on the first /metrics request: the backlog collector is registered only here.
+
+    Under gunicorn (``gunicorn.conf.py`` sets ``PROMETHEUS_MULTIPROC_DIR``) the counters and
+    histograms are every worker process's, added up from their files; otherwise the process's
+    own, with its process and GC metrics."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BacklogCollector())
-    registry.register(_DefaultRegistryCollector())
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client.multiprocess import MultiProcessCollector  # noqa: PLC0415 - only in multiprocess mode (docs/LIBRARY-NOTES.md §3)
+
+        MultiProcessCollector(registry)
+    else:
+        registry.register(_DefaultRegistryCollector())
     return registry
 
 

@@ -46,7 +46,7 @@ Sample = tuple[tuple[str, ...], float]
 class BacklogCollector(Collector):
     """Scrape-time gauges: the SLO signal, the capped backlog, queues, outbox, dead letters."""
 
-    SECTIONS = ("eligible", "queues", "outbox", "dead_letters", "desired_consumers")
+    SECTIONS = ("eligible", "queues", "outbox", "dead_letters", "desired_consumers", "pause")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -165,6 +165,18 @@ class BacklogCollector(Collector):
 
         return self._db(run)
 
+    def read_pause(self) -> dict[str, list[Sample]]:
+
+        def run() -> dict[str, list[Sample]]:
+            found = rows(sql.RELEASE_PAUSE_AGE)
+            paused, age = (bool(found[0][0]), float(found[0][1] or 0.0)) if found else (False, 0.0)
+            return {
+                "releases_paused": [((), 1.0 if paused else 0.0)],
+                "releases_paused_seconds": [((), max(0.0, age) if paused else 0.0)],
+            }
+
+        return self._db(run)
+
     # -- collection -------------------------------------------------------------------------
 
     def refresh(self) -> None:
@@ -174,6 +186,7 @@ class BacklogCollector(Collector):
             "outbox": self.read_outbox,
             "dead_letters": self.read_dead_letters,
             "desired_consumers": self.read_desired_consumers,
+            "pause": self.read_pause,
         }
         for section, reader in readers.items():
             started = time.perf_counter()
@@ -207,6 +220,8 @@ class BacklogCollector(Collector):
             "dead_letters_open": ["reason"],
             "dead_letters_open_cap": [],
             "desired_consumers": [],
+            "releases_paused": [],
+            "releases_paused_seconds": [],
         }
         for name, label_names in labels.items():
             family = GaugeMetricFamily(f"{PREFIX}_{name}", GAUGE_HELP[name], labels=label_names)
@@ -270,4 +285,6 @@ GAUGE_HELP = {
     "desired_consumers": (
         "Consumers needed: measured arrival rate x service time / 0.7 utilization, with headroom"
     ),
+    "releases_paused": "1 while the console's pause switch stops workers consuming releases",
+    "releases_paused_seconds": "How long releases have been paused (0 while they run)",
 }

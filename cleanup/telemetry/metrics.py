@@ -107,6 +107,20 @@ AUTOSCALE_TARGET = Gauge(
     multiprocess_mode="livemax",
 )
 
+# The web's requests (cleanup.telemetry.request_metrics). ``route`` is the URL pattern that
+# matched ("api/v1/holds/<int:hold_id>"), never the path: ids would make one series per hold.
+HTTP_REQUESTS = Counter(
+    f"{PREFIX}_http_requests",
+    "Web requests answered, by URL route, method and status code",
+    ["route", "method", "status"],
+)
+HTTP_REQUEST_DURATION = Histogram(
+    f"{PREFIX}_http_request_duration_seconds",
+    "Time to answer a web request, by URL route and method",
+    ["route", "method"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+
 
 # Label values known in advance. A labelled counter has no series until its first increment, so
 # a panel or rule over retries or dead letters would show nothing (not 0) on a healthy fleet;
@@ -130,6 +144,11 @@ KNOWN_DEAD_LETTER_REASONS = (
     "failed",
     "periodic_failed",
 )
+# The reasons cleanup.worker.remote_control and the Redis transport drop a control message for,
+# and the broker readers that skip entries (tests/unit/test_deploy.py checks these against the
+# calls in the code): the alerts on both counters need a series to read 0 from.
+KNOWN_CONTROL_DROP_REASONS = ("malformed", "not_allowed", "undecodable", "not_an_envelope")
+KNOWN_SKIP_READERS = ("queue_age", "queue_depth", "unacked_count", "unacked_restore")
 
 
 def initialize_worker_series() -> None:
@@ -138,6 +157,10 @@ def initialize_worker_series() -> None:
         RETRIES.labels(task=task)
     for reason in KNOWN_DEAD_LETTER_REASONS:
         DEAD_LETTERS.labels(reason=reason)
+    for reason in KNOWN_CONTROL_DROP_REASONS:
+        CONTROL_DROPS.labels(reason=reason)
+    for reader in KNOWN_SKIP_READERS:
+        BROKER_ENTRIES_SKIPPED.labels(reader=reader)
 
 
 def record_autoscale_decision(action: str, reason: str, current: int, target: int) -> None:

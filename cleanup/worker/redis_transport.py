@@ -265,10 +265,13 @@ class ScreenedQoS(_RedisQoS):
         if restored:
             # The redelivery is counted here, where it is made: the message's own
             # "redelivered" mark is only read (cleanup.telemetry.deliveries).
-            from cleanup.telemetry import deliveries  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
-
-            for envelope in restored:
-                deliveries.count_restored(envelope)
+            try:
+                from cleanup.telemetry import deliveries  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
+            except Exception:  # noqa: BLE001 - without the app (kombu's own suite), nothing to count in
+                logger.warning("restored messages not counted: the project's apps are not loaded")
+            else:
+                for envelope in restored:
+                    deliveries.count_restored(envelope)
         for raw, problem in refused:
             set_aside_unacked(raw, str(self.unacked_key), problem)
 
@@ -280,61 +283,58 @@ _bindings_made: dict[str, set[tuple[str, str, str]]] = {}
 
 class ScreenedPublishBatch(_PublishBatch):
     """kombu's pipelined publish, where a queue key of the wrong type fails only the commands
-    for it: the key is set aside and exactly those commands run again (the others already ran,
-    so running the whole pipeline again would publish them twice)."""
-
-    _buffered: int
+    for it. A non-transactional pipeline runs every command; the ones that failed are exactly
+    those for keys of the wrong type (an LPUSH onto a string). Those keys are set aside and
+    exactly their commands are sent again: sending the whole pipeline again would publish the
+    others twice."""
 
     def flush(self) -> None:
-        self._check_usable()
-        if not self._buffered:
-            return
-        stack = list(self.pipeline.command_stack)
         try:
-            replies = self.pipeline.execute(raise_on_error=False)
-        except BaseException as exc:
-            self._failed = exc
-            self._buffered = 0
-            self.pipeline.reset()
-            if isinstance(exc, Exception):
-                raise BatchPublishError(
-                    "Redis publish batch failed; delivery is uncertain"
-                ) from exc
-            raise
-        self._buffered = 0
-        failed = [
-            (cmd, reply)
-            for cmd, reply in zip(stack, replies, strict=True)
-            if isinstance(reply, Exception)
-        ]
-        if not failed:
-            return
-        other = next((reply for _, reply in failed if not is_wrong_type(reply)), None)
-        if other is not None:
-            self._failed = other
-            raise BatchPublishError("Redis publish batch failed; delivery is uncertain") from other
-        again = [(args, options) for (args, options), _ in failed]
+            stack = list(self.pipeline.command_stack)
+        except (AttributeError, TypeError):  # a pipeline without redis-py's command stack
+            stack = []
+        try:
+            super().flush()
+        except BatchPublishError as exc:
+            if not is_wrong_type(exc.__cause__) or not stack:
+                raise
+            self._recover(stack)
+            self._failed = None  # every message is in its queue: the batch goes on
+
+    def _recover(self, stack: list[tuple[Any, Any]]) -> None:
+        pushes = [(args, options) for args, options in stack if _is_push(args)]
+        with self.channel.conn_or_acquire() as client:
+            moved = set(
+                keys.set_aside(
+                    client, {bytes_to_str(args[1]): LIST for args, _ in pushes}, "publishing"
+                )
+            )
+        again = [(args, options) for args, options in pushes if bytes_to_str(args[1]) in moved]
 
         def publish_again() -> None:
             with self.channel.conn_or_acquire() as client:
                 pipe = client.pipeline(transaction=False)
                 for args, options in again:
                     pipe.execute_command(*args, **options)
-                outcome = pipe.execute(raise_on_error=False)
-            still = [
-                (cmd, r) for cmd, r in zip(again, outcome, strict=True) if isinstance(r, Exception)
+                replies = pipe.execute(raise_on_error=False)
+            failed = [
+                (cmd, r) for cmd, r in zip(again, replies, strict=True) if isinstance(r, Exception)
             ]
-            again[:] = [cmd for cmd, _ in still]
-            if still:
-                raise still[0][1]
+            again[:] = [cmd for cmd, _ in failed]
+            if failed:
+                raise failed[0][1]
 
-        def set_aside() -> list[str]:
-            targets = {bytes_to_str(args[1]): LIST for args, _ in again if len(args) > 1}
+        def set_aside_again() -> list[str]:
             with self.channel.conn_or_acquire() as client:
-                return keys.set_aside(client, targets, "publishing")
+                return keys.set_aside(
+                    client, {bytes_to_str(args[1]): LIST for args, _ in again}, "publishing"
+                )
 
-        set_aside()
-        retry_after_set_aside(publish_again, set_aside, "publishing")
+        retry_after_set_aside(publish_again, set_aside_again, "publishing")
+
+
+def _is_push(args: Any) -> bool:
+    return bool(args) and len(args) > 1 and bytes_to_str(args[0]).upper() == "LPUSH"
 
 
 class Channel(_RedisChannel):
@@ -367,26 +367,14 @@ class Channel(_RedisChannel):
         return self._set_aside_queues(self._lookup(exchange, routing_key), "restoring a message")
 
     def _size(self, queue: str) -> int:
-        """kombu's depth reading (a worker's queue declare at start-up makes one); a key of the
-        wrong type is set aside and counts as empty."""
-        names = [self._q_for_pri(queue, pri) for pri in self.priority_steps]
-        with self.conn_or_acquire() as client:
-            pipe = client.pipeline(transaction=False)
-            for name in names:
-                pipe.llen(name)
-            replies = pipe.execute(raise_on_error=False)
-        wrong = {
-            name: LIST
-            for name, reply in zip(names, replies, strict=True)
-            if isinstance(reply, Exception) and is_wrong_type(reply)
-        }
-        if wrong:
-            with self.conn_or_acquire() as client:
-                keys.set_aside(client, wrong, "reading a queue's depth")
-        for reply in replies:
-            if isinstance(reply, Exception) and not is_wrong_type(reply):
-                raise reply
-        return sum(reply for reply in replies if isinstance(reply, int))
+        """kombu's depth reading (a worker's queue declare at start-up makes one), with a key
+        of the wrong type set aside first."""
+        size: int = retry_after_set_aside(
+            lambda: super(Channel, self)._size(queue),
+            lambda: self._set_aside_queues([queue], "reading a queue's depth"),
+            "reading a queue's depth",
+        )
+        return size
 
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
         if kwargs.get("_publish_batch") is not None:

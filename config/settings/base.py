@@ -3,6 +3,7 @@ strict helpers in ``config.env``; a bad value fails at start-up and names the va
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -26,12 +27,18 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # Admin login throttling (below: "Admin login").
+    "axes",
     "django_celery_beat",
+    # The API's OpenAPI document and its Swagger UI (templates and bundled static files).
+    "ninja",
     "reservations",
     "cleanup",
 ]
 
 MIDDLEWARE = [
+    # First: its time covers the rest (request counts and latency by route and status).
+    "cleanup.telemetry.request_metrics.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Serves the collected static files (the admin's) from the app server itself, with far-future
     # cache headers and compressed variants; the container image runs collectstatic at build.
@@ -42,6 +49,9 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "config.security.ContentSecurityPolicyMiddleware",
+    # Last, as django-axes asks: it answers a locked-out login after the view ran.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -86,8 +96,47 @@ STORAGES = {
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
 
+# --- Admin login ---------------------------------------------------------------------------
+# Staff passwords: Django's four validators (similar to the user, shorter than the minimum,
+# a common password, all digits), applied by the admin's password forms and createsuperuser.
+ADMIN_PASSWORD_MIN_LENGTH = env_int("ADMIN_PASSWORD_MIN_LENGTH", 12, minimum=8)
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": ADMIN_PASSWORD_MIN_LENGTH},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+# django-axes: after AXES_FAILURE_LIMIT failed logins for one username from one address, that
+# pair is refused (even with the right password, answered 429) for AXES_COOLOFF_MINUTES. Keyed
+# on the pair so that a stranger cannot lock a staff member out from elsewhere.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("AXES_COOLOFF_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# Pages load scripts, styles and images from this site only; inline style attributes stay
+# allowed (the admin's widgets and the health page's bars use them), inline scripts do not.
+CONTENT_SECURITY_POLICY = env_str(
+    "CONTENT_SECURITY_POLICY",
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; object-src 'none'; base-uri 'self'; form-action 'self'; "
+    "frame-ancestors 'none'",
+)
+
 # --- Reservations domain -------------------------------------------------------------------
-RESERVATIONS_API_TOKEN = env_str("RESERVATIONS_API_TOKEN")
+# The one shared bearer token, for local development and tests only (empty: off); production
+# refuses it. Every other caller is an API client with its own tokens (reservations.clients).
+RESERVATIONS_API_TOKEN = env_str("RESERVATIONS_API_TOKEN", "")
+# How long a response stays replayable under its Idempotency-Key (reservations.idempotency).
+RESERVATIONS_IDEMPOTENCY_KEY_TTL_SECONDS = env_int(
+    "RESERVATIONS_IDEMPOTENCY_KEY_TTL_SECONDS", 86400, minimum=60
+)
 RESERVATIONS_DEFAULT_HOLD_TTL_SECONDS = env_int(
     "RESERVATIONS_DEFAULT_HOLD_TTL_SECONDS", 600, minimum=1
 )
@@ -149,19 +198,20 @@ if BROKER_IS_REDIS:
     CELERY_BROKER_TRANSPORT = "cleanup.worker.redis_transport:" + (
         "SentinelTransport" if BROKER_IS_SENTINEL else "Transport"
     )
-    # A mix of URL options and settings is refused at start-up for every Redis URL.
-    redis_tls.for_url("CLEANUP_COUNTER_REDIS_URL", _cleanup.counter_redis_url, REDIS_TLS_OPTIONS)
     if redis_tls.is_tls(CELERY_BROKER_URL):
         # kombu reads TLS options from the URL's query itself; otherwise it must be given them
         # (named transport or not, it would otherwise connect without TLS, or without checks).
         CELERY_BROKER_USE_SSL = (
             redis_tls.for_url("CELERY_BROKER_URL", CELERY_BROKER_URL, REDIS_TLS_OPTIONS) or None
         )
-elif CELERY_BROKER_URL.startswith(("amqp://", "pyamqp://", "amqps://")):
+else:
     # kombu's py-amqp transport with every content header screened before py-amqp decodes it.
     CELERY_BROKER_TRANSPORT = "cleanup.worker.amqp_transport:" + (
         "SSLTransport" if CELERY_BROKER_URL.startswith("amqps://") else "Transport"
     )
+# A mix of URL options and settings is refused at start-up for every Redis URL.
+if _cleanup.counter_redis_url != CELERY_BROKER_URL:
+    redis_tls.for_url("CLEANUP_COUNTER_REDIS_URL", _cleanup.counter_redis_url, REDIS_TLS_OPTIONS)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # JSON only: a pickle payload would execute code; anything else is rejected and dead-lettered.
 CELERY_TASK_SERIALIZER = "json"

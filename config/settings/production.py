@@ -54,7 +54,14 @@ def _refuse_weak(name: str, value: str, minimum_length: int) -> None:
 
 
 _refuse_weak("SECRET_KEY", SECRET_KEY, 50)
-_refuse_weak("RESERVATIONS_API_TOKEN", RESERVATIONS_API_TOKEN, 32)
+# The shared token is one secret for every caller, with every scope and no rate limit: fine on
+# a laptop, never in production, where each caller is an API client with its own tokens.
+if RESERVATIONS_API_TOKEN:
+    raise ImproperlyConfigured(
+        "RESERVATIONS_API_TOKEN is set: the shared token is for local development only; in "
+        "production unset it and give each caller an API client with its own token "
+        "(admin: API clients, docs/API.md)"
+    )
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 if METRICS_TOKEN:
     _refuse_weak("METRICS_TOKEN", METRICS_TOKEN, 32)

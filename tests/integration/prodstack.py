@@ -717,13 +717,27 @@ def alert_rules() -> list[dict[str, Any]]:
     return [rule for group in groups for rule in group["rules"]]
 
 
+# What Grafana puts in place of the dashboard's variables, with every shard and queue selected
+# ("All" is ".*") and this Prometheus's 15 s scrape interval ($__rate_interval is the larger of
+# four scrape intervals and the step plus one scrape interval).
+GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$shard": ".*", "$queue": ".*"}
+
+
+def grafana_interpolate(expr: str) -> str:
+    for name, value in GRAFANA_VARIABLES.items():
+        expr = expr.replace("${" + name[1:] + "}", value).replace(name, value)
+    return expr
+
+
 def dashboard_queries() -> list[tuple[str, str]]:
-    """(panel title, expression) of every panel target of every provisioned dashboard."""
+    """(panel title, expression as Grafana sends it) of every panel target of every provisioned
+    dashboard."""
     out: list[tuple[str, str]] = []
     for path in sorted((ROOT / "deploy" / "grafana" / "dashboards").glob("*.json")):
         for panel in json.loads(path.read_text())["panels"]:
             for target in panel.get("targets", []):
-                out.append((f"{path.stem}: {panel['title']}", target["expr"]))
+                expr = grafana_interpolate(target["expr"])
+                out.append((f"{path.stem}: {panel['title']}", expr))
     return out
 
 

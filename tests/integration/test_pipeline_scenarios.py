@@ -22,11 +22,12 @@ from django.db import connection, transaction
 
 from cleanup.broker import readers as broker
 from cleanup.pipeline.messages import build
-from cleanup.pipeline.publish import publish_release_messages
+from cleanup.pipeline.publish import RELEASE_TASK, SWEEP_TASK, publish_release_messages
 from cleanup.pipeline.schedule import install_schedule, installed_shards
 from cleanup.pipeline.sweep import SweepResult, sweep_shard
 from cleanup.tasks import sweep_shard_task
 from reservations import services
+from tests.wire import publish_task
 
 from .fleet import (
     Worker,
@@ -327,13 +328,12 @@ def test_a_message_deleted_from_the_broker_is_recovered_by_a_later_sweep(workers
         )
     from cleanup.tasks import release_reservation_task
 
-    with release_reservation_task.app.producer_or_acquire() as producer:
-        for c in claimed:
-            release_reservation_task.apply_async(
-                args=(build(c.reservation_id, c.version, c.expires_at, 0, "deleted"),),
-                queue="scenario-5-lost",
-                producer=producer,
-            )
+    for c in claimed:
+        publish_task(
+            RELEASE_TASK,
+            "scenario-5-lost",
+            args=(build(c.reservation_id, c.version, c.expires_at, 0, "deleted"),),
+        )
     assert broker.queue_depth("scenario-5-lost") == len(ids)
     with release_reservation_task.app.connection_for_write() as conn:
         conn.default_channel.queue_purge("scenario-5-lost")  # Redis or RabbitMQ
@@ -503,8 +503,11 @@ def test_a_burst_under_a_small_queue_cap_stays_bounded_and_enqueues_each_hold_on
                 f"{max(depths, default=0)}): the workers drained faster than the sweeps refilled"
             )
             for shard in range(4):
-                sweep_shard_task.apply_async(
-                    kwargs={"shard": shard, "shards": 4}, queue=CAP_QUEUES["sweep"], expires=5
+                publish_task(
+                    SWEEP_TASK,
+                    CAP_QUEUES["sweep"],
+                    kwargs={"shard": shard, "shards": 4},
+                    expires=5,
                 )
             time.sleep(SWEEP_EVERY_S)
         # then sweeps stop; what was published drains

@@ -25,6 +25,7 @@ import os
 import re
 import shlex
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -273,9 +274,16 @@ def test_the_compose_stack_serves_alerts_and_the_admin_as_deployed(stack: Stack)
     stack.wait(lambda: in_alertmanager(SLO_ALERT), 60, f"Alertmanager's API to show {SLO_ALERT}")
     assert in_alertmanager(DEAD_LETTER_ALERT)
     paged = next(a for a in stack.alertmanager_alerts() if a["labels"]["alertname"] == SLO_ALERT)
-    assert paged["labels"]["severity"] == "page"
-    assert "page" in [r["name"] for r in paged["receivers"]]
-    stack.note(f"Alertmanager shows {SLO_ALERT} (receiver page) and {DEAD_LETTER_ALERT}")
+    assert paged["labels"]["severity"] == "critical"
+    assert "critical" in [r["name"] for r in paged["receivers"]]
+    stack.note(f"Alertmanager shows {SLO_ALERT} (receiver critical) and {DEAD_LETTER_ALERT}")
+    # The on-call follows the alert's runbook link: the web serves the section it names.
+    runbook = urllib.parse.urlsplit(paged["annotations"]["runbook_url"])
+    status, page, _ = browser.request(runbook.path)
+    assert status == 200 and f'id="{runbook.fragment}"' in page, page[:500]
+    section = page.split(f'id="{runbook.fragment}"', 1)[1].split("<h2", 1)[0]
+    assert "First three checks" in section and "Fix" in section, section[:800]
+    stack.note(f"runbook_url {runbook.path}#{runbook.fragment}: its section, checks and fix")
 
     # workers back, and the operator requeues the dead letter
     stack.services["worker"].start()  # docker compose start worker

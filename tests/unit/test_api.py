@@ -74,7 +74,7 @@ def test_holding_a_seat_returns_201_with_the_hold_and_takes_the_seat(api_client,
     # when
     response = post(
         api_client,
-        f"/api/offerings/{offering.pk}/holds",
+        f"/api/v1/offerings/{offering.pk}/holds",
         {"holder": "learner-1", "ttl_seconds": 120},
     )
     # then
@@ -98,7 +98,7 @@ def test_holding_a_seat_returns_201_with_the_hold_and_takes_the_seat(api_client,
 
 
 def test_holding_without_ttl_uses_the_default_ttl(api_client, offering, settings):
-    response = post(api_client, f"/api/offerings/{offering.pk}/holds", {"holder": "learner-1"})
+    response = post(api_client, f"/api/v1/offerings/{offering.pk}/holds", {"holder": "learner-1"})
     assert response.status_code == 201
     hold = Reservation.objects.get(pk=response.json()["id"])
     assert (hold.expires_at - hold.created_at).total_seconds() == pytest.approx(
@@ -108,7 +108,7 @@ def test_holding_without_ttl_uses_the_default_ttl(api_client, offering, settings
 
 def test_getting_a_hold_returns_its_current_state(api_client, offering):
     hold = services.hold_seat(offering.pk, "learner-1")
-    response = get(api_client, f"/api/holds/{hold.pk}")
+    response = get(api_client, f"/api/v1/holds/{hold.pk}")
     assert response.status_code == 200
     assert response.json()["id"] == hold.pk
     assert response.json()["status"] == "held"
@@ -119,7 +119,7 @@ def test_renewing_a_hold_bumps_its_version_and_extends_it(api_client, offering):
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60)
     # when
     response = post(
-        api_client, f"/api/holds/{hold.pk}/renew", {"expected_version": 1, "ttl_seconds": 600}
+        api_client, f"/api/v1/holds/{hold.pk}/renew", {"expected_version": 1, "ttl_seconds": 600}
     )
     # then
     assert response.status_code == 200
@@ -131,7 +131,7 @@ def test_renewing_a_hold_bumps_its_version_and_extends_it(api_client, offering):
 
 def test_confirming_a_hold_makes_it_confirmed(api_client, offering):
     hold = services.hold_seat(offering.pk, "learner-1")
-    response = post(api_client, f"/api/holds/{hold.pk}/confirm", {"expected_version": 1})
+    response = post(api_client, f"/api/v1/holds/{hold.pk}/confirm", {"expected_version": 1})
     assert response.status_code == 200
     assert response.json()["status"] == "confirmed"
     assert response.json()["version"] == 2
@@ -139,7 +139,7 @@ def test_confirming_a_hold_makes_it_confirmed(api_client, offering):
 
 def test_cancelling_a_hold_gives_the_seat_back(api_client, offering):
     hold = services.hold_seat(offering.pk, "learner-1")
-    response = post(api_client, f"/api/holds/{hold.pk}/cancel", {"expected_version": 1})
+    response = post(api_client, f"/api/v1/holds/{hold.pk}/cancel", {"expected_version": 1})
     assert response.status_code == 200
     assert response.json()["status"] == "cancelled"
     offering.refresh_from_db()
@@ -153,7 +153,7 @@ def test_availability_counts_eligible_holds_as_available(api_client, offering):
     expired = services.hold_seat(offering.pk, "gone", ttl_seconds=1)
     expire(expired)
     # when
-    response = get(api_client, f"/api/offerings/{offering.pk}/availability")
+    response = get(api_client, f"/api/v1/offerings/{offering.pk}/availability")
     # then
     assert response.status_code == 200
     assert response.json() == {
@@ -177,13 +177,13 @@ def test_availability_counts_eligible_holds_as_available(api_client, offering):
 )
 def test_a_body_that_is_not_json_is_a_400_naming_the_body(api_client, offering, settings, raw):
     settings.RESERVATIONS_API_MAX_BODY_BYTES = 16384
-    response = post(api_client, f"/api/offerings/{offering.pk}/holds", raw=raw)
+    response = post(api_client, f"/api/v1/offerings/{offering.pk}/holds", raw=raw)
     assert_error(response, 400, "invalid_json", "body")
 
 
 @pytest.mark.parametrize("body", [[], ["holder"], "learner", 42, None, True])
 def test_a_json_body_that_is_not_an_object_is_a_400(api_client, offering, body):
-    response = post(api_client, f"/api/offerings/{offering.pk}/holds", body)
+    response = post(api_client, f"/api/v1/offerings/{offering.pk}/holds", body)
     assert_error(response, 400, "invalid_json", "body")
 
 
@@ -201,7 +201,7 @@ def test_a_json_body_that_is_not_an_object_is_a_400(api_client, offering, body):
     ],
 )
 def test_holding_with_a_wrongly_typed_field_is_a_400_naming_it(api_client, offering, body, field):
-    response = post(api_client, f"/api/offerings/{offering.pk}/holds", body)
+    response = post(api_client, f"/api/v1/offerings/{offering.pk}/holds", body)
     assert_error(response, 400, "invalid_type", field)
     assert not Reservation.objects.exists()
 
@@ -212,7 +212,7 @@ def test_a_version_that_is_not_an_integer_is_a_400(api_client, offering, action,
     # given
     hold = services.hold_seat(offering.pk, "learner-1")
     # when
-    response = post(api_client, f"/api/holds/{hold.pk}/{action}", {"expected_version": version})
+    response = post(api_client, f"/api/v1/holds/{hold.pk}/{action}", {"expected_version": version})
     # then
     assert_error(response, 400, "invalid_type", "expected_version")
     hold.refresh_from_db()
@@ -223,19 +223,19 @@ def test_a_version_that_is_not_an_integer_is_a_400(api_client, offering, action,
 @pytest.mark.parametrize("version", [0, -1, 2**31, 10**30])
 def test_a_version_out_of_range_is_a_400(api_client, offering, action, version):
     hold = services.hold_seat(offering.pk, "learner-1")
-    response = post(api_client, f"/api/holds/{hold.pk}/{action}", {"expected_version": version})
+    response = post(api_client, f"/api/v1/holds/{hold.pk}/{action}", {"expected_version": version})
     assert_error(response, 400, "out_of_range", "expected_version")
 
 
 @pytest.mark.parametrize("action", ["renew", "confirm", "cancel"])
 def test_a_missing_expected_version_is_a_400(api_client, offering, action):
     hold = services.hold_seat(offering.pk, "learner-1")
-    response = post(api_client, f"/api/holds/{hold.pk}/{action}", {})
+    response = post(api_client, f"/api/v1/holds/{hold.pk}/{action}", {})
     assert_error(response, 400, "missing_field", "expected_version")
 
 
 def test_holding_without_a_holder_is_a_400(api_client, offering):
-    response = post(api_client, f"/api/offerings/{offering.pk}/holds", {"ttl_seconds": 60})
+    response = post(api_client, f"/api/v1/offerings/{offering.pk}/holds", {"ttl_seconds": 60})
     assert_error(response, 400, "missing_field", "holder")
 
 
@@ -246,19 +246,21 @@ def test_holding_without_a_holder_is_a_400(api_client, offering):
 )
 def test_a_holder_the_database_cannot_store_is_a_400(api_client, offering, settings, holder):
     settings.RESERVATIONS_API_MAX_BODY_BYTES = 16384
-    response = post(api_client, f"/api/offerings/{offering.pk}/holds", {"holder": holder})
+    response = post(api_client, f"/api/v1/offerings/{offering.pk}/holds", {"holder": holder})
     assert_error(response, 400, "invalid_value", "holder")
 
 
 def test_an_unknown_field_is_a_400_naming_it(api_client, offering):
-    response = post(api_client, f"/api/offerings/{offering.pk}/holds", {"holder": "x", "ttl": 60})
+    response = post(
+        api_client, f"/api/v1/offerings/{offering.pk}/holds", {"holder": "x", "ttl": 60}
+    )
     assert_error(response, 400, "unknown_field", "ttl")
 
 
 @pytest.mark.parametrize("ttl", [0, -5, 86401, 10**40])
 def test_a_ttl_out_of_range_is_a_400_from_the_service(api_client, offering, ttl):
     response = post(
-        api_client, f"/api/offerings/{offering.pk}/holds", {"holder": "x", "ttl_seconds": ttl}
+        api_client, f"/api/v1/offerings/{offering.pk}/holds", {"holder": "x", "ttl_seconds": ttl}
     )
     assert response.status_code == 400
     assert response.json()["error"]["field"] == "ttl_seconds"
@@ -269,7 +271,7 @@ def test_a_ttl_out_of_range_is_a_400_from_the_service(api_client, offering, ttl)
 def test_renewing_with_a_ttl_out_of_range_is_a_400_and_changes_nothing(api_client, offering):
     hold = services.hold_seat(offering.pk, "learner-1")
     response = post(
-        api_client, f"/api/holds/{hold.pk}/renew", {"expected_version": 1, "ttl_seconds": 0}
+        api_client, f"/api/v1/holds/{hold.pk}/renew", {"expected_version": 1, "ttl_seconds": 0}
     )
     assert_error(response, 400, "invalid_ttl", "ttl_seconds")
     hold.refresh_from_db()
@@ -278,13 +280,13 @@ def test_renewing_with_a_ttl_out_of_range_is_a_400_and_changes_nothing(api_clien
 
 def test_a_non_numeric_content_length_is_a_400(offering):
     request = RequestFactory().post(
-        f"/api/offerings/{offering.pk}/holds",
+        f"/api/v1/offerings/{offering.pk}/holds",
         data=b'{"holder": "x"}',
         content_type="application/json",
         headers=AUTH,
     )
     request.META["CONTENT_LENGTH"] = "twelve"
-    response = api.create_hold(request, offering_id=offering.pk)
+    response = api.offering_holds(request, offering_id=offering.pk)
     assert_error(response, 400, "invalid_content_length")
 
 
@@ -306,7 +308,7 @@ def test_a_non_numeric_content_length_is_a_400(offering):
 )
 def test_a_missing_or_bad_token_is_a_401_and_changes_nothing(api_client, offering, headers):
     response = post(
-        api_client, f"/api/offerings/{offering.pk}/holds", {"holder": "x"}, headers=headers
+        api_client, f"/api/v1/offerings/{offering.pk}/holds", {"holder": "x"}, headers=headers
     )
     assert_error(response, 401, "unauthorized")
     assert response["WWW-Authenticate"].startswith("Bearer")
@@ -315,13 +317,13 @@ def test_a_missing_or_bad_token_is_a_401_and_changes_nothing(api_client, offerin
 
 def test_reading_a_hold_without_a_token_is_a_401(api_client, offering):
     hold = services.hold_seat(offering.pk, "learner-1")
-    assert_error(get(api_client, f"/api/holds/{hold.pk}", headers={}), 401, "unauthorized")
+    assert_error(get(api_client, f"/api/v1/holds/{hold.pk}", headers={}), 401, "unauthorized")
 
 
 def test_the_bearer_scheme_is_case_insensitive(api_client, offering):
     response = post(
         api_client,
-        f"/api/offerings/{offering.pk}/holds",
+        f"/api/v1/offerings/{offering.pk}/holds",
         {"holder": "x"},
         headers={"Authorization": f"bearer {TOKEN}"},
     )
@@ -332,22 +334,24 @@ def test_the_bearer_scheme_is_case_insensitive(api_client, offering):
 
 
 def test_holding_on_an_unknown_offering_is_a_404(api_client, db):
-    response = post(api_client, "/api/offerings/999999/holds", {"holder": "x"})
+    response = post(api_client, "/api/v1/offerings/999999/holds", {"holder": "x"})
     assert_error(response, 404, "offering_not_found")
 
 
 def test_availability_of_an_unknown_offering_is_a_404(api_client, db):
-    assert_error(get(api_client, "/api/offerings/999999/availability"), 404, "offering_not_found")
+    assert_error(
+        get(api_client, "/api/v1/offerings/999999/availability"), 404, "offering_not_found"
+    )
 
 
 @pytest.mark.parametrize("hold_id", [999999, 0, 2**63, 10**30])
 def test_reading_an_unknown_hold_is_a_404(api_client, db, hold_id):
-    assert_error(get(api_client, f"/api/holds/{hold_id}"), 404, "reservation_not_found")
+    assert_error(get(api_client, f"/api/v1/holds/{hold_id}"), 404, "reservation_not_found")
 
 
 @pytest.mark.parametrize("action", ["renew", "confirm", "cancel"])
 def test_changing_an_unknown_hold_is_a_404(api_client, db, action):
-    response = post(api_client, f"/api/holds/999999/{action}", {"expected_version": 1})
+    response = post(api_client, f"/api/v1/holds/999999/{action}", {"expected_version": 1})
     assert_error(response, 404, "reservation_not_found")
 
 
@@ -357,11 +361,12 @@ def test_changing_an_unknown_hold_is_a_404(api_client, db, action):
 @pytest.mark.parametrize(
     ("method", "path", "allow"),
     [
-        ("get", "/api/offerings/{o}/holds", "POST"),
-        ("put", "/api/holds/{h}/renew", "POST"),
-        ("delete", "/api/holds/{h}", "GET, HEAD"),
-        ("post", "/api/holds/{h}", "GET, HEAD"),
-        ("patch", "/api/offerings/{o}/availability", "GET, HEAD"),
+        ("put", "/api/v1/offerings/{o}/holds", "GET, HEAD, POST"),
+        ("post", "/api/v1/holds", "GET, HEAD"),
+        ("put", "/api/v1/holds/{h}/renew", "POST"),
+        ("delete", "/api/v1/holds/{h}", "GET, HEAD"),
+        ("post", "/api/v1/holds/{h}", "GET, HEAD"),
+        ("patch", "/api/v1/offerings/{o}/availability", "GET, HEAD"),
     ],
 )
 def test_a_wrong_method_is_a_json_405_with_allow(api_client, offering, method, path, allow):
@@ -380,7 +385,7 @@ def test_holding_on_a_full_offering_is_a_409_no_seats(api_client, make_offering)
     full = make_offering(capacity=1)
     services.hold_seat(full.pk, "first")
     # when
-    response = post(api_client, f"/api/offerings/{full.pk}/holds", {"holder": "second"})
+    response = post(api_client, f"/api/v1/offerings/{full.pk}/holds", {"holder": "second"})
     # then
     assert_error(response, 409, "no_seats_available")
     assert Reservation.objects.filter(offering=full).count() == 1
@@ -392,7 +397,7 @@ def test_holding_on_a_full_offering_reclaims_an_expired_hold(api_client, make_of
     stale = services.hold_seat(full.pk, "first", ttl_seconds=1)
     expire(stale)
     # when
-    response = post(api_client, f"/api/offerings/{full.pk}/holds", {"holder": "second"})
+    response = post(api_client, f"/api/v1/offerings/{full.pk}/holds", {"holder": "second"})
     # then
     assert response.status_code == 201
     stale.refresh_from_db()
@@ -406,7 +411,7 @@ def test_a_stale_version_is_a_409(api_client, offering, action):
     hold = services.hold_seat(offering.pk, "learner-1")
     services.renew(hold.pk, 1)
     # when
-    response = post(api_client, f"/api/holds/{hold.pk}/{action}", {"expected_version": 1})
+    response = post(api_client, f"/api/v1/holds/{hold.pk}/{action}", {"expected_version": 1})
     # then
     assert_error(response, 409, "stale_version", "expected_version")
     hold.refresh_from_db()
@@ -417,7 +422,7 @@ def test_a_stale_version_is_a_409(api_client, offering, action):
 def test_changing_a_hold_that_is_no_longer_held_is_a_409(api_client, offering, action):
     hold = services.hold_seat(offering.pk, "learner-1")
     services.confirm(hold.pk, 1)
-    response = post(api_client, f"/api/holds/{hold.pk}/{action}", {"expected_version": 2})
+    response = post(api_client, f"/api/v1/holds/{hold.pk}/{action}", {"expected_version": 2})
     assert_error(response, 409, "not_held")
 
 
@@ -427,7 +432,7 @@ def test_renewing_or_confirming_an_expired_hold_is_a_409(api_client, offering, a
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=1)
     expire(hold)
     # when
-    response = post(api_client, f"/api/holds/{hold.pk}/{action}", {"expected_version": 1})
+    response = post(api_client, f"/api/v1/holds/{hold.pk}/{action}", {"expected_version": 1})
     # then
     assert_error(response, 409, "hold_expired")
     hold.refresh_from_db()
@@ -437,7 +442,7 @@ def test_renewing_or_confirming_an_expired_hold_is_a_409(api_client, offering, a
 def test_cancelling_an_expired_hold_is_still_allowed(api_client, offering):
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=1)
     expire(hold)
-    response = post(api_client, f"/api/holds/{hold.pk}/cancel", {"expected_version": 1})
+    response = post(api_client, f"/api/v1/holds/{hold.pk}/cancel", {"expected_version": 1})
     assert response.status_code == 200
     assert response.json()["status"] == "cancelled"
 
@@ -447,7 +452,7 @@ def test_cancelling_an_expired_hold_is_still_allowed(api_client, offering):
 
 def test_a_body_over_the_limit_by_content_length_is_a_413(api_client, offering):
     body = {"holder": "x" * 2000}
-    response = post(api_client, f"/api/offerings/{offering.pk}/holds", body)
+    response = post(api_client, f"/api/v1/offerings/{offering.pk}/holds", body)
     assert_error(response, 413, "body_too_large")
     assert not Reservation.objects.exists()
 
@@ -456,7 +461,7 @@ def test_a_body_over_the_limit_without_content_length_is_a_413(offering):
     # given: a request whose declared length hides its real size (e.g. chunked upload)
     payload = json.dumps({"holder": "x" * 2000}).encode()
     request = RequestFactory().post(
-        f"/api/offerings/{offering.pk}/holds",
+        f"/api/v1/offerings/{offering.pk}/holds",
         data=payload,
         content_type="application/json",
         headers=AUTH,
@@ -464,7 +469,7 @@ def test_a_body_over_the_limit_without_content_length_is_a_413(offering):
     del request.META["CONTENT_LENGTH"]
     request._stream = io.BytesIO(payload)  # type: ignore[attr-defined]
     # when
-    response = api.create_hold(request, offering_id=offering.pk)
+    response = api.offering_holds(request, offering_id=offering.pk)
     # then
     assert_error(response, 413, "body_too_large")
     assert not Reservation.objects.exists()
@@ -491,5 +496,5 @@ def test_a_non_transient_operational_error_is_not_retried(offering, monkeypatch)
 
 def test_the_api_is_csrf_exempt(offering):
     client = Client(enforce_csrf_checks=True)
-    response = post(client, f"/api/offerings/{offering.pk}/holds", {"holder": "x"})
+    response = post(client, f"/api/v1/offerings/{offering.pk}/holds", {"holder": "x"})
     assert response.status_code == 201

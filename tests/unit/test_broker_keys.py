@@ -176,20 +176,30 @@ def test_recording_and_acking_a_delivery_survive_a_planted_bookkeeping_key(
     assert len(copies(broker, planted)) == 1
 
 
+def strand_a_message(broker: redis.Redis) -> None:
+    """An unacked message past the visibility timeout, as a SIGKILLed worker leaves it."""
+    stranded = time.time() - cleanup_settings().visibility_timeout - 60
+    broker.hset("unacked", "tag", unacked_entry())
+    broker.zadd("unacked_index", {"tag": stranded})
+
+
+def run_restore_scan() -> None:
+    """One periodic restore scan of a worker's channel."""
+    conn, chan = channel()
+    try:
+        chan.qos.restore_visible(num=10, interval=1)
+    finally:
+        conn.release()
+
+
 def test_a_restore_lock_that_never_expires_is_set_aside_and_the_restore_runs(
     broker: redis.Redis,
 ) -> None:
     # given: a message stranded by a dead worker, and kombu's restore lock planted without expiry
-    stranded = time.time() - cleanup_settings().visibility_timeout - 60
-    broker.hset("unacked", "tag", unacked_entry())
-    broker.zadd("unacked_index", {"tag": stranded})
+    strand_a_message(broker)
     broker.set("unacked_mutex", "held forever")
-    conn, chan = channel()
-    try:
-        # when: the periodic restore scan runs
-        chan.qos.restore_visible(num=10, interval=1)
-    finally:
-        conn.release()
+    # when: the periodic restore scan runs
+    run_restore_scan()
     # then: the message is back in its queue (kombu skipped the scan silently before)
     assert broker.llen(QUEUE) == 1 and broker.hlen("unacked") == 0
     assert len(copies(broker, "unacked_mutex")) == 1
@@ -197,15 +207,9 @@ def test_a_restore_lock_that_never_expires_is_set_aside_and_the_restore_runs(
 
 def test_a_restore_lock_held_by_another_worker_is_respected(broker: redis.Redis) -> None:
     # given: the lock as kombu's restore takes it (with its expiry), and a stranded message
-    stranded = time.time() - cleanup_settings().visibility_timeout - 60
-    broker.hset("unacked", "tag", unacked_entry())
-    broker.zadd("unacked_index", {"tag": stranded})
+    strand_a_message(broker)
     broker.set("unacked_mutex", "other worker", px=60_000)
-    conn, chan = channel()
-    try:
-        chan.qos.restore_visible(num=10, interval=1)
-    finally:
-        conn.release()
+    run_restore_scan()
     # then: nothing is restored twice at once, and the lock stays
     assert broker.llen(QUEUE) == 0 and broker.get("unacked_mutex") == b"other worker"
 
@@ -213,15 +217,9 @@ def test_a_restore_lock_held_by_another_worker_is_respected(broker: redis.Redis)
 @pytest.mark.django_db
 def test_a_restore_to_a_planted_queue_key_loses_nothing(broker: redis.Redis) -> None:
     # given: a stranded message, and its queue's key planted as a string
-    stranded = time.time() - cleanup_settings().visibility_timeout - 60
-    broker.hset("unacked", "tag", unacked_entry())
-    broker.zadd("unacked_index", {"tag": stranded})
+    strand_a_message(broker)
     broker.set(QUEUE, "x")
-    conn, chan = channel()
-    try:
-        chan.qos.restore_visible(num=10, interval=1)
-    finally:
-        conn.release()
+    run_restore_scan()
     # then: the message was restored into a fresh list (not dropped from the hash alone)
     assert broker.llen(QUEUE) == 1 and broker.hlen("unacked") == 0
 

@@ -130,12 +130,49 @@ def test_prometheus_scrapes_flower_with_the_configured_user_not_a_hard_coded_one
     assert "__FLOWER_USER__|$${FLOWER_BASIC_AUTH%%:*}" in entrypoint
 
 
-def k8s_documents(pattern: str = "*.yaml") -> list[dict[str, Any]]:
-    """What `kubectl apply -f deploy/k8s/` applies (the directory, not its subdirectories);
-    ``"**/*.yaml"`` adds the documented alternatives."""
+K8S = ROOT / "deploy" / "k8s"
+
+
+def _kustomization(directory: Path) -> dict[str, Any]:
+    return dict(yaml.safe_load((directory / "kustomization.yaml").read_text()))
+
+
+def _set_images(value: Any, images: list[dict[str, str]]) -> None:
+    """kustomize's image transformer, for the fields this repository uses (name, newName,
+    newTag, digest): every container and init container naming an image gets its pin."""
+    if isinstance(value, dict):
+        for key in ("containers", "initContainers"):
+            for container in value.get(key, []):
+                for image in images:
+                    if container.get("image") == image["name"]:
+                        pinned = image.get("newName", image["name"])
+                        if image.get("digest"):
+                            pinned += "@" + image["digest"]
+                        elif image.get("newTag"):
+                            pinned += ":" + image["newTag"]
+                        container["image"] = pinned
+        for child in value.values():
+            _set_images(child, images)
+    elif isinstance(value, list):
+        for child in value:
+            _set_images(child, images)
+
+
+def k8s_documents(pattern: str | None = None) -> list[dict[str, Any]]:
+    """Without ``pattern``: what `kubectl apply -k deploy/k8s/` applies (the kustomization's
+    resources, images pinned). With one (``"**/*.yaml"``): every manifest file under
+    deploy/k8s, the alternatives, the scrape configuration and the Prometheus Operator's files
+    included, as written (kustomization files left out)."""
     docs: list[dict[str, Any]] = []
-    for path in sorted((ROOT / "deploy" / "k8s").glob(pattern)):
-        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    if pattern is None:
+        kustomization = _kustomization(K8S)
+        for name in kustomization["resources"]:
+            docs.extend(d for d in yaml.safe_load_all((K8S / name).read_text()) if d)
+        _set_images(docs, kustomization.get("images", []))
+        return docs
+    for path in sorted(K8S.glob(pattern)):
+        if path.name != "kustomization.yaml":
+            docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
     return docs
 
 
@@ -369,7 +406,7 @@ def test_alerts_go_to_an_alertmanager_service() -> None:
     ]  # fmt: skip
     assert targets == ["alertmanager:9093"]
     routes = yaml.safe_load((ROOT / "deploy" / "alertmanager.yml").read_text())["route"]
-    assert any(r["matchers"] == ['severity="page"'] for r in routes["routes"])
+    assert any(r["matchers"] == ['severity="critical"'] for r in routes["routes"])
 
 
 def _alert_rules() -> dict[str, dict[str, Any]]:
@@ -438,6 +475,98 @@ def test_scrape_errors_are_counted_per_scrape_not_per_process() -> None:
         assert "scrape_errors_total" not in expr, expr
 
 
+def _dashboard() -> dict[str, Any]:
+    path = ROOT / "deploy" / "grafana" / "dashboards" / "reservation-cleanup.json"
+    return dict(json.loads(path.read_text()))
+
+
+def _dashboard_targets() -> list[tuple[str, dict[str, Any]]]:
+    return [(p["title"], t) for p in _dashboard()["panels"] for t in p.get("targets", [])]
+
+
+def test_the_dashboard_imports_into_any_grafana() -> None:
+    """No data source uid of one installation: every panel and query use the `datasource`
+    variable; shard and queue variables filter the panels; links lead to the admin's health
+    page and the runbook; rate windows follow Grafana's $__rate_interval."""
+    from django.urls import reverse
+
+    dashboard = _dashboard()
+    text = json.dumps(dashboard)
+    variable = {"type": "prometheus", "uid": "${datasource}"}
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for name, metric in (
+        ("shard", "reservation_cleanup_oldest_eligible_reservation_age_seconds"),
+        ("queue", "reservation_cleanup_queue_depth"),
+    ):
+        assert variables[name]["query"]["query"] == f"label_values({metric}, {name})"
+        assert variables[name]["datasource"] == variable
+        assert variables[name]["includeAll"] and variables[name]["allValue"] == ".*"
+    uids = set(re.findall(r'"uid": "([^"]+)"', text)) - {dashboard["uid"]}
+    assert uids == {"${datasource}"}, uids
+    for panel in dashboard["panels"]:
+        assert panel["datasource"] == variable, panel["title"]
+    for title, target in _dashboard_targets():
+        assert target["datasource"] == variable, title
+        expr = target["expr"]
+        windows = set(re.findall(r"\[([^\]]+)\]", expr))
+        assert windows <= {"$__rate_interval"}, (title, expr)
+        for label in ("shard", "queue"):
+            if "{{" + label + "}}" in target.get("legendFormat", ""):
+                assert f'{label}=~"${label}"' in expr, (title, expr)
+    links = {link["url"] for link in dashboard["links"]}
+    base = "${app_url}"
+    assert links == {base + reverse("cleanup-health"), base + reverse("cleanup-runbook")}
+    assert variables["app_url"]["type"] == "textbox"
+
+
+def test_every_panel_query_names_exported_families_and_parses(tmp_path: Path) -> None:
+    """Each query on its own (not the file as a whole) names only metric families the code
+    exports, and promtool parses it with the variables as Grafana fills them in."""
+    import shutil
+    import subprocess
+
+    from tests.integration.prodstack import grafana_interpolate
+    from tests.missing_tools import skip_for_missing
+
+    exported = exported_metrics()
+    rules = []
+    for i, (title, target) in enumerate(_dashboard_targets()):
+        names = set(METRIC.findall(target["expr"]))
+        assert names, (title, target["expr"])
+        assert sorted(names - exported) == [], title
+        expr = grafana_interpolate(target["expr"])
+        rules.append({"record": f"dashboard:query_{i}", "expr": expr})
+    assert not any("$" in r["expr"] for r in rules), "a variable Grafana would fill is left"
+    if not shutil.which("promtool"):
+        skip_for_missing("promtool", "Debian package prometheus")
+    path = tmp_path / "dashboard-queries.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    done = subprocess.run(
+        ["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in done.stdout
+
+
+def test_the_panels_cover_every_counter_the_runbook_sends_the_on_call_to() -> None:
+    exprs = " ".join(t["expr"] for _, t in _dashboard_targets())
+    for family in (
+        "reservation_cleanup_control_messages_dropped_total",
+        "reservation_cleanup_broker_entries_skipped_total",
+        "reservation_cleanup_backpressure_pauses_total",
+        "reservation_cleanup_dead_letters_total",
+        "reservation_cleanup_retries_total",
+        "reservation_cleanup_releases_paused_seconds",
+    ):
+        assert family in exprs, family
+    # the web's gauges are the same on every replica: aggregated with max, never summed
+    for gauge in ("dead_letters_open", "queue_depth", "oldest_eligible_reservation_age_seconds"):
+        assert f"sum(reservation_cleanup_{gauge}" not in exprs.replace("sum by", "sumby")
+        assert re.search(rf"max(?: by \(\w+\))? \(reservation_cleanup_{gauge}\b", exprs), gauge
+
+
 # --- Kubernetes manifests (issue 19) ---------------------------------------------------------
 
 
@@ -451,6 +580,16 @@ def _container(deployment: dict[str, Any]) -> dict[str, Any]:
     return dict(containers[0])
 
 
+OPERATOR_SCHEMAS = {
+    "PodMonitor": "prometheus-operator-podmonitor.schema.json",
+    "PrometheusRule": "prometheus-operator-prometheusrule.schema.json",
+}
+
+
+def _schema(name: str) -> dict[str, Any]:
+    return dict(json.loads((ROOT / "tests" / "unit" / "schemas" / name).read_text()))
+
+
 def test_the_manifests_validate_against_the_kubernetes_and_keda_schemas() -> None:
     """Offline: kubernetes-validate's API schemas (strict: unknown fields refused) for every
     built-in kind, the alternatives included; the ScaledObject against the schema in
@@ -462,7 +601,9 @@ def test_the_manifests_validate_against_the_kubernetes_and_keda_schemas() -> Non
     kinds = []
     for doc in k8s_documents("**/*.yaml"):
         kinds.append(doc["kind"])
-        if doc["kind"] == "ScaledObject":
+        if doc["kind"] in OPERATOR_SCHEMAS:
+            jsonschema.validate(doc, _schema(OPERATOR_SCHEMAS[doc["kind"]]))
+        elif doc["kind"] == "ScaledObject":
             schema = json.loads(
                 (ROOT / "tests/unit/schemas/keda-scaledobject.schema.json").read_text()
             )
@@ -481,7 +622,10 @@ def test_the_manifests_validate_against_the_kubernetes_and_keda_schemas() -> Non
             kubernetes_validate.validate(hpa, version, strict=True)
         else:
             kubernetes_validate.validate(doc, version, strict=True)
-    assert {"Deployment", "ScaledObject", "NetworkPolicy", "Service", "ConfigMap"} <= set(kinds)
+    assert {
+        "Deployment", "ScaledObject", "NetworkPolicy", "Service", "ConfigMap", "Job",
+        "PodDisruptionBudget", "PodMonitor", "PrometheusRule",
+    } <= set(kinds)  # fmt: skip
 
 
 def test_the_schema_check_refuses_a_broken_manifest() -> None:
@@ -584,7 +728,7 @@ def test_the_web_is_deployed_and_scraped_with_the_component_label() -> None:
     assert "$(POD_IP)" in env["ALLOWED_HOSTS"]["value"].split(",")
     scrape = next(
         d
-        for d in k8s_documents()
+        for d in k8s_documents("*.yaml")
         if d["kind"] == "ConfigMap" and "scrape-configs.yaml" in d["data"]
     )
     jobs = yaml.safe_load(scrape["data"]["scrape-configs.yaml"])
@@ -615,3 +759,375 @@ def test_the_connection_budget_is_written_down_with_the_manifests_numbers() -> N
     assert f"up to {workers}" in note and f"= {webs})" in note and f": {total}." in note, total
     assert "max_connections is 100" in note
     assert "Connection budget" in (ROOT / "docs" / "AUTOSCALING.md").read_text()
+
+
+# --- the Kubernetes set complete: kustomize, migrations, beat, Flower, PDBs, probes -----------
+
+
+def _pod_specs() -> dict[str, dict[str, Any]]:
+    """Every pod template `kubectl apply -k deploy/k8s/` creates, by owner name."""
+    return {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]
+        for d in k8s_documents()
+        if d["kind"] in ("Deployment", "Job")
+    }
+
+
+def _project_version() -> str:
+    import tomllib
+
+    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
+
+
+def test_the_kustomization_pins_every_image_in_one_place() -> None:
+    """The manifests name the image without a tag; kustomization.yaml sets it (the project's
+    version), so nothing runs an unpinned :latest and a deploy changes the tag in one line."""
+    kustomization = _kustomization(K8S)
+    (image,) = kustomization["images"]
+    assert image["name"] == "reservation-cleanup"
+    assert image.get("digest") or image["newTag"] == _project_version()
+    assert ":latest" not in "".join(p.read_text() for p in K8S.rglob("*.yaml"))
+    for doc in k8s_documents("*.yaml"):
+        for container in _containers_of(doc):
+            assert container["image"] == "reservation-cleanup", (doc["metadata"]["name"], container)
+    pinned = f"{image.get('newName', image['name'])}:{image['newTag']}"
+    for name, pod in _pod_specs().items():
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            assert container["image"] == pinned, (name, container["name"])
+    # every manifest of the directory is in the kustomization or documented as applied apart
+    listed = set(kustomization["resources"])
+    apart = {"prometheus-scrape.yaml"}
+    assert {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"} == listed | apart
+    assert sorted(_kustomization(K8S / "prometheus-operator")["resources"]) == [
+        "podmonitors.yaml",
+        "prometheusrule.yaml",
+    ]
+
+
+def _containers_of(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    if doc["kind"] not in ("Deployment", "Job"):
+        return []
+    pod = doc["spec"]["template"]["spec"]
+    return [*pod.get("initContainers", []), *pod["containers"]]
+
+
+def test_kubectl_kustomize_renders_the_same_resources_the_tests_read() -> None:
+    """The tests read the kustomization with a small Python rendering (resources, images);
+    where kubectl is installed, its own kustomize must agree with it."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl is not installed; the Python rendering is what the other tests read")
+    for directory, ours in ((K8S, k8s_documents()), (K8S / "prometheus-operator", None)):
+        done = subprocess.run(
+            ["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        theirs = [d for d in yaml.safe_load_all(done.stdout) if d]
+        if ours is None:
+            ours = [
+                d
+                for name in _kustomization(directory)["resources"]
+                for d in yaml.safe_load_all((directory / name).read_text())
+                if d
+            ]
+        key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
+        assert sorted(map(key, theirs)) == sorted(map(key, ours))
+        by_key = {key(d): d for d in ours}
+        for doc in theirs:
+            mine = by_key[key(doc)]
+            # kustomize's `labels` adds part-of to metadata only; everything else is identical
+            doc["metadata"].get("labels", {}).pop("app.kubernetes.io/part-of", None)
+            assert doc == mine, key(doc)
+
+
+def test_the_app_starts_only_after_the_migrations_job() -> None:
+    jobs = [d for d in k8s_documents() if d["kind"] == "Job"]
+    (job,) = jobs
+    script = " ".join(job["spec"]["template"]["spec"]["containers"][0]["command"])
+    assert "manage.py migrate --noinput" in script and "install_cleanup_schedule" in script
+    assert job["spec"]["template"]["spec"]["restartPolicy"] in ("Never", "OnFailure")
+    # a Job's pod template is immutable: it must go away so the next deploy can create it anew
+    assert 0 < job["spec"]["ttlSecondsAfterFinished"] <= 3600
+    for name, pod in _pod_specs().items():
+        if name == job["metadata"]["name"]:
+            continue
+        (wait,) = pod["initContainers"]
+        assert "manage.py migrate --check" in " ".join(wait["command"]), name
+        assert wait["envFrom"] == _container({"spec": {"template": {"spec": pod}}})["envFrom"]
+
+
+def test_beat_runs_two_replicas_behind_the_leader_lease() -> None:
+    from django.conf import settings
+
+    beat = _deployments()["reservation-cleanup-beat"]
+    assert beat["spec"]["replicas"] == 2
+    container = _container(beat)
+    assert container["args"][:4] == ["celery", "-A", "config", "beat"]
+    # only the holder of the PostgreSQL lease sends: a second replica is a standby
+    assert settings.CELERY_BEAT_SCHEDULER.endswith("LeaderDatabaseScheduler")
+    for probe in ("livenessProbe", "startupProbe"):
+        assert container[probe]["exec"]["command"] == ["python", "manage.py", "beat_health"]
+    # beat_health answers within its own statement budget; the probe gives it room
+    assert container["livenessProbe"]["timeoutSeconds"] >= 10
+
+
+def test_every_long_running_container_has_a_startup_probe_before_its_liveness() -> None:
+    for name, deployment in _deployments().items():
+        container = _container(deployment)
+        assert "startupProbe" in container, name
+        assert "livenessProbe" in container, name
+        # the startup probe replaces an initial delay: liveness counts from the first answer
+        assert "initialDelaySeconds" not in container["livenessProbe"], name
+        startup = container["startupProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 60, name
+
+
+def test_disruption_budgets_keep_web_workers_and_beat_serving_through_a_drain() -> None:
+    budgets = [d for d in k8s_documents() if d["kind"] == "PodDisruptionBudget"]
+    deployments = _deployments()
+    covered = set()
+    for budget in budgets:
+        selector = budget["spec"]["selector"]["matchLabels"]
+        (target,) = [
+            name
+            for name, d in deployments.items()
+            if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        covered.add(target)
+        assert budget["spec"].get("maxUnavailable") == 1, budget["metadata"]["name"]
+    assert covered == {
+        "reservation-cleanup-web",
+        "reservation-cleanup-worker",
+        "reservation-cleanup-beat",
+    }
+
+
+def test_every_pod_of_the_kustomization_runs_restricted() -> None:
+    """Init containers and the migrations Job too (the restricted Pod Security Standard applies
+    to every container of a pod)."""
+    for name, pod in _pod_specs().items():
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", name
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False, (name, container["name"])
+            assert context["readOnlyRootFilesystem"] is True, (name, container["name"])
+            assert context["capabilities"]["drop"] == ["ALL"], (name, container["name"])
+
+
+def test_keda_falls_back_when_prometheus_is_gone_and_sets_no_cooldown_it_would_ignore() -> None:
+    scaled = next(d for d in k8s_documents() if d["kind"] == "ScaledObject")
+    spec = scaled["spec"]
+    fallback = spec["fallback"]
+    assert fallback["failureThreshold"] >= 1
+    assert spec["minReplicaCount"] <= fallback["replicas"] <= spec["maxReplicaCount"]
+    # KEDA refuses a fallback next to a Value trigger (it applies only to AverageValue ones)
+    assert {t["metricType"] for t in spec["triggers"]} == {"AverageValue"}
+    # cooldownPeriod only paces scaling to zero; the HPA's behavior paces everything above it
+    if spec["minReplicaCount"] > 0:
+        assert "cooldownPeriod" not in spec
+    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 60
+
+
+def _flower_options(argv: list[str]) -> dict[str, Any]:
+    """The options the pinned Flower parses from ``argv`` (what follows `celery … flower`), as
+    its own command does, in a fresh interpreter (tornado's options are process-global)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import json, sys\n"
+        "from flower.command import apply_options\n"
+        "from flower.options import options\n"
+        "apply_options('flower', sys.argv[1:])\n"
+        "print(json.dumps({'read_only': options.read_only, 'port': options.port}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _after_flower(argv: list[str]) -> list[str]:
+    return argv[argv.index("flower") + 1 :]
+
+
+def test_flower_runs_read_only_everywhere_it_is_started() -> None:
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        spec = importlib.util.spec_from_file_location("run", ROOT / "scripts" / "run.py")
+        assert spec and spec.loader
+        run = importlib.util.module_from_spec(spec)
+        sys.modules["run"] = run  # its dataclasses look their module up
+        spec.loader.exec_module(run)
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+        sys.modules.pop("run", None)
+    k8s_flower = _container(_deployments()["reservation-cleanup-flower"])
+    started = {
+        "compose": compose()["services"]["flower"]["command"],
+        "scripts/run.py": run.flower_argv(5555),
+        "deploy/k8s": k8s_flower["args"],
+    }
+    for where, argv in started.items():
+        assert _flower_options(_after_flower(argv))["read_only"] is True, where
+    assert _flower_options(["--port=5555"])["read_only"] is False  # the probe can tell
+    # authenticated: basic auth from the Secret (FLOWER_BASIC_AUTH), never on the command line
+    assert {"secretRef": {"name": "reservation-cleanup"}} in k8s_flower["envFrom"]
+    assert "FLOWER_BASIC_AUTH" in (K8S / "worker.yaml").read_text()
+    for argv in started.values():
+        assert not any("basic_auth" in a for a in argv)
+
+
+# --- monitoring manifests generated from one source ------------------------------------------
+
+
+def _monitoring_manifests() -> Any:
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(
+        "monitoring_manifests", ROOT / "scripts" / "monitoring_manifests.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.modules.pop(spec.name, None)
+    return module
+
+
+def test_the_generated_monitoring_manifests_are_up_to_date() -> None:
+    """PrometheusRule, PodMonitors and the plain scrape configuration are rendered from
+    deploy/alerts.yml and one table of targets; an edit of either without re-rendering fails
+    here (`python scripts/monitoring_manifests.py` fixes it)."""
+    module = _monitoring_manifests()
+    for path, text in module.rendered().items():
+        assert path.read_text() == text, f"{path.relative_to(ROOT)} is out of date"
+    assert module.main(["--check"]) == 0
+
+
+def test_the_prometheus_rule_carries_the_same_rules_as_alerts_yml() -> None:
+    rule = next(
+        d for d in k8s_documents("prometheus-operator/*.yaml") if d["kind"] == "PrometheusRule"
+    )
+    module = _monitoring_manifests()
+    ours = yaml.safe_load((ROOT / "deploy" / "alerts.yml").read_text())["groups"]
+    theirs = json.loads(
+        json.dumps(rule["spec"]["groups"])
+        .replace(module.WEB_URL, module.COMPOSE_WEB_URL)
+        .replace(module.GRAFANA_URL, module.COMPOSE_GRAFANA_URL)
+    )
+    assert theirs == ours
+    rules = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert all(r["annotations"]["runbook_url"].startswith(module.WEB_URL) for r in rules)
+
+
+def test_promtool_accepts_the_rules_the_kubernetes_files_carry(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    from tests.missing_tools import skip_for_missing
+
+    if not shutil.which("promtool"):
+        skip_for_missing("promtool", "Debian package prometheus")
+    rule = next(
+        d for d in k8s_documents("prometheus-operator/*.yaml") if d["kind"] == "PrometheusRule"
+    )
+    plain = next(
+        d for d in k8s_documents("*.yaml") if d["metadata"]["name"].endswith("prometheus-rules")
+    )
+    files = {
+        "operator.yml": yaml.safe_dump({"groups": rule["spec"]["groups"]}),
+        "plain.yml": plain["data"]["alerts.yml"],
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+        done = subprocess.run(
+            ["promtool", "check", "rules", str(tmp_path / name)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"SUCCESS: {len(_alert_rules())} rules found" in done.stdout
+
+
+def test_the_pod_monitors_select_the_pods_and_ports_the_deployments_have() -> None:
+    monitors = [d for d in k8s_documents("prometheus-operator/*.yaml") if d["kind"] == "PodMonitor"]
+    deployments = _deployments()
+    components = set()
+    for monitor in monitors:
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        (target,) = [
+            d
+            for d in deployments.values()
+            if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        ports = {p["name"] for p in _container(target).get("ports", [])}
+        for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+            assert endpoint["port"] in ports, monitor["metadata"]["name"]
+            (relabel,) = [r for r in endpoint["relabelings"] if r["targetLabel"] == "component"]
+            components.add(relabel["replacement"])
+            if "authorization" in endpoint:
+                secret = endpoint["authorization"]["credentials"]
+                assert {"secretRef": {"name": secret["name"]}} in _container(target)["envFrom"]
+                assert secret["key"] == "METRICS_TOKEN"
+    # the components the rules select (web's SLO signal, the workers' pool gauge)
+    assert components == {"web", "worker"}
+    web = next(m for m in monitors if m["metadata"]["name"].endswith("-web"))
+    assert "authorization" in web["spec"]["podMetricsEndpoints"][0]
+
+
+# --- alerts the on-call can route and follow -------------------------------------------------
+
+
+def test_every_alert_has_a_standard_severity_and_the_annotations_tools_show() -> None:
+    runbook = (ROOT / "docs" / "RUNBOOK.md").read_text()
+    from cleanup.console.runbook import anchor
+
+    sections = {anchor(line[3:]) for line in runbook.splitlines() if line.startswith("## ")}
+    for name, rule in _alert_rules().items():
+        assert rule["labels"]["severity"] in ("critical", "warning"), name
+        annotations = rule["annotations"]
+        assert set(annotations) == {"summary", "description", "runbook_url", "dashboard_url"}, name
+        url, _, fragment = annotations["runbook_url"].partition("#")
+        assert url.endswith("/admin/cleanup/runbook/"), name
+        assert fragment == anchor(name) and fragment in sections, name
+        assert "/d/reservation-cleanup/" in annotations["dashboard_url"], name
+        section = runbook.split(f"## {name}\n", 1)[1].split("\n## ", 1)[0]
+        assert "**First three checks**" in section and "**Fix**" in section, name
+        assert "docker compose" in section and "kubectl" in section, name
+    assert len(sections) == len(_alert_rules())
+
+
+def test_the_known_label_values_cover_every_drop_reason_and_reader_in_the_code() -> None:
+    """The drop and skip counters are created at 0 with these labels; a reason or reader added
+    in the code without them would have no series to alert from until it first happens."""
+    from cleanup.telemetry import metrics
+
+    code = "".join(p.read_text() for p in (ROOT / "cleanup").rglob("*.py"))
+    drops = set(re.findall(r'record_(?:control_)?drop\("(\w+)"', code))
+    drops |= set(
+        re.findall(r'return "(\w+)", f?"', (ROOT / "cleanup/worker/remote_control.py").read_text())
+    )
+    readers = set(re.findall(r'(?:_skipped|record_skipped_entry)\("(\w+)"', code))
+    assert drops and readers
+    assert drops == set(metrics.KNOWN_CONTROL_DROP_REASONS)
+    assert readers == set(metrics.KNOWN_SKIP_READERS)
+    metrics.initialize_worker_series()
+    created = {
+        s.labels.get("reason") or s.labels.get("reader")
+        for family in [*metrics.CONTROL_DROPS.collect(), *metrics.BROKER_ENTRIES_SKIPPED.collect()]
+        for s in family.samples
+    }
+    assert created >= drops | readers

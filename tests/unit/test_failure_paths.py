@@ -83,7 +83,7 @@ def failing(event: str, when: str, sqlstate: str, times: int) -> Iterator[Any]:
 @pytest.mark.django_db
 def test_a_serialization_failure_is_retried_and_the_hold_is_taken_once(client, offering):
     with failing("INSERT", "TRUE", "40001", times=1) as fired:
-        response = post(client, f"/api/offerings/{offering.pk}/holds", {"holder": "x"})
+        response = post(client, f"/api/v1/offerings/{offering.pk}/holds", {"holder": "x"})
         attempts = fired()
     assert response.status_code == 201, response.content
     assert attempts == 2
@@ -100,7 +100,7 @@ def test_a_persistent_transient_failure_is_a_503_with_retry_after_and_changes_no
 ):
     hold = services.hold_seat(offering.pk, "learner")
     with failing("UPDATE", "NEW.status = 'confirmed'", sqlstate, times=100) as fired:
-        response = post(client, f"/api/holds/{hold.pk}/confirm", {"expected_version": 1})
+        response = post(client, f"/api/v1/holds/{hold.pk}/confirm", {"expected_version": 1})
         attempts = fired()
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "temporarily_unavailable"
@@ -155,7 +155,7 @@ def test_a_real_deadlock_is_retried_and_the_seat_is_taken_once(client, caplog):
     try:
         # when
         with caplog.at_level("WARNING", logger="reservations.retry"):
-            response = post(client, f"/api/offerings/{offering.pk}/holds", {"holder": "x"})
+            response = post(client, f"/api/v1/offerings/{offering.pk}/holds", {"holder": "x"})
     finally:
         thread.join(60)
         rogue.close()
@@ -188,7 +188,7 @@ def test_a_raced_conditional_update_is_retried(client, offering, monkeypatch):
 
     monkeypatch.setattr(services, "renew", raced_once)
     hold = services.hold_seat(offering.pk, "learner")
-    response = post(client, f"/api/holds/{hold.pk}/renew", {"expected_version": 1})
+    response = post(client, f"/api/v1/holds/{hold.pk}/renew", {"expected_version": 1})
     assert response.status_code == 200, response.content
     assert response.json()["version"] == 2
     assert len(calls) == 2
@@ -206,7 +206,7 @@ def test_a_non_transient_database_error_is_not_retried_and_not_a_503(offering, s
     client = Client(raise_request_exception=True)
     with failing("INSERT", "TRUE", sqlstate, times=100) as fired:
         with pytest.raises(error):
-            post(client, f"/api/offerings/{offering.pk}/holds", {"holder": "x"})
+            post(client, f"/api/v1/offerings/{offering.pk}/holds", {"holder": "x"})
         attempts = fired()
     assert attempts == 1
     assert not Reservation.objects.exists()

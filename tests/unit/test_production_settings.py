@@ -12,7 +12,7 @@ from tests import child_python
 
 STRONG = {
     "SECRET_KEY": "k3Jq9-vX2mPzR7tWc8YbN4hL6sD1fGa5eU0iOyTqZxCvBnMlKjHg",
-    "RESERVATIONS_API_TOKEN": "tok-8Zq2Lm5Xv9Rb3Nc7Wd1Fh6Jk4Ps0Ty2",
+    "RESERVATIONS_API_TOKEN": "",
     "FLOWER_BASIC_AUTH": "ops:9f8e7d6c5b4a",
     "DATABASE_URL": "postgres://app@db.internal:5432/reservations",
     "CELERY_BROKER_URL": "redis://:pw@redis.internal:6379/0",
@@ -53,12 +53,18 @@ def test_production_starts_with_strong_values() -> None:
             {"SECRET_KEY": "change-me-to-a-long-random-string-of-at-least-fifty-chars"},
             "SECRET_KEY is still .env.example's placeholder",
         ),
+        ({"RESERVATIONS_API_TOKEN": "local-dev-token"}, "RESERVATIONS_API_TOKEN is set"),
         (
-            {"RESERVATIONS_API_TOKEN": "local-dev-token"},
-            "RESERVATIONS_API_TOKEN is a development value",
+            {"RESERVATIONS_API_TOKEN": "tok-8Zq2Lm5Xv9Rb3Nc7Wd1Fh6Jk4Ps0Ty2"},
+            "RESERVATIONS_API_TOKEN is set: the shared token is for local development only",
         ),
-        ({"RESERVATIONS_API_TOKEN": "abc"}, "RESERVATIONS_API_TOKEN is too weak"),
         ({"METRICS_TOKEN": "metrics"}, "METRICS_TOKEN is too weak"),
+        (
+            {"RESERVATIONS_IDEMPOTENCY_KEY_TTL_SECONDS": "10"},
+            "RESERVATIONS_IDEMPOTENCY_KEY_TTL_SECONDS=10 must be >= 60",
+        ),
+        ({"AXES_FAILURE_LIMIT": "many"}, "AXES_FAILURE_LIMIT='many' is not an integer"),
+        ({"ADMIN_PASSWORD_MIN_LENGTH": "4"}, "ADMIN_PASSWORD_MIN_LENGTH=4 must be >= 8"),
         ({"FLOWER_BASIC_AUTH": None}, "FLOWER_BASIC_AUTH must be set"),
     ],
 )
@@ -228,3 +234,66 @@ def test_local_settings_start_on_a_fresh_clone_with_nothing_set() -> None:
     # then: development defaults, a local database, debug on
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "reservations", "True"]
+
+
+# --- TLS to Redis ------------------------------------------------------------------------------
+
+TLS_BROKER = "rediss://:pw@redis.internal:6380/0"
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"REDIS_TLS_VERIFY": "none"}, "REDIS_TLS_VERIFY=none: production refuses"),
+        ({"REDIS_TLS_VERIFY": "optional"}, "REDIS_TLS_VERIFY=optional: production refuses"),
+        ({"REDIS_TLS_CHECK_HOSTNAME": "false"}, "REDIS_TLS_CHECK_HOSTNAME=false: production"),
+        (
+            {"CELERY_BROKER_URL": TLS_BROKER + "?ssl_cert_reqs=none"},
+            "CELERY_BROKER_URL's ssl_cert_reqs=none: production refuses",
+        ),
+        (
+            {"CELERY_BROKER_URL": TLS_BROKER + "?ssl_cert_reqs=CERT_NONE"},
+            "CELERY_BROKER_URL's ssl_cert_reqs=none: production refuses",
+        ),
+        ({"REDIS_TLS_VERIFY": "sometimes"}, "REDIS_TLS_VERIFY='sometimes': expected one of"),
+        ({"REDIS_TLS_CA_FILE": "/nonexistent/ca.pem"}, "REDIS_TLS_CA_FILE='/nonexistent/ca.pem'"),
+        (
+            {
+                "CELERY_BROKER_URL": TLS_BROKER + "?ssl_cert_reqs=required",
+                "REDIS_TLS_CHECK_HOSTNAME": "true",
+            },
+            "CELERY_BROKER_URL carries TLS options in its query (ssl_cert_reqs) while "
+            "REDIS_TLS_CHECK_HOSTNAME is set too",
+        ),
+    ],
+)
+def test_production_refuses_tls_to_redis_without_checks_naming_the_variable(
+    changes: dict[str, str | None], words: str
+) -> None:
+    out = load_production(**{"CELERY_BROKER_URL": TLS_BROKER, **changes})
+    assert out.returncode != 0
+    assert f"ImproperlyConfigured: {words}" in out.stderr, out.stderr[-800:]
+
+
+def test_a_tls_broker_gets_the_screened_transport_and_checks_on_by_default() -> None:
+    code = (
+        "from django.conf import settings; import django; django.setup(); "
+        "print(settings.CELERY_BROKER_TRANSPORT, settings.CELERY_BROKER_USE_SSL)"
+    )
+    out = run_python(
+        code, CELERY_BROKER_URL=TLS_BROKER, DJANGO_SETTINGS_MODULE="config.settings.production"
+    )
+    assert out.returncode == 0, out.stderr[-800:]
+    assert out.stdout.split(" ", 1)[0] == "cleanup.worker.redis_transport:Transport"
+    assert (
+        "'ssl_cert_reqs': 'required'" in out.stdout and "'ssl_check_hostname': True" in out.stdout
+    )
+
+
+@pytest.mark.parametrize(
+    "url", ["sentinel://redis.internal:26379", "sqs://", "redis+socket:///tmp/r.sock"]
+)
+def test_a_broker_scheme_the_project_cannot_screen_is_refused_naming_the_variable(url: str) -> None:
+    out = load_production(CELERY_BROKER_URL=url)
+    assert out.returncode != 0
+    assert "ImproperlyConfigured: CELERY_BROKER_URL" in out.stderr, out.stderr[-800:]

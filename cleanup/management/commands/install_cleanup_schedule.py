@@ -5,6 +5,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from cleanup.pipeline.schedule import ensure_schedule, install_schedule
+from cleanup.pipeline.schedule_preview import preview
 from reservations.management.base import ProjectCommand
 
 
@@ -28,8 +29,17 @@ class Command(ProjectCommand):
             action="store_true",
             help="overwrite an existing schedule (and the relay/prune/sample entries)",
         )
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="print the entries it would add, remove and change, and the sweeps per second "
+            "before and after; write nothing",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["dry_run"]:
+            self._dry_run(options)
+            return
         try:
             if options["force"]:
                 result = install_schedule(
@@ -51,3 +61,17 @@ class Command(ProjectCommand):
             f"schedule {verb} {result['shards']} shard(s) every {every}s, {state}; "
             f"{result['changed']} entr(y/ies) created or changed, {result['removed']} removed"
         )
+
+    def _dry_run(self, options: dict[str, Any]) -> None:
+        install = install_schedule if options["force"] else ensure_schedule
+        try:
+            planned = preview(
+                lambda: install(
+                    options["shards"], options["every"], relay_every=options["relay_every"]
+                )
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write("dry run: nothing is written")
+        for line in planned.lines():
+            self.stdout.write(line)

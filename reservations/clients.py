@@ -1,0 +1,172 @@
+"""API clients: their tokens, what each may do, and the holds each may see.
+
+A request authenticates as a ``Principal``: an ``ApiClient`` found by its token's digest, or
+the local development token (``RESERVATIONS_API_TOKEN``, refused by the production settings),
+which acts as a client of its own with every scope and no rate limit. A hold belongs to the
+principal that created it; to any other its id does not exist.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import math
+import secrets
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from . import sql
+from .models import ApiClient, ApiToken, Reservation, ReservationQuerySet
+
+TOKEN_PREFIX = "rsv_"
+# The first characters of a token, stored to tell tokens apart (the rest is secret).
+SHOWN_PREFIX_LENGTH = 12
+# The rate limit counts requests per window of this length (ApiClient.requests_per_minute).
+RATE_WINDOW_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request is from, and what it may do."""
+
+    client_id: int | None  # None: the local development token
+    name: str
+    can_read: bool
+    can_write: bool
+    all_offerings: bool
+
+
+DEVELOPMENT_PRINCIPAL = Principal(
+    client_id=None, name="development token", can_read=True, can_write=True, all_offerings=True
+)
+
+
+class RateLimited(Exception):
+    """The client used up its requests for the current window."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"rate limit reached; retry in {retry_after} s")
+        self.retry_after = retry_after
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def issue_token(client: ApiClient) -> str:
+    """A new token for ``client``. The return value is the only time the token exists in
+    clear: only its digest is stored."""
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    ApiToken.objects.create(client=client, prefix=token[:SHOWN_PREFIX_LENGTH], digest=digest(token))
+    return token
+
+
+def revoke_tokens(tokens: list[ApiToken] | None = None, *, ids: list[int] | None = None) -> int:
+    """Revoke tokens (by instance or id); a revoked token is refused from the next request on.
+    Returns how many were still valid."""
+    wanted = [t.pk for t in tokens or []] + list(ids or [])
+    return ApiToken.objects.filter(pk__in=wanted, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
+
+
+def authenticate(token: str) -> Principal | None:
+    """The principal ``token`` names, or None. Counts the request against the client's rate
+    limit (``RateLimited`` once it is used up) and records the token's last use."""
+    shared = settings.RESERVATIONS_API_TOKEN
+    # compare_digest on bytes: on str it raises TypeError for non-ASCII input.
+    if shared and hmac.compare_digest(token.encode(), shared.encode()):
+        return DEVELOPMENT_PRINCIPAL
+    if not token.startswith(TOKEN_PREFIX):
+        return None
+    with connection.cursor() as cur:
+        cur.execute(
+            sql.AUTHENTICATE_TOKEN, {"digest": digest(token), "window": RATE_WINDOW_SECONDS}
+        )
+        row = cur.fetchone()
+    if row is None:
+        return None
+    client_id, name, can_read, can_write, all_offerings, count, limit, window_left = row
+    if count > limit:
+        raise RateLimited(max(1, math.ceil(float(window_left))))
+    return Principal(client_id, name, can_read, can_write, all_offerings)
+
+
+def may_use_offering(principal: Principal, offering_id: int) -> bool:
+    if principal.all_offerings or principal.client_id is None:
+        return True
+    return ApiClient.offerings.through.objects.filter(
+        apiclient_id=principal.client_id, offering_id=offering_id
+    ).exists()
+
+
+def owned_holds(principal: Principal) -> ReservationQuerySet:
+    """The holds ``principal`` created (for the development token: holds of no client) on
+    offerings it may still use."""
+    if principal.client_id is None:
+        return Reservation.objects.filter(client__isnull=True)
+    holds = Reservation.objects.filter(client_id=principal.client_id)
+    if not principal.all_offerings:
+        holds = holds.filter(offering__api_clients=principal.client_id)
+    return holds
+
+
+def owned_hold(principal: Principal, hold_id: int) -> Reservation | None:
+    """The hold if ``principal`` created it and may still use its offering, else None."""
+    return owned_holds(principal).filter(pk=hold_id).first()
+
+
+# --- listings, by cursor ------------------------------------------------------------------------
+
+
+class InvalidCursor(ValueError):
+    pass
+
+
+def encode_cursor(after_id: int) -> str:
+    return base64.urlsafe_b64encode(f"after:{after_id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    """The id a cursor continues after; ``InvalidCursor`` for anything ``encode_cursor`` did
+    not make."""
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise InvalidCursor(cursor) from None
+    kind, _, number = text.partition(":")
+    if kind != "after" or not number.isdigit() or not 0 < int(number) < 2**63:
+        raise InvalidCursor(cursor)
+    return int(number)
+
+
+@dataclass(frozen=True)
+class Page:
+    holds: list[Reservation]
+    next_cursor: str | None
+
+
+def list_holds(
+    principal: Principal,
+    *,
+    holder: str | None = None,
+    offering_id: int | None = None,
+    after_id: int = 0,
+    limit: int,
+) -> Page:
+    """The principal's holds of one holder or one offering, in id order after ``after_id``.
+    Ids only grow, so a hold made while a client pages appears on a later page, never twice."""
+    holds = owned_holds(principal).filter(pk__gt=after_id)
+    if holder is not None:
+        holds = holds.filter(holder=holder)
+    if offering_id is not None:
+        holds = holds.filter(offering_id=offering_id)
+    found = list(holds.order_by("pk")[: limit + 1])
+    more = len(found) > limit
+    found = found[:limit]
+    return Page(found, encode_cursor(found[-1].pk) if more else None)

@@ -1,0 +1,60 @@
+"""Pausing releases from the health page in a real browser (Playwright + Debian's chromium), with
+the shared fleet of real workers: the page says paused, since when, by whom and why; expired
+holds stay held while sweeps publish; "Resume releases" lets the workers drain them. Each change
+leaves a history entry."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from django.contrib.admin.models import LogEntry
+
+from cleanup.conf import cleanup_settings
+from cleanup.pipeline.pause import set_paused
+
+from ..fleet import claim_counts, create_eligible_holds, released_count, run_sweeps, wait_until
+from .conftest import USERNAME
+
+pytestmark = [pytest.mark.browser]
+
+HEALTH = "/admin/cleanup/health/?workers=0"
+
+
+def test_pausing_and_resuming_releases_from_the_health_page(
+    signed_in: Any, live_server: Any, workers: Any, clean: None, shots: Any
+) -> None:
+    page = signed_in
+    try:
+        page.goto(live_server.url + HEALTH)
+        assert page.inner_text("#pause-state") == "releases running"
+        # when: the operator pauses, saying why
+        page.fill("#pause-reason-input", "restoring a backup")
+        page.click("#pause-button")
+        page.wait_for_selector("#resume-button")
+        # then: the page says so, since when and by whom
+        assert page.inner_text("#pause-state") == "releases paused"
+        assert page.inner_text("#paused-by") == USERNAME
+        assert page.inner_text("#pause-reason") == "restoring a backup"
+        assert page.inner_text("#paused-since").endswith("UTC")
+        page.screenshot(path=str(shots / "health-paused.png"), full_page=True)
+        # and the workers hold the releases back while sweeps go on
+        time.sleep(2 * cleanup_settings().pause_poll_interval + 1)
+        held = create_eligible_holds(20, offerings=2)
+        run_sweeps(shards=1)
+        wait_until(lambda: min(claim_counts(held).values()) >= 1, timeout=30, what="claims")
+        time.sleep(3 * cleanup_settings().pause_poll_interval)
+        assert released_count(held) == 0
+        # when: resumed from the page
+        page.click("#resume-button")
+        page.wait_for_selector("#pause-button")
+        assert page.inner_text("#pause-state") == "releases running"
+        # then: the workers drain the backlog
+        wait_until(lambda: released_count(held) == len(held), timeout=60, what="released")
+    finally:
+        set_paused(False, USERNAME)
+    assert list(LogEntry.objects.order_by("pk").values_list("change_message", flat=True)) == [
+        "releases: paused (restoring a backup)",
+        "releases: resumed",
+    ]

@@ -1,0 +1,66 @@
+"""Request metrics of the web under gunicorn with several worker processes: one scrape, answered
+by whichever process, shows every process's requests by route, method and status."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from reservations import clients, services
+from reservations.models import ApiClient
+
+from .fleet import parse, total
+from .web import WebServer, gunicorn
+
+pytestmark = [pytest.mark.slow]
+
+METRICS_TOKEN = "web-metrics-test-token-0123456789abcdef"
+NOT_FOUND, FOUND = 30, 20
+
+
+@pytest.fixture
+def metrics_dir(tmp_path: Path) -> Path:
+    return tmp_path / "web-metrics"
+
+
+@pytest.fixture
+def web(transactional_db: None, tmp_path: Path, metrics_dir: Path) -> Iterator[WebServer]:
+    with gunicorn(
+        tmp_path,
+        workers=2,
+        threads=1,
+        worker_class="sync",
+        WEB_METRICS_DIR=str(metrics_dir),
+        METRICS_TOKEN=METRICS_TOKEN,
+    ) as server:
+        yield server
+
+
+def test_one_scrape_counts_every_worker_processs_requests_by_route_and_status(web, metrics_dir):
+    # given requests answered by both gunicorn workers: 404s for a hold and 200s for an offering
+    offering = services.create_offering("metrics", capacity=1)
+    token = clients.issue_token(ApiClient.objects.create(name="m", all_offerings=True))
+    auth = {"Authorization": f"Bearer {token}"}
+    paths = ["/api/v1/holds/999999"] * NOT_FOUND + [
+        f"/api/v1/offerings/{offering.pk}/availability"
+    ] * FOUND
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(lambda p: web.request("GET", p, None, auth).status, paths))
+    assert sorted(statuses) == [200] * FOUND + [404] * NOT_FOUND
+    writers = {f.name.rsplit("_", 1)[-1] for f in metrics_dir.glob("counter_*.db")}
+    assert len(writers) >= 2, f"only {writers} counted requests: not a multi-process test"
+    # when Prometheus scrapes, several times (each scrape may reach either worker)
+    for _ in range(4):
+        scrape = web.request("GET", "/metrics", None, {"Authorization": f"Bearer {METRICS_TOKEN}"})
+        assert scrape.status == 200
+        samples = parse(scrape.body.decode())
+        # then every scrape shows all the requests, by route and status
+        name = "reservation_cleanup_http_requests_total"
+        assert total(samples, name, route="api/v1/holds/<int:hold_id>", status="404") == NOT_FOUND
+        availability = "api/v1/offerings/<int:offering_id>/availability"
+        assert total(samples, name, route=availability, status="200", method="GET") == FOUND
+        histogram = "reservation_cleanup_http_request_duration_seconds_count"
+        assert total(samples, histogram, route=availability) == FOUND

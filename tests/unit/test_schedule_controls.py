@@ -1,0 +1,179 @@
+"""Operator controls on the schedule: `install_cleanup_schedule --dry-run` and the admin's
+"Preview the change" say what a change would do and write nothing; the periodic-task admin
+refuses, for this project's tasks, an interval below CLEANUP_PERIODIC_MIN_INTERVAL and a queue
+that is not one of the project's, with the reason on the field."""
+
+from __future__ import annotations
+
+import re
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.test import Client
+from django.urls import reverse
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+from cleanup.models import CleanupSchedule
+from cleanup.pipeline.schedule import SWEEP_PREFIX, install_schedule, sweep_entry_name
+from cleanup.pipeline.schedule_preview import snapshot
+
+pytestmark = [pytest.mark.django_db]
+
+
+@pytest.fixture
+def admin_client_() -> Client:
+    user = get_user_model().objects.create_superuser("ops", "ops@example.com", "x")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _dry_run(*args: str) -> str:
+    out = StringIO()
+    call_command("install_cleanup_schedule", "--dry-run", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_a_dry_run_on_an_empty_database_lists_what_it_would_create_and_writes_nothing() -> None:
+    text = _dry_run("--shards", "2", "--every", "5")
+    assert text.splitlines()[0] == "dry run: nothing is written"
+    assert "would add 5 entries" in text  # 2 sweeps, relay, prune, sample
+    assert f"  {sweep_entry_name(0, 2)}" in text and f"  {sweep_entry_name(1, 2)}" in text
+    assert "sweeps per second: 0 -> 0.4" in text
+    assert not PeriodicTask.objects.exists() and not CleanupSchedule.objects.exists()
+
+
+def test_a_forced_dry_run_shows_the_reshard_and_matches_what_the_real_run_then_does() -> None:
+    install_schedule(shards=4, every=10)
+    before = snapshot()
+    text = _dry_run("--shards", "2", "--every", "4", "--force")
+    assert snapshot() == before  # nothing written
+    assert "would add 2 entries" in text and "would remove 4 entries" in text
+    assert "sweeps per second: 0.4 -> 0.5" in text
+    removed = re.findall(rf"^  ({SWEEP_PREFIX}\d+ of 4)$", text, re.M)
+    # when the same change runs for real, it does what the dry run said
+    call_command(
+        "install_cleanup_schedule", "--shards", "2", "--every", "4", "--force", stdout=StringIO()
+    )
+    names = set(snapshot())
+    assert not names & set(removed) and len(removed) == 4
+    assert {sweep_entry_name(0, 2), sweep_entry_name(1, 2)} <= names
+
+
+def test_a_dry_run_that_keeps_the_existing_schedule_says_nothing_changes() -> None:
+    install_schedule(shards=3, every=6)
+    text = _dry_run("--shards", "8", "--every", "1")  # without --force an edit survives
+    assert "no entry would change" in text and "sweeps per second: 0.5 -> 0.5" in text
+
+
+def test_the_admin_preview_shows_the_change_and_saves_nothing(admin_client_: Client) -> None:
+    install_schedule(shards=4, every=10)
+    schedule = CleanupSchedule.objects.get()
+    url = reverse("admin:cleanup_cleanupschedule_preview", args=[schedule.pk])
+    before = snapshot()
+    page = admin_client_.post(url, {"shards": "8", "every_seconds": "20", "enabled": "on"})
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'id="preview-added">add 8 entries' in html
+    assert 'id="preview-removed">remove 4 entries' in html
+    assert "<strong>0.4</strong> now, <strong>0.4</strong> after the save" in html
+    assert snapshot() == before
+    assert (CleanupSchedule.objects.get().shards, CleanupSchedule.objects.get().every_seconds) == (
+        4,
+        10,
+    )
+    # disabling: every sweep entry changes, the rate drops to 0
+    page = admin_client_.post(url, {"shards": "4", "every_seconds": "10"})
+    assert 'id="preview-changed">change 4 entries' in page.content.decode()
+    assert "<strong>0</strong> after the save" in page.content.decode()
+    # invalid values: the form's own messages, no preview
+    page = admin_client_.post(url, {"shards": "0", "every_seconds": "10"})
+    assert "errornote" in page.content.decode() and "preview-added" not in page.content.decode()
+
+
+def test_the_change_form_offers_the_preview_button(admin_client_: Client) -> None:
+    install_schedule(shards=2, every=10)
+    schedule = CleanupSchedule.objects.get()
+    page = admin_client_.get(reverse("admin:cleanup_cleanupschedule_change", args=[schedule.pk]))
+    preview = reverse("admin:cleanup_cleanupschedule_preview", args=[schedule.pk])
+    assert f'formaction="{preview}" formmethod="post"' in page.content.decode()
+
+
+def test_the_preview_needs_change_permission(db: None) -> None:
+    install_schedule(shards=2, every=10)
+    viewer = get_user_model().objects.create_user("viewer", password="x", is_staff=True)
+    client = Client()
+    client.force_login(viewer)
+    url = reverse("admin:cleanup_cleanupschedule_preview", args=[CleanupSchedule.objects.get().pk])
+    assert client.post(url, {"shards": "8", "every_seconds": "1"}).status_code == 403
+
+
+def _add_task(client: Client, **fields: str) -> str:
+    interval, _ = IntervalSchedule.objects.get_or_create(
+        every=int(fields.pop("every", "10")), period=fields.pop("period", IntervalSchedule.SECONDS)
+    )
+    data = {
+        "name": fields.pop("name", "my entry"),
+        "regtask": "",
+        "task": fields.pop("task", "cleanup.prune"),
+        "enabled": "on",
+        "interval": str(interval.pk),
+        "args": "[]",
+        "kwargs": "{}",
+        "queue": "",
+        "exchange": "",
+        "routing_key": "",
+        "priority": "",
+        "headers": "{}",
+        "expire_seconds": "",
+        "description": "",
+        **fields,
+    }
+    page = client.post(reverse("admin:django_celery_beat_periodictask_add"), data)
+    return page.content.decode() if page.status_code == 200 else f"saved {page.status_code}"
+
+
+def test_a_sub_second_interval_for_a_project_task_is_refused_with_the_reason(
+    admin_client_: Client,
+) -> None:
+    html = _add_task(admin_client_, every="500000", period=IntervalSchedule.MICROSECONDS)
+    assert "cleanup.prune would be sent every 0.5 s" in html
+    assert "CLEANUP_PERIODIC_MIN_INTERVAL" in html
+    assert not PeriodicTask.objects.filter(name="my entry").exists()
+
+
+def test_a_foreign_queue_for_a_project_task_is_refused_naming_the_projects_queues(
+    admin_client_: Client,
+) -> None:
+    html = _add_task(admin_client_, queue="celery")
+    assert (
+        "&#x27;celery&#x27; is not one of this project&#x27;s queues (sweep, cleanup, maintenance)"
+        in html
+    )
+    html = _add_task(admin_client_, routing_key="elsewhere")
+    assert "does not route to one of this project&#x27;s queues" in html
+    html = _add_task(admin_client_, exchange="amq.direct")
+    assert "routed by queue, not by exchange" in html
+    assert not PeriodicTask.objects.filter(name="my entry").exists()
+
+
+def test_a_sane_project_entry_and_another_applications_entry_are_saved(
+    admin_client_: Client,
+) -> None:
+    assert _add_task(admin_client_, every="1", queue="maintenance").startswith("saved 302")
+    # tasks of other applications are left to them, whatever their interval and queue
+    assert _add_task(
+        admin_client_, name="theirs", task="billing.tick", every="100",
+        period=IntervalSchedule.MICROSECONDS, queue="billing",
+    ).startswith("saved 302")  # fmt: skip
+    assert set(PeriodicTask.objects.values_list("name", flat=True)) == {"my entry", "theirs"}
+
+
+def test_the_floor_follows_the_setting(admin_client_: Client, settings: Any) -> None:
+    settings.CLEANUP_PERIODIC_MIN_INTERVAL = 30
+    html = _add_task(admin_client_, every="10")
+    assert "cleanup.prune would be sent every 10 s" in html
+    assert "run at most once every 30 s" in html
