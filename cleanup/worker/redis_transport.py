@@ -497,6 +497,21 @@ _SentinelTransport: Any = redis.SentinelTransport
 class SentinelChannel(Channel, _SentinelChannel):
     QoS = ScreenedQoS
 
+    def _get_pool(self, asynchronous: bool = False) -> Any:
+        """kombu's Sentinel pool, refused with a connection error once the broker connection
+        is gone.
+
+        When the master dies, Celery releases the dead connection; closing the channel restores
+        its unacknowledged messages, which needs a new pool, and kombu builds it from
+        ``self.connection.client``, already ``None`` by then: the ``AttributeError`` is not a
+        connection error, so Celery took it as fatal and the worker exited (seen in the
+        failover drill). A connection error is what Celery's release ignores; the messages stay
+        in ``unacked`` and are restored after the visibility timeout, as a lost worker's are.
+        """
+        if self.connection.client is None:
+            raise redis_py.ConnectionError("the broker connection is closed")
+        return super()._get_pool(asynchronous)
+
 
 class SentinelTransport(Transport, _SentinelTransport):
     Channel = SentinelChannel
