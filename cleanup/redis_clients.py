@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import redis
 from redis.sentinel import Sentinel
 
-from cleanup.broker import sentinel as redis_sentinel
+from cleanup import redis_sentinel
 
 _clients: dict[str, redis.Redis] = {}
 # The parent's clients as a child inherited them: referenced, never used (see above).
@@ -51,7 +51,7 @@ def _sentinel_master(url: str) -> redis.Redis | None:
         return None
     from django.conf import settings  # noqa: PLC0415 - read when a client is made, not at import
 
-    # Checked at start-up (the settings call cleanup.broker.sentinel.check); the name given is
+    # Checked at start-up (the settings call cleanup.redis_sentinel.check); the name given is
     # not the URL, which may carry a password.
     target = redis_sentinel.parse("a sentinel:// URL", url, settings.CELERY_BROKER_SENTINEL_MASTER)
     timeouts = {"socket_timeout": 5, "socket_connect_timeout": 5}

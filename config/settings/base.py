@@ -9,7 +9,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
-from cleanup.broker import sentinel as redis_sentinel
+from cleanup import redis_sentinel
 from cleanup.conf import CleanupSettings
 from config import redis_tls
 from config.env import env_bool, env_int, env_list, env_str, env_typed, parse_database_url
@@ -154,7 +154,7 @@ if not CELERY_BROKER_URL.startswith(
         f"CELERY_BROKER_URL: expected a redis://, rediss://, sentinel:// or amqp:// URL, not "
         f"{CELERY_BROKER_URL.partition('://')[0]!r}://"
     )
-# Redis Sentinel: the sentinels in the URL, the master's name here (cleanup.broker.sentinel).
+# Redis Sentinel: the sentinels in the URL, the master's name here (cleanup.redis_sentinel).
 BROKER_IS_SENTINEL = redis_sentinel.is_sentinel(CELERY_BROKER_URL)
 CELERY_BROKER_SENTINEL_MASTER = env_str(redis_sentinel.MASTER_VARIABLE, "").strip()
 BROKER_IS_REDIS = CELERY_BROKER_URL.startswith(("redis://", "rediss://")) or BROKER_IS_SENTINEL

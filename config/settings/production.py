@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from cleanup.broker import sentinel as redis_sentinel
+from cleanup import redis_sentinel
 from config import redis_tls
 from config.env import (
     DEVELOPMENT_VALUES,
