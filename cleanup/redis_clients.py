@@ -35,7 +35,8 @@ def client(url: str) -> redis.Redis:
     if found is None:
         # No lock: a lock here could itself be inherited held. Two threads racing create two
         # clients and keep one; the other never connected.
-        found = _clients.setdefault(url, _sentinel_master(url) or _direct(url))
+        made = _sentinel_master(url)
+        found = _clients.setdefault(url, made if made is not None else _direct(url))
     return found
 
 
