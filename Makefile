@@ -1,4 +1,4 @@
-.PHONY: run test test-full lint lock bench flash-sale chaos embedded-status embedded-stop
+.PHONY: run test test-full lint lock bench flash-sale chaos sentinel-drill embedded-status embedded-stop
 
 # Run the system: web + worker + beat + Flower, on local or embedded PostgreSQL/Redis.
 run:
@@ -17,6 +17,11 @@ test-full:
 # terminated, a partitioned worker.
 chaos:
 	RESERVATIONS_CHAOS=1 .venv/bin/python -m pytest tests/integration/test_chaos.py -s $(ARGS)
+
+# The Sentinel failover drill (about a minute; the last step of lane 3 in scripts/test.sh): its
+# own master, replica and three sentinels on free ports, the master killed mid-drain.
+sentinel-drill:
+	RESERVATIONS_SENTINEL_DRILL=1 .venv/bin/python -m pytest tests/integration/test_sentinel_failover.py -s $(ARGS)
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/mypy .

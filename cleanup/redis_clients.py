@@ -20,6 +20,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import redis
+from redis.sentinel import Sentinel
+
+from cleanup import redis_sentinel
 
 _clients: dict[str, redis.Redis] = {}
 # The parent's clients as a child inherited them: referenced, never used (see above).
@@ -32,11 +35,35 @@ def client(url: str) -> redis.Redis:
     if found is None:
         # No lock: a lock here could itself be inherited held. Two threads racing create two
         # clients and keep one; the other never connected.
-        found = _clients.setdefault(
-            url,
-            redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, **_tls(url)),
-        )
+        made = _sentinel_master(url)
+        found = _clients.setdefault(url, made if made is not None else _direct(url))
     return found
+
+
+def _direct(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, **_tls(url))
+
+
+def _sentinel_master(url: str) -> redis.Redis | None:
+    """For a ``sentinel://`` URL, a client of the master the sentinels name now: redis-py's
+    ``SentinelConnectionPool`` asks them again whenever it opens a connection, so after a
+    failover the next command reaches the new master, with no restart. ``None`` otherwise."""
+    if not redis_sentinel.is_sentinel(url):
+        return None
+    from django.conf import settings  # noqa: PLC0415 - read when a client is made, not at import
+
+    # Checked at start-up (the settings call cleanup.redis_sentinel.check); the name given is
+    # not the URL, which may carry a password.
+    target = redis_sentinel.parse("a sentinel:// URL", url, settings.CELERY_BROKER_SENTINEL_MASTER)
+    timeouts = {"socket_timeout": 5, "socket_connect_timeout": 5}
+    sentinels = Sentinel(list(target.nodes), sentinel_kwargs=dict(timeouts), **timeouts)
+    return sentinels.master_for(
+        target.master,
+        db=target.db,
+        username=target.username,
+        password=target.password,
+        **timeouts,
+    )
 
 
 def _tls(url: str) -> dict[str, Any]:

@@ -244,6 +244,27 @@ tls_suites() {
   return "$rc"
 }
 
+# The Sentinel failover drill (tests/integration/test_sentinel_failover.py): Debian's
+# redis-server as master, replica and three sentinels (`redis-server --sentinel`), all of the
+# drill's own on free ports and in its temporary directory, real workers and beat; the master
+# is killed mid-drain. About a minute; the last step of lane 3 (after pytest-rabbitmq, so it has
+# lane C's broker database to itself), on a test database of its own (+ _sentinel). Without
+# redis-server a person's run skips it and says so; CI installs it, and fails when it cannot.
+SENTINEL_DRILL=tests/integration/test_sentinel_failover.py
+sentinel_drill() {
+  if ! command -v redis-server >/dev/null 2>&1; then
+    if in_ci; then
+      apt_install redis-server redis-sentinel \
+        || { echo "CI: redis-server could not be installed: the Sentinel drill cannot be skipped in CI"; return 1; }
+    else
+      echo "Sentinel failover drill SKIPPED: redis-server is not installed"
+      left_out "skipped because redis-server is missing: the Sentinel failover drill ($SENTINEL_DRILL)"
+      return 0
+    fi
+  fi
+  RESERVATIONS_SENTINEL_DRILL=1 pytest_with _sentinel "$1" -s "$SENTINEL_DRILL"
+}
+
 # run_lane LANE STEP:FUNCTION...: run the steps one after another in the background, beside the
 # phases that follow; each step's output goes to a file of its own (printed whole when the lane
 # is finished, so two phases' lines never interleave) and each step runs even if one before it
@@ -320,7 +341,8 @@ PY
 #      pytest-tls: the delivery and hostile-input suites on a private TLS Redis (+ _tls);
 #   lane 3, pytest-c: the browser tests and the failure-path modules (tests' Redis database + 2,
 #      test database + _c), then pytest-rabbitmq: the correctness suites again on RabbitMQ
-#      (test database + _amqp).
+#      (test database + _amqp), then pytest-sentinel: the Sentinel failover drill (its own
+#      servers; test database + _sentinel).
 # Then, in CI (or with RESERVATIONS_DRILLS=1), the drills: the production-stack drill (its own
 # servers in network namespaces) and the chaos drills. A person's run leaves the drills out and
 # says so at the end, with the command that runs them.
@@ -333,17 +355,19 @@ DRILLS=(tests/integration/test_chaos.py tests/integration/test_production_stack.
 drills_wanted() { in_ci || [ "${RESERVATIONS_DRILLS:-}" = 1 ]; }
 pytest_b() { pytest_with _b "$(lane_redis_url B 1)" "${GROUP_B[@]}"; }
 pytest_c() { pytest_with _c "$(lane_redis_url C 2)" "${GROUP_C[@]}"; }
+pytest_sentinel() { sentinel_drill "$(lane_redis_url C 2)"; }
 if [ "$#" -gt 0 ]; then
   phase "pytest" .venv/bin/python -m pytest "$@"
   echo "RabbitMQ suites and drills not run: pytest arguments were given"
 else
   ignore_lanes=() ignore_drills=()
   for f in "${GROUP_B[@]}" "${GROUP_C[@]}"; do ignore_lanes+=("--ignore=$f"); done
-  for f in "${DRILLS[@]}"; do ignore_drills+=("--ignore=$f"); done
+  for f in "${DRILLS[@]}" "$SENTINEL_DRILL"; do ignore_drills+=("--ignore=$f"); done
   case "$CELERY_BROKER_URL" in
     redis://*)
       run_lane "lane-2" "pytest-b:pytest_b" "library-suites:library_suites" "pytest-tls:tls_suites"
-      run_lane "lane-3" "pytest-c:pytest_c" "pytest-rabbitmq:rabbitmq_suites"
+      run_lane "lane-3" "pytest-c:pytest_c" "pytest-rabbitmq:rabbitmq_suites" \
+        "pytest-sentinel:pytest_sentinel"
       phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration \
         "${ignore_lanes[@]}" "${ignore_drills[@]}"
       finish_lane "lane-2" || fail_run $?
@@ -355,6 +379,7 @@ else
       phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration "${ignore_drills[@]}"
       phase "pytest-rabbitmq" rabbitmq_suites
       phase "pytest-tls" tls_suites
+      phase "pytest-sentinel" sentinel_drill "$CELERY_BROKER_URL"
       ;;
   esac
   if drills_wanted; then

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import redis as redis_py
 from kombu import exceptions as kombu_exceptions
-from kombu.transport import redis
+from kombu.transport import TRANSPORT_ALIASES, redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
@@ -477,3 +477,51 @@ class Channel(_RedisChannel):
 
 class Transport(_RedisTransport):
     Channel = Channel
+
+
+# --- Redis Sentinel ---------------------------------------------------------------------------
+#
+# kombu's Sentinel channel is a subclass of kombu's own Redis channel: it changes only how the
+# connection pool is made (ask the sentinels for the master of ``master_name``, through
+# redis-py's ``SentinelManagedConnection``, which asks again on every reconnect) and the
+# fan-out topics. Used as it is, a sentinel:// broker would get none of the screening above.
+# The screened channel comes first in the bases, so every method it overrides is the one that
+# runs; kombu's Sentinel channel comes next, so its pool and fan-out methods (which the screened
+# channel does not touch) are the ones used; both reach kombu's own channel through ``super()``.
+# tests/unit/test_sentinel.py checks the method resolution and fails when kombu's Sentinel
+# channel starts overriding one of the screened methods.
+_SentinelChannel: Any = redis.SentinelChannel
+_SentinelTransport: Any = redis.SentinelTransport
+
+
+class SentinelChannel(Channel, _SentinelChannel):
+    QoS = ScreenedQoS
+
+    def _get_pool(self, asynchronous: bool = False) -> Any:
+        """kombu's Sentinel pool, refused with a connection error once the broker connection
+        is gone.
+
+        When the master dies, Celery releases the dead connection; closing the channel restores
+        its unacknowledged messages, which needs a new pool, and kombu builds it from
+        ``self.connection.client``, already ``None`` by then: the ``AttributeError`` is not a
+        connection error, so Celery took it as fatal and the worker exited (seen in the
+        failover drill). A connection error is what Celery's release ignores; the messages stay
+        in ``unacked`` and are restored after the visibility timeout, as a lost worker's are.
+        """
+        if self.connection.client is None:
+            raise redis_py.ConnectionError("the broker connection is closed")
+        return super()._get_pool(asynchronous)
+
+
+class SentinelTransport(Transport, _SentinelTransport):
+    Channel = SentinelChannel
+    default_port = _SentinelTransport.default_port
+
+
+# kombu keeps every ``sentinel://`` URL of the broker setting as a failover alternate, and when a
+# connection attempt fails it switches to the next one by parsing that URL, which sets the
+# transport to the URL's scheme whatever the ``broker_transport`` setting names: the worker
+# would reconnect, mid-failover, on kombu's own unscreened Sentinel transport. The scheme's
+# alias names this transport instead. The first broker connection of a process loads this
+# module (``broker_transport``), so the alias is in place before any switch can happen.
+TRANSPORT_ALIASES["sentinel"] = f"{__name__}:SentinelTransport"

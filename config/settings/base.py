@@ -9,6 +9,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
+from cleanup import redis_sentinel
 from cleanup.conf import CleanupSettings
 from config import redis_tls
 from config.env import env_bool, env_int, env_list, env_str, env_typed, parse_database_url
@@ -145,13 +146,18 @@ RESERVATIONS_API_MAX_BODY_BYTES = env_int("RESERVATIONS_API_MAX_BODY_BYTES", 163
 # --- Celery --------------------------------------------------------------------------------
 # No default: local and test settings set a local Redis; production must name its broker.
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL")
-if not CELERY_BROKER_URL.startswith(("redis://", "rediss://", "amqp://", "amqps://", "pyamqp://")):
+if not CELERY_BROKER_URL.startswith(
+    ("redis://", "rediss://", "sentinel://", "amqp://", "amqps://", "pyamqp://")
+):
     raise ImproperlyConfigured(
         # The scheme only: the URL may carry a password.
-        f"CELERY_BROKER_URL: expected a redis:// or amqp:// URL, not "
+        f"CELERY_BROKER_URL: expected a redis://, rediss://, sentinel:// or amqp:// URL, not "
         f"{CELERY_BROKER_URL.partition('://')[0]!r}://"
     )
-BROKER_IS_REDIS = CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
+# Redis Sentinel: the sentinels in the URL, the master's name here (cleanup.redis_sentinel).
+BROKER_IS_SENTINEL = redis_sentinel.is_sentinel(CELERY_BROKER_URL)
+CELERY_BROKER_SENTINEL_MASTER = env_str(redis_sentinel.MASTER_VARIABLE, "").strip()
+BROKER_IS_REDIS = CELERY_BROKER_URL.startswith(("redis://", "rediss://")) or BROKER_IS_SENTINEL
 
 # The cleanup's settings are declared (type, default, bound, one-line doc) and cross-checked in
 # cleanup.conf.CleanupSettings; they are read here, from the environment, so a bad value fails
@@ -176,10 +182,22 @@ if BROKER_IS_REDIS:
 # TLS for every rediss:// client of the project (broker, counters, readers): from the URL's
 # query or the REDIS_TLS_* settings (config.redis_tls).
 REDIS_TLS_OPTIONS = redis_tls.options_from_environment()
+redis_sentinel.check(
+    CELERY_BROKER_URL,
+    _cleanup.counter_redis_url,
+    CELERY_BROKER_SENTINEL_MASTER,
+    redis_tls.explicit_settings(),
+)
+if BROKER_IS_SENTINEL:
+    # kombu's Sentinel connection logic under the project's screened channel; the master's name
+    # is a transport option in kombu.
+    CELERY_BROKER_TRANSPORT_OPTIONS["master_name"] = CELERY_BROKER_SENTINEL_MASTER
 if BROKER_IS_REDIS:
     # kombu's Redis transport with every list entry screened before kombu decodes it, for TLS
     # (rediss://) as for plain connections: the screening does not depend on the socket.
-    CELERY_BROKER_TRANSPORT = "cleanup.worker.redis_transport:Transport"
+    CELERY_BROKER_TRANSPORT = "cleanup.worker.redis_transport:" + (
+        "SentinelTransport" if BROKER_IS_SENTINEL else "Transport"
+    )
     if redis_tls.is_tls(CELERY_BROKER_URL):
         # kombu reads TLS options from the URL's query itself; otherwise it must be given them
         # (named transport or not, it would otherwise connect without TLS, or without checks).

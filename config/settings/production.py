@@ -10,6 +10,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
+from cleanup import redis_sentinel
 from config import redis_tls
 from config.env import (
     DEVELOPMENT_VALUES,
@@ -107,15 +108,30 @@ def _refuse_weak_flower_auth(name: str, value: str) -> None:
             )
 
 
+def _entries(url: str) -> list[str]:
+    """A Sentinel URL lists one entry per sentinel, separated by ``;``; any other URL is one."""
+    return url.split(";") if redis_sentinel.is_sentinel(url) else [url]
+
+
 def _url_passwords(url: str) -> list[str]:
-    """The non-empty passwords a URL carries: in its user part, or as ``?password=``."""
-    parts = urlsplit(url)
+    """The non-empty passwords a URL carries: in its user part, or as ``?password=``. For a
+    Sentinel URL only the first entry's counts: it is the only one kombu reads."""
+    parts = urlsplit(_entries(url)[0])
     found = [unquote(parts.password)] if parts.password else []
     found += [v for k, v in parse_qsl(parts.query) if k.lower() == "password" and v]
     return found
 
 
+def _all_passwords(url: str) -> list[str]:
+    """Every password written anywhere in the URL (each entry of a Sentinel URL)."""
+    return [p for entry in _entries(url) for p in _url_passwords(entry)]
+
+
 def _is_local_host(url: str) -> bool:
+    return all(_is_local_entry(entry) for entry in _entries(url))
+
+
+def _is_local_entry(url: str) -> bool:
     host = urlsplit(url).hostname or ""  # no host: the client library's default, localhost
     if host in ("", "localhost"):
         return True
@@ -126,7 +142,7 @@ def _is_local_host(url: str) -> bool:
 
 
 def _refuse_example_url_password(name: str, url: str) -> None:
-    if any(_is_example_password(p) for p in _url_passwords(url)):
+    if any(_is_example_password(p) for p in _all_passwords(url)):
         raise ImproperlyConfigured(
             f"{name} carries a development or example password (from .env.example, "
             "docker-compose's quick start or the README); set a password of your own"
