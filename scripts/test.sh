@@ -247,8 +247,8 @@ tls_suites() {
 # The Sentinel failover drill (tests/integration/test_sentinel_failover.py): Debian's
 # redis-server as master, replica and three sentinels (`redis-server --sentinel`), all of the
 # drill's own on free ports and in its temporary directory, real workers and beat; the master
-# is killed mid-drain. About a minute; the last step of lane 3 (after pytest-rabbitmq, so it has
-# lane C's broker database to itself), on a test database of its own (+ _sentinel). Without
+# is killed mid-drain. About a minute; with the drills, after them (so it has lane C's broker
+# database to itself), on a test database of its own (+ _sentinel). Without
 # redis-server a person's run skips it and says so; CI installs it, and fails when it cannot.
 SENTINEL_DRILL=tests/integration/test_sentinel_failover.py
 sentinel_drill() {
@@ -341,10 +341,10 @@ PY
 #      pytest-tls: the delivery and hostile-input suites on a private TLS Redis (+ _tls);
 #   lane 3, pytest-c: the browser tests and the failure-path modules (tests' Redis database + 2,
 #      test database + _c), then pytest-rabbitmq: the correctness suites again on RabbitMQ
-#      (test database + _amqp), then pytest-sentinel: the Sentinel failover drill (its own
-#      servers; test database + _sentinel).
+#      (test database + _amqp).
 # Then, in CI (or with RESERVATIONS_DRILLS=1), the drills: the production-stack drill (its own
-# servers in network namespaces) and the chaos drills. A person's run leaves the drills out and
+# servers in network namespaces), the chaos drills and the Sentinel failover drill (its own
+# servers; test database + _sentinel). A person's run leaves the drills out and
 # says so at the end, with the command that runs them.
 GROUP_B=(tests/integration/test_beat.py tests/integration/test_autoscale.py
          tests/integration/test_metrics.py tests/integration/test_try_it.py)
@@ -355,7 +355,12 @@ DRILLS=(tests/integration/test_chaos.py tests/integration/test_production_stack.
 drills_wanted() { in_ci || [ "${RESERVATIONS_DRILLS:-}" = 1 ]; }
 pytest_b() { pytest_with _b "$(lane_redis_url B 1)" "${GROUP_B[@]}"; }
 pytest_c() { pytest_with _c "$(lane_redis_url C 2)" "${GROUP_C[@]}"; }
-pytest_sentinel() { sentinel_drill "$(lane_redis_url C 2)"; }
+pytest_sentinel() {
+  case "$CELERY_BROKER_URL" in
+    redis://*) sentinel_drill "$(lane_redis_url C 2)" ;;
+    *) sentinel_drill "$CELERY_BROKER_URL" ;;
+  esac
+}
 if [ "$#" -gt 0 ]; then
   phase "pytest" .venv/bin/python -m pytest "$@"
   echo "RabbitMQ suites and drills not run: pytest arguments were given"
@@ -366,8 +371,7 @@ else
   case "$CELERY_BROKER_URL" in
     redis://*)
       run_lane "lane-2" "pytest-b:pytest_b" "library-suites:library_suites" "pytest-tls:tls_suites"
-      run_lane "lane-3" "pytest-c:pytest_c" "pytest-rabbitmq:rabbitmq_suites" \
-        "pytest-sentinel:pytest_sentinel"
+      run_lane "lane-3" "pytest-c:pytest_c" "pytest-rabbitmq:rabbitmq_suites"
       phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration \
         "${ignore_lanes[@]}" "${ignore_drills[@]}"
       finish_lane "lane-2" || fail_run $?
@@ -379,7 +383,6 @@ else
       phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration "${ignore_drills[@]}"
       phase "pytest-rabbitmq" rabbitmq_suites
       phase "pytest-tls" tls_suites
-      phase "pytest-sentinel" sentinel_drill "$CELERY_BROKER_URL"
       ;;
   esac
   if drills_wanted; then
@@ -387,9 +390,11 @@ else
       tests/integration/test_production_stack.py
     phase "pytest-chaos" env RESERVATIONS_CHAOS=1 .venv/bin/python -m pytest -p no:cacheprovider \
       -s tests/integration/test_chaos.py
+    phase "pytest-sentinel" pytest_sentinel
   else
-    left_out "not run in a person's run: the production-stack drill and the chaos drills" \
-      "(tests/integration/test_production_stack.py, test_chaos.py; CI runs them): make test-full"
+    left_out "not run in a person's run: the production-stack, chaos and Sentinel failover drills" \
+      "(tests/integration/test_production_stack.py, test_chaos.py, test_sentinel_failover.py;" \
+      "CI runs them): make test-full"
   fi
 fi
 
