@@ -32,7 +32,7 @@ class Variant:
 
 
 DEFAULT = Variant("prefork, prefetch 1 (default)")
-# The hot-path candidates of issue 20: a prefetch that hides the broker round trip between two
+# The per-reservation hot path's candidates: a prefetch that hides the broker round trip between two
 # tasks, and pools whose workers wait on I/O without a process each.
 VARIANTS = (
     DEFAULT,

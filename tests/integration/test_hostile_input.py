@@ -213,7 +213,7 @@ CASES: dict[str, Case] = {
         "envelope",
         redis_only=True,
     ),
-    # -- passed the screening and did harm (issue 18): built-in tasks, scheduling, links, limits
+    # -- passed the screening and did harm (round two): built-in tasks, scheduling, links, limits
     "celery.chord_unlock retrying forever": Case(
         lambda: publish_raw(
             json.dumps([["g", {"task": "cleanup.prune"}], {"interval": 0.5}, _EMBED]),

@@ -1,4 +1,4 @@
-"""The production stack as a whole (issue 19): docker-compose.yml's own services, wiring and
+"""The production stack as a whole: docker-compose.yml's own services, wiring and
 production settings, run as processes in network namespaces (tests/integration/prodstack.py),
 with Debian's Prometheus and Alertmanager on deploy/prometheus.yml, deploy/alerts.yml and
 deploy/alertmanager.yml unchanged. Checks what an operator looks at first:

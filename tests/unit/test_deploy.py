@@ -298,7 +298,7 @@ def test_an_example_credential_left_in_the_env_stops_the_app_containers(
     assert secret not in message
 
 
-# --- compose wiring an operator meets first (issue 19) ---------------------------------------
+# --- compose wiring an operator meets first ----------------------------------------------------
 
 
 def test_the_web_answers_prometheus_at_web_8000_under_the_compose_environment() -> None:
@@ -567,7 +567,7 @@ def test_the_panels_cover_every_counter_the_runbook_sends_the_on_call_to() -> No
         assert re.search(rf"max(?: by \(\w+\))? \(reservation_cleanup_{gauge}\b", exprs), gauge
 
 
-# --- Kubernetes manifests (issue 19) ---------------------------------------------------------
+# --- Kubernetes manifests ---------------------------------------------------------------------
 
 
 def _deployments() -> dict[str, dict[str, Any]]:
