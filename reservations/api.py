@@ -72,20 +72,15 @@ class ApiError(Exception):
         self.field = field
         self.headers = dict(headers or {})
 
-
-def error_response(
-    status: int,
-    code: str,
-    message: str,
-    field: str | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> JsonResponse:
-    response = JsonResponse(
-        {"error": {"code": code, "message": message, "field": field}}, status=status
-    )
-    for name, value in (headers or {}).items():
-        response[name] = value
-    return response
+    def response(self) -> JsonResponse:
+        """The error as the API answers it: its status, a JSON body and its headers."""
+        response = JsonResponse(
+            {"error": {"code": self.code, "message": self.message, "field": self.field}},
+            status=self.status,
+        )
+        for name, value in self.headers.items():
+            response[name] = value
+        return response
 
 
 # --- request handling ----------------------------------------------------------------------
@@ -276,7 +271,7 @@ def api_view(*methods: str) -> Callable[[View], View]:
                 _require_scope(principal, request.method or "")
                 return view(request, principal, *args, **kwargs)
             except ApiError as exc:
-                return error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)
+                return exc.response()
             except ReservationError as exc:
                 status, body = _domain_error(exc)
                 return JsonResponse(body, status=status)
@@ -287,12 +282,12 @@ def api_view(*methods: str) -> Callable[[View], View]:
                     "transient database error persisted after retries",
                     extra={"path": request.path, "error": type(exc.__cause__ or exc).__name__},
                 )
-                return error_response(
+                return ApiError(
                     503,
                     "temporarily_unavailable",
                     "the request conflicted with concurrent changes; retry shortly",
                     headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-                )
+                ).response()
 
         return wrapper
 
