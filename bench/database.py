@@ -13,9 +13,9 @@ from django.db import connection, transaction
 
 from bench.paths import RESULTS, ROOT, STAMP
 from cleanup.broker.readers import redis_client
+from common.db import rows as sql
 from reservations import services
 from reservations import sql as reservation_sql
-from reservations.db import rows as sql
 from reservations.eligibility import eligible_sql
 from reservations.seed import seed_holds
 

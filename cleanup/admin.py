@@ -33,7 +33,7 @@ from cleanup.pipeline import deadletters, periodic_guard, schedule_preview
 from cleanup.pipeline.messages import idempotency_key
 from cleanup.pipeline.schedule import MANAGED_NOTE, SWEEP_PREFIX, apply_schedule, is_managed
 from cleanup.telemetry import deliveries
-from reservations import admin_guard
+from common import admin_guard
 from reservations.admin import EMPTY, HoldSection, add_hold_section
 from reservations.models import OutboxEvent, Reservation
 

@@ -43,7 +43,9 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
-from . import admin_guard, clients, services
+from common import admin_guard
+
+from . import clients, services
 from .errors import ReservationError
 from .models import ELIGIBLE, ApiClient, ApiToken, Offering, OutboxEvent, Reservation
 from .retry import call_with_retries, is_transient_db_error

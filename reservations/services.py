@@ -24,8 +24,9 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
+from common.db import fetch_prepared
+
 from . import sql
-from .db import fetch_prepared
 from .errors import (
     HoldExpired,
     InvalidTtl,

@@ -273,10 +273,6 @@ ELIGIBLE_COUNT = (
 
 # Fresh statistics, as autovacuum would give a production table after a bulk load.
 ANALYZE_HOLDS_AND_OFFERINGS = ("ANALYZE reservations_reservation", "ANALYZE reservations_offering")
-# The statement timeout of the current transaction only (``SET LOCAL``), in milliseconds.
-LOCAL_STATEMENT_TIMEOUT = "SELECT set_config('statement_timeout', %s, true)"
-# Prepared statements of this connection planned once, generically (reservations/db.py).
-FORCE_GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
 
 
 # --- API clients and idempotency keys (reservations.clients, reservations.idempotency) --------

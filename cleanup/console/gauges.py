@@ -21,7 +21,7 @@ from cleanup.models import DeadLetter
 from cleanup.pipeline.schedule import installed_shards
 from cleanup.scaling.capacity import DESIRED_WINDOW_S, desired_consumers
 from cleanup.telemetry.metrics import PREFIX
-from reservations.db import rows, set_local_statement_timeout
+from common.db import rows, set_local_statement_timeout
 from reservations.services import eligible_backlog, shard_buckets
 
 # --- Scrape-time gauges (web process only) ---------------------------------------------------

@@ -33,7 +33,7 @@ from cleanup.pipeline.schedule import (
 )
 from cleanup.scaling.capacity import DESIRED_WINDOW_S, desired_consumers
 from cleanup.telemetry import deliveries
-from reservations import db
+from common import db
 from reservations.services import eligible_backlog, shard_buckets
 
 logger = logging.getLogger("cleanup.health")

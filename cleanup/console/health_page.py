@@ -13,7 +13,7 @@ from django.urls import reverse
 from cleanup.console import health
 from cleanup.console.charts import chart_svg
 from cleanup.pipeline import pause
-from reservations import admin_guard
+from common import admin_guard
 from reservations.admin import _as_id
 from reservations.models import Reservation
 

@@ -31,8 +31,8 @@ from cleanup.drills.workers import WorkerProcess
 from cleanup.pipeline.messages import build, idempotency_key
 from cleanup.pipeline.publish import publish_release_messages, send_sweep
 from cleanup.telemetry import deliveries
+from common.db import rows, scalar
 from reservations import services
-from reservations.db import rows, scalar
 from reservations.errors import HoldExpired, NotHeld, StaleVersion
 from reservations.seed import seed_holds
 

@@ -32,8 +32,8 @@ from cleanup.pipeline import locks
 from cleanup.pipeline.messages import BATCH_KIND, MalformedMessage, validate, validate_batch
 from cleanup.pipeline.publish import publish_release_messages
 from cleanup.telemetry import metrics
+from common.db import rows, scalar
 from reservations import services as reservation_services
-from reservations.db import rows, scalar
 
 logger = logging.getLogger("cleanup.deadletters")
 

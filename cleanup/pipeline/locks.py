@@ -14,7 +14,7 @@ import contextlib
 from django.db import InterfaceError, OperationalError, connection
 
 from cleanup import sql
-from reservations.db import scalar
+from common.db import scalar
 
 LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of a lock_timeout
 

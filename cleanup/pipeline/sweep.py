@@ -49,7 +49,7 @@ from cleanup.pipeline.messages import build, build_batch
 from cleanup.pipeline.publish import publish_release_messages
 from cleanup.pipeline.sizing import ReleaseSize, ceil_whole, choose_release_size, split_evenly
 from cleanup.telemetry import metrics
-from reservations.db import scalar
+from common.db import scalar
 from reservations.models import BUCKETS
 from reservations.services import (
     ClaimedHold,

@@ -42,7 +42,7 @@ from cleanup.conf import cleanup_settings
 from cleanup.pipeline.sizing import drain_consumers
 from cleanup.scaling.capacity import compute_desired_consumers
 from cleanup.telemetry import metrics
-from reservations.db import rows, set_local_statement_timeout
+from common.db import rows, set_local_statement_timeout
 from reservations.models import BUCKETS
 from reservations.services import eligible_backlog
 

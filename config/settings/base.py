@@ -32,6 +32,7 @@ INSTALLED_APPS = [
     "django_celery_beat",
     # The API's OpenAPI document and its Swagger UI (templates and bundled static files).
     "ninja",
+    "common",
     "reservations",
     "cleanup",
 ]
@@ -76,7 +77,7 @@ DATABASES = {"default": parse_database_url("DATABASE_URL", env_str("DATABASE_URL
 # Short-lived workers and web requests reuse a connection for a while; health checks drop dead ones.
 DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-# The release statement runs prepared (reservations.db.fetch_prepared); false for a connection
+# The release statement runs prepared (common.db.fetch_prepared); false for a connection
 # pooler that cannot keep prepared statements (PgBouncer in transaction mode before 1.21).
 DATABASE_PREPARED_STATEMENTS = env_bool("DATABASE_PREPARED_STATEMENTS", True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -27,8 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from cleanup.conf import cleanup_settings
 from cleanup.drills.invariants import invariant_violations as invariant_violations
 from cleanup.drills.workers import CeleryProcess, WorkerProcess
-from reservations.db import rows as sql
-from reservations.db import scalar as scalar
+from common.db import rows as sql
+from common.db import scalar as scalar
 from reservations.seed import seed_holds
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import pytest
 from django.core.management import call_command, get_commands, load_command_class
 from django.core.management.base import BaseCommand
 
-from reservations.management.base import HelpFormatter
+from common.commands import HelpFormatter
 from reservations.models import Offering
 
 PROJECT_APPS = ("cleanup", "reservations")
@@ -67,9 +67,7 @@ def test_the_walk_finds_every_project_command() -> None:
 def test_every_option_has_help_and_its_default_is_shown(name: str) -> None:
     parser = _parser(name)
     formatter = parser._get_formatter()
-    assert isinstance(formatter, HelpFormatter), (
-        f"{name}: not a reservations.management.base.ProjectCommand"
-    )
+    assert isinstance(formatter, HelpFormatter), f"{name}: not a common.commands.ProjectCommand"
     without_help = [
         _name(a)
         for a in _own_actions(parser)

@@ -17,8 +17,8 @@ from cleanup.console.gauges import BacklogCollector
 from cleanup.drills.burst import sample
 from cleanup.drills.state import BurstConfig, BurstState
 from cleanup.telemetry import deliveries
+from common.db import rows, scalar
 from reservations import services, sql
-from reservations.db import rows, scalar
 from reservations.eligibility import eligible_sql
 from reservations.models import BUCKETS, Reservation
 from reservations.seed import seed_holds

@@ -144,7 +144,7 @@ def test_without_prepared_statements_the_release_is_the_same(settings: Any) -> N
 
 
 def test_timestamps_load_through_psycopgs_own_loader_and_infinity_still_loads() -> None:
-    """Every timestamptz a query returns goes through ``reservations.db``'s loader (the sweep's
+    """Every timestamptz a query returns goes through ``common.db``'s loader (the sweep's
     claim reads 500 at a time): finite values through psycopg's own loader (its C one where
     psycopg-binary is installed: a Python subclass parsed each value in Python, ~40x slower),
     ±infinity as datetime.max/min, every value in UTC."""
@@ -152,7 +152,7 @@ def test_timestamps_load_through_psycopgs_own_loader_and_infinity_still_loads() 
 
     import psycopg
 
-    from reservations import db
+    from common import db
 
     with connection.cursor() as cur:
         cur.execute(

@@ -1,7 +1,7 @@
-"""The project's raw SQL lives in two modules, by name: reservations/sql.py (the domain's) and
-cleanup/sql.py (the cleanup's). Every named statement is accepted by PostgreSQL as it stands
-(prepared against the migrated schema, not run), and no other product module writes a
-statement of its own.
+"""The project's raw SQL lives in three modules, by name: common/sql.py (the connection's own
+session settings), reservations/sql.py (the domain's) and cleanup/sql.py (the cleanup's).
+Every named statement is accepted by PostgreSQL as it stands (prepared against the migrated
+schema, not run), and no other product module writes a statement of its own.
 
 Break: misspell a column in any named statement (``expires_at`` as ``expire_at``): the prepare
 test names it. Write ``cur.execute("SELECT 1")`` in a cleanup module: the placement test names
@@ -18,10 +18,11 @@ import pytest
 from django.db import connection
 
 from cleanup import sql as cleanup_sql
+from common import sql as common_sql
 from reservations import sql as reservations_sql
 
 ROOT = Path(__file__).resolve().parents[2]
-SQL_MODULES = {ROOT / "reservations" / "sql.py", ROOT / "cleanup" / "sql.py"}
+SQL_MODULES = {ROOT / package / "sql.py" for package in ("common", "reservations", "cleanup")}
 # A string that starts like a statement (after white space): what a module must not write.
 STATEMENT = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|ANALYZE|SET)\s")
 # What PREPARE takes; the utility statements (ANALYZE, SET) run in every test run anyway
@@ -34,7 +35,7 @@ PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s")
 
 def _named_statements() -> list[tuple[str, str]]:
     found = []
-    for module in (reservations_sql, cleanup_sql):
+    for module in (common_sql, reservations_sql, cleanup_sql):
         for name, value in vars(module).items():
             if name.isupper() and not name.startswith("_"):
                 texts = value if isinstance(value, tuple) else (value,)
@@ -79,7 +80,7 @@ def test_every_named_statement_is_accepted_by_postgresql(name: str, statement: s
 
 def test_no_other_product_module_writes_a_statement() -> None:
     written = []
-    for package in ("reservations", "cleanup", "config"):
+    for package in ("common", "reservations", "cleanup", "config"):
         for path in sorted((ROOT / package).rglob("*.py")):
             if path in SQL_MODULES or "migrations" in path.parts:
                 continue
@@ -91,4 +92,4 @@ def test_no_other_product_module_writes_a_statement() -> None:
                     first = node.values[0]
                     if isinstance(first, ast.Constant) and STATEMENT.match(str(first.value)):
                         written.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert written == [], f"SQL written outside reservations/sql.py and cleanup/sql.py: {written}"
+    assert written == [], f"SQL written outside the three sql.py modules: {written}"

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cleanup.console.endpoints import metrics_registry
 from cleanup.console.gauges import BacklogCollector
-from reservations.db import rows
+from common.db import rows
 from tests.integration.fleet import create_eligible_holds
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,8 +23,8 @@ from cleanup.models import CleanupReceipt, CleanupSchedule, DeadLetter, SweepRec
 from cleanup.pipeline.messages import build, idempotency_key
 from cleanup.pipeline.schedule import PRUNE_NAME, RELAY_NAME, install_schedule, sweep_entry_name
 from cleanup.pipeline.sweep import SweepResult
+from common.db import rows as sql
 from reservations import services
-from reservations.db import rows as sql
 from reservations.models import Reservation
 
 HEALTH = "cleanup-health"

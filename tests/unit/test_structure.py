@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("config", "reservations", "cleanup")
+PACKAGES = ("config", "common", "reservations", "cleanup")
 
 
 def _modules() -> dict[str, Path]:
@@ -100,6 +100,11 @@ def _imports(source: str, target: str) -> set[tuple[str, str]]:
 
 def test_the_domain_never_imports_the_cleanup_machinery() -> None:
     assert _imports("reservations", "cleanup") == set()
+
+
+def test_the_plumbing_imports_neither_app() -> None:
+    """common/ sits under both apps: the domain and the cleanup import it, never the reverse."""
+    assert (_imports("common", "reservations"), _imports("common", "cleanup")) == (set(), set())
 
 
 def test_no_cleanup_module_imports_config() -> None:

@@ -18,8 +18,8 @@ from typing import Any
 from cleanup import sql
 from cleanup.conf import cleanup_settings
 from cleanup.pipeline import locks
-from reservations.db import rows
-from reservations.management.base import ProjectCommand
+from common.commands import ProjectCommand
+from common.db import rows
 
 
 def leaders() -> int:

@@ -15,7 +15,7 @@ from django.core.management.base import CommandError, CommandParser
 from cleanup.conf import cleanup_settings
 from cleanup.drills.burst import run
 from cleanup.drills.state import BurstConfig
-from reservations.management.base import ProjectCommand, add_options
+from common.commands import ProjectCommand, add_options
 
 
 class Command(ProjectCommand):

@@ -14,7 +14,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from cleanup.scaling import capacity
-from reservations.management.base import ProjectCommand, add_options
+from common.commands import ProjectCommand, add_options
 
 
 class Command(ProjectCommand):

@@ -9,7 +9,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from cleanup.management import triage
 from cleanup.pipeline.deadletters import DISCARDED, by_reason, clean_why, discard
-from reservations.management.base import ProjectCommand
+from common.commands import ProjectCommand
 
 COMMAND = "discard_dead_letters"
 

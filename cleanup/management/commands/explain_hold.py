@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from cleanup.console.story import explain
-from reservations.management.base import ProjectCommand
+from common.commands import ProjectCommand
 
 
 class Command(ProjectCommand):

@@ -6,7 +6,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from cleanup.pipeline.schedule import ensure_schedule, install_schedule
 from cleanup.pipeline.schedule_preview import preview
-from reservations.management.base import ProjectCommand
+from common.commands import ProjectCommand
 
 
 class Command(ProjectCommand):

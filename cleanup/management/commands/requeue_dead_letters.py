@@ -11,7 +11,7 @@ from django.core.management.base import CommandError, CommandParser
 from cleanup.management import triage
 from cleanup.models import DeadLetter
 from cleanup.pipeline.deadletters import requeue
-from reservations.management.base import ProjectCommand
+from common.commands import ProjectCommand
 
 COMMAND = "requeue_dead_letters"
 REQUEUED = ("republished", "rescheduled")

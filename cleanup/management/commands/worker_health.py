@@ -15,7 +15,7 @@ from typing import Any
 from celery import current_app as app
 from django.core.management.base import CommandParser
 
-from reservations.management.base import ProjectCommand
+from common.commands import ProjectCommand
 
 
 class Command(ProjectCommand):
