@@ -12,7 +12,6 @@ Nothing happens at import: ``main()`` creates the database, sets up Django, then
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -35,24 +34,12 @@ ENV = {
 FORCED = ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "CELERY_BROKER_URL")
 
 
-def ensure_database() -> None:
-    import psycopg
-
-    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [BENCH_DB]).fetchone():
-            conn.execute(f"CREATE DATABASE {BENCH_DB}")
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
-        cwd=ROOT,
-        env=dict(os.environ),
-        check=True,
-    )
-
-
 def main() -> int:
     os.environ.update({k: v for k, v in ENV.items() if k not in os.environ or k in FORCED})
     sys.path.insert(0, str(ROOT))
-    ensure_database()
+    from bench.migrated import ensure_migrated_database
+
+    ensure_migrated_database(ENV["DATABASE_URL"])
     import django
 
     django.setup()

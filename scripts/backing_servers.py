@@ -48,6 +48,10 @@ from types import ModuleType
 from urllib.parse import quote
 
 ROOT = Path(__file__).resolve().parent.parent
+# The project's plumbing that needs no Django (run as a script, the checkout is not on sys.path).
+sys.path.insert(0, str(ROOT))
+from common.processes import pid_alive  # noqa: E402
+
 EMBEDDED_DIR = ROOT / ".embedded"
 PG_DATA = EMBEDDED_DIR / "pg"
 REDIS_DIR = EMBEDDED_DIR / "redis"
@@ -228,16 +232,6 @@ def _cmdline(pid: int) -> list[str]:
         except Exception:  # noqa: BLE001
             return []
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def embedded_pg_pid() -> int | None:

@@ -20,7 +20,6 @@ import os
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,21 +28,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DB = "postgres://postgres@127.0.0.1:5432/reservations_apibench"
 VARIANTS = ("hand", "ninja", "drf")
-
-
-def ensure_database(url: str) -> None:
-    import psycopg
-
-    server, _, name = url.rpartition("/")
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
-        cwd=ROOT,
-        env=dict(os.environ),
-        check=True,
-    )
 
 
 def measure(requests: int) -> dict[str, Any]:
@@ -122,7 +106,9 @@ def main() -> int:
     os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/5")  # never connected
     os.environ["DJANGO_SETTINGS_MODULE"] = "bench.api_latency.settings"
     sys.path.insert(0, str(ROOT))
-    ensure_database(os.environ["DATABASE_URL"])
+    from bench.migrated import ensure_migrated_database
+
+    ensure_migrated_database(os.environ["DATABASE_URL"])
     import django
 
     django.setup()

@@ -33,6 +33,7 @@ from celery.signals import worker_process_shutdown, worker_ready, worker_shutdow
 
 from cleanup.conf import cleanup_settings
 from cleanup.telemetry import worker_boot
+from common.processes import pid_alive
 
 logger = logging.getLogger("cleanup.observability")
 
@@ -53,18 +54,6 @@ def _pid_of(path: str) -> int | None:
     stem = os.path.basename(path)[: -len(".db")]
     tail = stem.rsplit("_", 1)[-1]
     return int(tail) if tail.isdigit() else None
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _has_header(path: str) -> bool:
@@ -92,7 +81,7 @@ def compact(path: str) -> dict[str, int]:
             dead = []
             for f in glob.glob(os.path.join(path, f"{typ}_*.db")):
                 pid = _pid_of(f)
-                if pid is not None and not _alive(pid):
+                if pid is not None and not pid_alive(pid):
                     dead.append(f)
                     dead_pids.add(pid)
             if not dead:
@@ -120,7 +109,7 @@ def compact(path: str) -> dict[str, int]:
             folded += len(dead)
         for f in glob.glob(os.path.join(path, "gauge_live*_*.db")):
             pid = _pid_of(f)
-            if pid is not None and not _alive(pid):
+            if pid is not None and not pid_alive(pid):
                 dead_pids.add(pid)
         for pid in dead_pids:
             mark_process_dead(pid, path)

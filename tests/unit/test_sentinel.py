@@ -138,13 +138,20 @@ def private_sentinel(tmp_path: Path) -> Iterator[PrivateSentinel]:
         server.stop()
 
 
+def _sentinel_connection(sentinel: PrivateSentinel) -> Connection:
+    """A kombu connection of the screened Sentinel transport, told only the sentinel's URL and
+    the master's name (as a worker is)."""
+    conn = Connection(sentinel.url, transport=TRANSPORT)
+    conn.transport_options = {"master_name": MASTER}
+    return conn
+
+
 @pytest.mark.django_db
 def test_an_entry_that_is_not_json_is_dead_lettered_by_a_channel_made_through_a_sentinel(
     private_sentinel: PrivateSentinel,
 ) -> None:
     # given: a channel of the screened Sentinel transport, told only the sentinel and the name
-    conn = Connection(private_sentinel.url, transport=TRANSPORT)
-    conn.transport_options = {"master_name": MASTER}
+    conn = _sentinel_connection(private_sentinel)
     try:
         channel: Any = conn.default_channel
         assert type(channel) is redis_transport.SentinelChannel
@@ -165,8 +172,7 @@ def test_closing_a_channel_whose_connection_is_gone_keeps_its_unacked_message_an
     private_sentinel: PrivateSentinel,
 ) -> None:
     # given: a message delivered and not acknowledged on a channel of the Sentinel transport
-    conn = Connection(private_sentinel.url, transport=TRANSPORT)
-    conn.transport_options = {"master_name": MASTER}
+    conn = _sentinel_connection(private_sentinel)
     channel: Any = conn.channel()
     with conn.Producer(channel) as producer:
         producer.publish({"x": 1}, routing_key="sentinel-unit", serializer="json")
