@@ -98,7 +98,7 @@ def _refuse_weak_flower_auth(name: str, value: str) -> None:
             raise ImproperlyConfigured(f"{where} has an empty password")
         if _is_example_password(password):
             raise ImproperlyConfigured(
-                f"{where} has a development or example password (from the README or "
+                f"{where} has a development or example password (from the README, the docs or "
                 ".env.example); set one of your own"
             )
         if len(password) < FLOWER_MIN_PASSWORD_LENGTH or len(set(password)) < 5:
@@ -145,7 +145,7 @@ def _refuse_example_url_password(name: str, url: str) -> None:
     if any(_is_example_password(p) for p in _all_passwords(url)):
         raise ImproperlyConfigured(
             f"{name} carries a development or example password (from .env.example, "
-            "docker-compose's quick start or the README); set a password of your own"
+            "docker-compose's quick start, the README or the docs); set a password of your own"
         )
 
 
