@@ -22,7 +22,8 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
-# The keys of a field's metadata (what tests/unit/test_conf.py checks docs/CONFIGURATION.md's settings table against).
+# The keys of a field's metadata (what tests/unit/test_conf.py checks docs/CONFIGURATION.md's
+# settings table against).
 ENV = "env"
 DOC = "doc"
 MINIMUM = "minimum"
@@ -57,9 +58,10 @@ def setting(
     default_text: str | None = None,
     secret: bool = False,
 ) -> Any:
-    """A field of ``CleanupSettings``; ``default_text`` is how the settings table (docs/CONFIGURATION.md) states a default that
-    the project computes (the broker's URL, half the soft time limit). A ``secret`` (a token, a
-    URL that may carry a password) is left out of the object's repr, which may reach a log."""
+    """A field of ``CleanupSettings``; ``default_text`` is how the settings table
+    (docs/CONFIGURATION.md) states a default that the project computes (the broker's URL, half
+    the soft time limit). A ``secret`` (a token, a URL that may carry a password) is left out of
+    the object's repr, which may reach a log."""
     metadata = {ENV: env, DOC: doc, MINIMUM: minimum, DEFAULT_TEXT: default_text}
     return field(default=default, metadata=metadata, repr=not secret)
 

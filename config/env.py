@@ -20,10 +20,10 @@ DEVELOPMENT_VALUES: dict[str, frozenset[str]] = {
     # scripts/run.sh's local login (README) and .env.example's placeholder.
     "FLOWER_BASIC_AUTH": frozenset({"admin:admin", "admin:change-me-flower"}),
 }
-# Passwords published with the project: the README's local logins, docs/CONFIGURATION.md's RabbitMQ example
-# (guest is also RabbitMQ's built-in account), .env.example's placeholders (every "change-me…"
-# value, see EXAMPLE_MARKER) and deploy/k8s's "<password>". Production refuses each of them in
-# FLOWER_BASIC_AUTH and in the password of any URL setting.
+# Passwords published with the project: the README's local logins, docs/CONFIGURATION.md's
+# RabbitMQ example (guest is also RabbitMQ's built-in account), .env.example's placeholders
+# (every "change-me…" value, see EXAMPLE_MARKER) and deploy/k8s's "<password>". Production
+# refuses each of them in FLOWER_BASIC_AUTH and in the password of any URL setting.
 EXAMPLE_PASSWORDS: frozenset[str] = frozenset(
     {
         "admin",

@@ -66,7 +66,8 @@ DB_NAME = "reservations"
 TEST_REDIS_DB = 13
 RUN_REDIS_DB = 0
 
-# The machine's own commands for its Debian services (used only with CI=true; see docs/CONFIGURATION.md, "Services").
+# The machine's own commands for its Debian services (used only with CI=true; see
+# docs/CONFIGURATION.md, "Services").
 DEBIAN_PG_START = "pg_ctlcluster --skip-systemctl-redirect {version} main start"
 DEBIAN_REDIS_START = [
     "redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379",

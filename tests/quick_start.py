@@ -1,5 +1,6 @@
-"""The README's quick start as the tests see it: the ``.env`` that ``scripts/make_env.py``
-renders from ``.env.example`` (read by the deploy checks and the production-stack drill)."""
+"""The Docker Compose quick start (docs/DEPLOY.md) as the tests see it: the ``.env`` that
+``scripts/make_env.py`` renders from ``.env.example`` (read by the deploy checks and the
+production-stack drill)."""
 
 from __future__ import annotations
 

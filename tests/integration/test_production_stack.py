@@ -9,7 +9,7 @@ deploy/alertmanager.yml unchanged. Checks what an operator looks at first:
    Alertmanager's API shows it; workers back, it resolves. A poison message (its delivery count
    at the cap) fires the dead-letter alert; requeueing the letter clears it;
 3. the web answers behind gunicorn with production settings: /readyz, and the admin login with
-   the user the README's first-user step creates;
+   the user docs/DEPLOY.md's first-user step creates;
 4. the backlog autoscaler grows the worker's pool to its maximum when the workers come back to
    holds older than the SLO ("slo_at_risk"), and shrinks it to its minimum once the backlog is
    gone and the cooldown has passed (docs/AUTOSCALING.md), as Prometheus sees it.
@@ -50,7 +50,8 @@ pytestmark = [pytest.mark.prodstack, pytest.mark.slow, pytest.mark.timeout(420)]
 SLO_SECONDS = 60
 POOL_MIN, POOL_MAX = 1, 3
 # The operator's .env: scripts/make_env.py's output (fresh secrets) with a few settings of the
-# README's table, set the way an operator would set them, to keep the drill short and small.
+# settings table (docs/CONFIGURATION.md), set the way an operator would set them, to keep the
+# drill short and small.
 DRILL_SETTINGS = {
     "CLEANUP_SLO_SECONDS": str(SLO_SECONDS),
     "CLEANUP_SHARDS": "2",
@@ -61,8 +62,9 @@ DRILL_SETTINGS = {
     # The shrink waits this long after the backlog is gone (60 s by default).
     "CLEANUP_AUTOSCALE_COOLDOWN": "20",
     "LOG_FORMAT": "text",
-    # The measured per-consumer rate (README: from a burst report). Without it the desired
-    # consumers gauge needs receipts of the last minute, and an idle fleet exports none.
+    # The measured per-consumer rate (docs/DEPLOY.md, "Capacity": from a burst report). Without
+    # it the desired consumers gauge needs receipts of the last minute, and an idle fleet
+    # exports none.
     "CLEANUP_CAPACITY_PER_CONSUMER_PER_S": "20",
 }
 SLO_ALERT = "ReservationCleanupSLOBreach"
@@ -114,11 +116,11 @@ print("poison", hold.pk, key)
 
 
 def _first_user_command() -> tuple[dict[str, str], list[str]]:
-    """The README's non-interactive first-user step, as documented (docker compose exec)."""
-    readme = (ROOT / "README.md").read_text()
+    """docs/DEPLOY.md's non-interactive first-user step, as documented (docker compose exec)."""
+    guide = (ROOT / "docs" / "DEPLOY.md").read_text()
     line = next(
         line.strip()
-        for line in readme.splitlines()
+        for line in guide.splitlines()
         if line.strip().startswith("docker compose exec -e DJANGO_SUPERUSER_PASSWORD")
     )
     words = shlex.split(line)
@@ -222,7 +224,7 @@ def test_the_compose_stack_serves_alerts_and_the_admin_as_deployed(stack: Stack)
     # the API as a client first meets it: its description (the request metrics' series)
     status, page, _ = browser.request("/api/v1/openapi.json")
     assert status == 200 and '"openapi"' in page, page[:500]
-    stack.note(f"web: /readyz 200 behind gunicorn; admin login as {username!r} (README's step)")
+    stack.note(f"web: /readyz 200 behind gunicorn; admin login as {username!r} (DEPLOY.md's step)")
 
     # --- Prometheus scrapes every target as compose wires it (web:8000, DNS for workers) -----
     def all_up() -> bool:

@@ -1,5 +1,5 @@
-"""The cleanup's settings object (cleanup.conf): the README's settings table matches it, bad
-values and broken rules are refused naming the variable, what a deployer sets in the
+"""The cleanup's settings object (cleanup.conf): docs/CONFIGURATION.md's settings table matches
+it, bad values and broken rules are refused naming the variable, what a deployer sets in the
 environment and what a test overrides is what the code reads."""
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ from tests.child_python import run_python
 from tests.integration.fleet import service_env
 
 ROOT = Path(__file__).resolve().parents[2]
-# The prefixes of the variables the object owns: a README row naming one it does not declare is
+# The prefixes of the variables the object owns: a table row naming one it does not declare is
 # stale.
 OWNED_PREFIXES = ("CLEANUP_", "METRICS_", "WORKER_METRICS_")
 BACKTICKED = re.compile(r"`([^`]+)`")
 
 
-def readme_rows() -> list[tuple[list[str], list[str], str]]:
-    """(variables, defaults, meaning) of each row of the README's "Configuration" table; a row
-    that documents several variables separates them, and their defaults, with " / "."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+def table_rows() -> list[tuple[list[str], list[str], str]]:
+    """(variables, defaults, meaning) of each row of docs/CONFIGURATION.md's "Settings" table; a
+    row that documents several variables separates them, and their defaults, with " / "."""
+    text = (ROOT / "docs" / "CONFIGURATION.md").read_text()
+    section = text.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
     rows = []
     for line in section.splitlines():
         if not line.startswith("| `"):
@@ -48,7 +48,7 @@ def readme_rows() -> list[tuple[list[str], list[str], str]]:
 
 
 def documented_default(spec: dataclasses.Field[Any]) -> str:
-    """How the README states a field's default."""
+    """How the settings table states a field's default."""
     if spec.metadata[DEFAULT_TEXT]:
         return str(spec.metadata[DEFAULT_TEXT])
     value = spec.default
@@ -81,8 +81,8 @@ def table_problems(rows: list[tuple[list[str], list[str], str]]) -> list[str]:
         if env not in documented:
             problems.append(f"{env}: no row")
         elif documented[env][0] != documented_default(spec):
-            readme, declared_default = documented[env][0], documented_default(spec)
-            problems.append(f"{env}: {readme} in the README, {declared_default} in the object")
+            documented_as, declared_default = documented[env][0], documented_default(spec)
+            problems.append(f"{env}: {documented_as} in the docs, {declared_default} in the object")
         elif not documented[env][1]:
             problems.append(f"{env}: no meaning")
     problems += [
@@ -93,19 +93,19 @@ def table_problems(rows: list[tuple[list[str], list[str], str]]) -> list[str]:
     return problems
 
 
-def test_the_readme_table_documents_every_setting_with_its_default_and_nothing_stale() -> None:
-    assert table_problems(readme_rows()) == []
+def test_the_settings_table_documents_every_setting_with_its_default_and_nothing_stale() -> None:
+    assert table_problems(table_rows()) == []
 
 
 def test_the_table_check_notices_a_missing_row_a_wrong_default_and_a_stale_row() -> None:
-    rows = [row for row in readme_rows() if row[0] != ["CLEANUP_LEASE_SECONDS"]]
+    rows = [row for row in table_rows() if row[0] != ["CLEANUP_LEASE_SECONDS"]]
     rows = [
         (names, ["`99`"] + defaults[1:] if names[0] == "CLEANUP_EVENTS_QUEUE" else defaults, m)
         for names, defaults, m in rows
     ]
     rows.append((["CLEANUP_SHARD_COUNT"], ["`4`"], "gone"))
     assert table_problems(rows) == [
-        "CLEANUP_EVENTS_QUEUE: `99` in the README, `reservation-events` in the object",
+        "CLEANUP_EVENTS_QUEUE: `99` in the docs, `reservation-events` in the object",
         "CLEANUP_LEASE_SECONDS: no row",
         "CLEANUP_SHARD_COUNT: no such setting",
     ]

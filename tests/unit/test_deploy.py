@@ -333,7 +333,7 @@ def test_an_operators_own_allowed_hosts_keep_web() -> None:
 
 
 def test_every_setting_in_dotenv_reaches_the_app_services() -> None:
-    """The README's settings set in .env take effect (compose used to pass only the ~20 it
+    """The documented settings set in .env take effect (compose used to pass only the ~20 it
     named): every app service reads .env whole."""
     services = compose()["services"]
     for name in ("migrate", "web", "worker", "beat", "flower"):
@@ -381,9 +381,9 @@ def test_docker_compose_itself_passes_dotenv_to_the_app() -> None:
         assert env["DJANGO_SETTINGS_MODULE"] == "config.settings.production", name
 
 
-def test_the_readme_says_how_to_create_the_first_admin_user() -> None:
-    readme = (ROOT / "README.md").read_text()
-    deploy = readme.split("### Docker Compose (one host)", 1)[1].split("\n### ", 1)[0]
+def test_the_deploy_guide_says_how_to_create_the_first_admin_user() -> None:
+    guide = (ROOT / "docs" / "DEPLOY.md").read_text()
+    deploy = guide.split("\n## Docker Compose (one host)\n", 1)[1].split("\n## ", 1)[0]
     assert "docker compose exec web python manage.py createsuperuser" in deploy
     assert "DJANGO_SUPERUSER_PASSWORD" in deploy and "--noinput" in deploy
 

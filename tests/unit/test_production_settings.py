@@ -86,7 +86,7 @@ def refusal(out: subprocess.CompletedProcess[str]) -> str:
 
 
 # Each refused credential: (variable, value, the words of the message, the secret that must
-# not appear in it). The secrets are what the README, .env.example and docker-compose.yml's
+# not appear in it). The secrets are what the README and docs, .env.example and docker-compose.yml's
 # quick start publish, or weak or malformed values. Grouped by refusal; within a group a row is
 # (value, [words,] secret, id).
 FLOWER_LOGINS = [
