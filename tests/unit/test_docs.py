@@ -1,6 +1,6 @@
-"""The front door: the README stays a short front page, the license is the one it says, and every
-relative link in the README and docs/ leads to a file (and, with a ``#fragment``, a heading)
-that exists."""
+"""The front door: the README stays a short front page, the license is the one it says, and
+every relative link in the README, CONTRIBUTING, CHANGELOG and docs/ leads to a file (and, with
+a ``#fragment``, a heading) that exists."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ HEADING = re.compile(r"^#{1,6} +(.+?) *$", re.M)
 
 
 def documents() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    top = [ROOT / name for name in ("README.md", "CONTRIBUTING.md", "CHANGELOG.md")]
+    return [*top, *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def prose(text: str) -> str:
@@ -78,7 +79,7 @@ def test_every_doc_is_listed_in_the_readme() -> None:
     assert missing == []
 
 
-def test_every_relative_link_in_the_readme_and_docs_leads_somewhere() -> None:
+def test_every_relative_link_in_the_front_door_and_docs_leads_somewhere() -> None:
     broken = [
         problem
         for path in documents()
