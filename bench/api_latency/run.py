@@ -1,4 +1,4 @@
-"""Request latency of the JSON API's views: today's hand-written views beside the same two
+"""Request latency of the JSON API's views: the hand-written views beside the same two
 operations written with django-ninja and with Django REST framework, in one run.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/reservations_apibench \\
