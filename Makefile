@@ -37,7 +37,7 @@ embedded-status:
 embedded-stop:
 	.venv/bin/python scripts/backing_servers.py stop
 
-# Benchmarks (private DB reservations_bench, Redis DB 5): prints a table, writes bench/results/.
+# Benchmarks (private DB reservations_bench, Redis DB 5): prints a table, writes reports/bench/.
 bench:
 	.venv/bin/python bench/run.py $(ARGS)
 

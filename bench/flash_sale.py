@@ -4,11 +4,12 @@
         [--profile DIR] [burst options]
 
 Creates (or empties) the private database ``reservations_drill`` and Redis DB 6, migrates, and
-runs ``manage.py burst`` with the scenario of docs/PERFORMANCE.md ("Flash sale"): 200
+runs ``manage.py burst`` with the scenario of docs/PERFORMANCE.md ("The flash-sale drain"): 200
 offerings, 2 workers × 2 processes started by the drill, 10 % renewed, 5 % duplicated, sweeps
 every 2 s. ``default`` leaves CLEANUP_RELEASE_MODE unset (what a user who keeps the defaults
 runs: the adaptive mode); ``adaptive``, ``single`` and ``batch`` set it.
-The report and plot go to docs/burst/flash-sale-100k-<mode>/ unless --out is given.
+The report and plot go to reports/burst/flash-sale-100k-<mode>/ (git-ignored) unless --out
+is given.
 
 ``--profile DIR``: ``py-spy record --subprocesses --idle`` on each worker the drill starts
 (``bench.profile``); the raw stacks and ``profile.json`` (shares of the pool processes' wall
@@ -71,7 +72,7 @@ def main() -> int:
     redis.Redis.from_url(BROKER).flushdb()  # the drill's own DB number only
     manage = [sys.executable, "manage.py"]
     subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
-    out = ["--out", str(ROOT / "docs" / "burst" / f"flash-sale-100k-{mode}")]
+    out = ["--out", str(ROOT / "reports" / "burst" / f"flash-sale-100k-{mode}")]
     holds = [] if "--holds" in rest else ["--holds", "100000"]
     burst = [*manage, "burst", *holds, *SCENARIO, *(out if "--out" not in rest else []), *rest]
     if profile_to is None:

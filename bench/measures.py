@@ -3,7 +3,7 @@ first): ``bench.database`` (measurements with no worker), ``bench.drains`` (real
 ``bench.report`` (ratios and the table), ``bench.profile`` (py-spy, with ``--profile``).
 
 Private database ``reservations_bench`` and private Redis DB 5 (only that DB is ever flushed).
-Prints a table with ratios; writes bench/results/<timestamp>.json and the sweep's EXPLAIN
+Prints a table with ratios; writes reports/bench/<timestamp>.json and the sweep's EXPLAIN
 output next to it. Performance targets live here, never in unit tests.
 """
 
@@ -156,7 +156,7 @@ def main() -> int:
 
 
 def profile_drain(mode: str, holds: int, path: Path) -> int:
-    """One 1x2 drain of ``mode`` under py-spy (raw stacks in bench/results/<stamp>-profile-*)."""
+    """One 1x2 drain of ``mode`` under py-spy (raw stacks in reports/bench/<stamp>-profile-*)."""
     folder = RESULTS / f"{STAMP}-profile-{mode}"
     drain = product_drain(holds, (1, 2), mode=mode, profile_to=folder)
     summary = profile.summarize(folder, [int(p.stem.split("-")[1]) for p in folder.glob("*.txt")])

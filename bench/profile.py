@@ -1,7 +1,8 @@
 """Where a drain's time goes: ``py-spy record --subprocesses --idle`` on every worker of a
-drain, summarized into the shares the performance work is steered by.
+drain, summarized into shares of the pool processes' time by what they were doing.
 
-Used by ``bench/run.py --profile`` (one per-reservation drain, profiled). Each sample is one
+Used by ``bench/run.py --profile`` (one drain of a release mode, profiled) and by
+``bench/flash_sale.py --profile`` (every worker the drill starts). Each sample is one
 thread's stack at one instant; a pool process's samples are split by the product or library
 frame that says what it was doing (``CATEGORIES``, checked in their order), so the shares are
 of the children's wall time, waiting included.

@@ -3,7 +3,7 @@
     .venv/bin/python bench/run.py [--holds 20000] [--rss-tasks 100000] [--quick]
 
 Private database ``reservations_bench`` (created and migrated here) and private Redis DB 5 (only
-that DB is ever flushed). Prints a table with ratios; writes bench/results/<timestamp>.json and
+that DB is ever flushed). Prints a table with ratios; writes reports/bench/<timestamp>.json and
 the sweep's EXPLAIN output next to it. Performance targets live here, never in unit tests.
 Nothing happens at import: ``main()`` creates the database, sets up Django, then runs
 ``bench/measures.py``.

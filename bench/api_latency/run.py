@@ -1,4 +1,4 @@
-"""Request latency of the JSON API's views: today's hand-written views beside the same two
+"""Request latency of the JSON API's views: the hand-written views beside the same two
 operations written with django-ninja and with Django REST framework, in one run.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/reservations_apibench \\
@@ -9,7 +9,7 @@ has the chosen one; install the other by hand to compare). Each request goes thr
 whole stack in-process (middleware, URL routing, the view, PostgreSQL), with django.test's
 Client, so the numbers are the framework's cost plus the same database work, without a
 network in between. The variants take turns, in a new random order on every round, so a
-drift of the machine touches them alike. Prints a table; writes bench/results/api-latency-*.json.
+drift of the machine touches them alike. Prints a table; writes reports/bench/api-latency-*.json.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def main() -> int:
         },
         "results": results,
     }
-    out = ROOT / "bench" / "results" / f"api-latency-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out = ROOT / "reports" / "bench" / f"api-latency-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"report: {out.relative_to(ROOT)}")

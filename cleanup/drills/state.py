@@ -25,7 +25,7 @@ class BurstConfig:
     sweep_every: float = 2.0
     slo: float = 300.0
     timeout: float | None = None
-    out: Path = Path("var/burst")
+    out: Path = Path("reports/burst")
     seed: int = 1
 
 

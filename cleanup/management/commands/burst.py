@@ -46,7 +46,7 @@ class Command(ProjectCommand):
             ("--timeout", float, None,
              "give up after this many seconds (default: lead + window + 600)"),
             ("--out", Path, None, "directory for report.json, report.md and plot.png "
-             "(default: var/burst/<UTC timestamp>/)"),
+             "(default: reports/burst/<UTC timestamp>/)"),
             ("--seed", int, 1, "random seed of the renew and duplicate choices"),
         ])  # fmt: skip
 
@@ -58,7 +58,7 @@ class Command(ProjectCommand):
                 raise CommandError(f"--{flag.replace('_', '-')} must be in [0, 1]")
         if (o["drain_at"] is not None or o["kill_at"] is not None) and not o["workers"]:
             raise CommandError("--drain-at/--kill-at need --workers (workers it started)")
-        out = o["out"] or Path("var/burst") / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        out = o["out"] or Path("reports/burst") / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
         cfg = BurstConfig(
             holds=o["holds"],
             window=o["window"],

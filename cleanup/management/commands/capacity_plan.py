@@ -2,7 +2,7 @@
 plus headroom for retries and the loss of one node. Prints the arithmetic step by step.
 
     python manage.py capacity_plan --holds 12000 --window-seconds 300 --per-worker-rate 20
-    python manage.py capacity_plan --from-report var/burst/<ts>/report.json
+    python manage.py capacity_plan --from-report reports/burst/<ts>/report.json
 """
 
 from __future__ import annotations
