@@ -119,13 +119,50 @@ def env_typed(name: str, kind: type, default: object) -> object:
     return readers[kind](name, default)
 
 
+# libpq's target_session_attrs values. Every process here writes, so a URL naming several hosts
+# must pick the writable one: without it libpq takes the first that answers, a standby after a
+# failover, and every write fails with "cannot execute ... in a read-only transaction".
+SESSION_ATTRS = frozenset(
+    {"any", "read-write", "read-only", "primary", "standby", "prefer-standby"}
+)
+WRITABLE_SESSION_ATTRS = frozenset({"read-write", "primary"})
+# Seconds libpq waits on each host of a multi-host URL before it tries the next. Without a bound
+# a primary that drops packets holds every connection for the kernel's TCP timeout (minutes).
+MULTI_HOST_CONNECT_TIMEOUT = "5"
+
+
+def _host_and_port(name: str, entry: str, position: int, count: int) -> tuple[str, str]:
+    where = f"host {position} of {count}" if count > 1 else "the host"
+    if entry.startswith("["):  # an IPv6 address, [::1]:5432
+        host, bracket, rest = entry[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise ImproperlyConfigured(f"{name}: {where} is not written [IPv6 address]:port")
+        port = rest[1:]
+    else:
+        host, _, port = entry.partition(":")
+    if count > 1 and not host:
+        raise ImproperlyConfigured(f"{name}: {where} is empty")
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ImproperlyConfigured(f"{name}: the port of {where} is not a number from 1 to 65535")
+    return unquote(host), port
+
+
 def parse_database_url(name: str, url: str) -> dict[str, object]:
     """``postgres://user:pass@host:port/dbname?opt=v`` → a Django DATABASES entry.
 
-    A socket directory may be given as ``?host=/path`` (what pgserver hands out). Errors name
-    the variable but never repeat the URL, which may carry a password.
+    Several hosts may be given in libpq's failover form,
+    ``postgres://user@db1:5432,db2:5432/dbname?target_session_attrs=read-write``: HOST and PORT
+    become libpq's comma-separated lists (Django and psycopg pass them through), and
+    ``target_session_attrs`` must then be ``read-write`` or ``primary``. A socket directory may
+    be given as ``?host=/path`` (what pgserver hands out). Errors name the variable but never
+    repeat the URL, which may carry a password.
     """
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # "Invalid IPv6 URL": an unbalanced [ or ]
+        raise ImproperlyConfigured(
+            f"{name}: not a URL: {exc}; an IPv6 host needs [ and ]"
+        ) from None
     if parts.scheme not in {"postgres", "postgresql"}:
         raise ImproperlyConfigured(
             f"{name}: only postgres:// URLs are supported, not {parts.scheme!r}://"
@@ -133,18 +170,42 @@ def parse_database_url(name: str, url: str) -> dict[str, object]:
     dbname = unquote(parts.path.lstrip("/"))
     if not dbname:
         raise ImproperlyConfigured(f"{name}: the database name is missing")
-    try:
-        port = parts.port
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}: the port is not a number") from None
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    entries = hostlist.split(",")
+    pairs = [_host_and_port(name, e, i, len(entries)) for i, e in enumerate(entries, 1)]
     query = dict(parse_qsl(parts.query))
-    host = query.pop("host", None) or unquote(parts.hostname or "")
+    socket_dir = query.pop("host", None)
+    attrs = query.get("target_session_attrs")
+    if attrs is not None and attrs not in SESSION_ATTRS:
+        raise ImproperlyConfigured(
+            f"{name}: target_session_attrs must be one of {', '.join(sorted(SESSION_ATTRS))}"
+        )
+    if attrs is not None and attrs not in WRITABLE_SESSION_ATTRS:
+        raise ImproperlyConfigured(
+            f"{name}: target_session_attrs={attrs} may connect to a standby, where every write "
+            "fails; use read-write or primary"
+        )
+    if len(pairs) > 1:
+        if socket_dir:
+            raise ImproperlyConfigured(f"{name}: ?host= cannot be combined with several hosts")
+        if attrs is None:
+            raise ImproperlyConfigured(
+                f"{name} names {len(pairs)} hosts but no target_session_attrs: libpq would "
+                "take the first that answers, a standby after a failover, where every write "
+                "fails. Add ?target_session_attrs=read-write"
+            )
+        query.setdefault("connect_timeout", MULTI_HOST_CONNECT_TIMEOUT)
+    ports = [port for _, port in pairs]
+    if any(ports) and len(pairs) > 1:
+        # libpq wants one port or one per host; a host written without one gets the default.
+        ports = [port or "5432" for port in ports]
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": dbname,
-        "USER": unquote(parts.username or ""),
-        "PASSWORD": unquote(parts.password or ""),
-        "HOST": host,
-        "PORT": str(port or ""),
+        "USER": unquote(user),
+        "PASSWORD": unquote(password),
+        "HOST": socket_dir or ",".join(host for host, _ in pairs),
+        "PORT": ",".join(ports) if any(ports) else "",
         "OPTIONS": query,
     }

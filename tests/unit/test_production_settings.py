@@ -297,3 +297,19 @@ def test_a_broker_scheme_the_project_cannot_screen_is_refused_naming_the_variabl
     out = load_production(CELERY_BROKER_URL=url)
     assert out.returncode != 0
     assert "ImproperlyConfigured: CELERY_BROKER_URL" in out.stderr, out.stderr[-800:]
+
+
+def test_production_takes_a_multi_host_database_url_only_with_the_writable_pick() -> None:
+    failover = "postgres://app:pw-9f8e7d6c@db1.internal:5432,db2.internal:5432/reservations"
+    started = load_production(DATABASE_URL=f"{failover}?target_session_attrs=read-write")
+    assert started.returncode == 0, started.stderr
+    refused = load_production(DATABASE_URL=failover)
+    assert refused.returncode != 0
+    assert "DATABASE_URL names 2 hosts but no target_session_attrs" in refused.stderr
+    assert "pw-9f8e7d6c" not in refused.stderr
+    example = load_production(
+        DATABASE_URL="postgres://app:change-me-postgres@db1,db2/reservations"
+        "?target_session_attrs=primary"
+    )
+    assert example.returncode != 0
+    assert "DATABASE_URL" in example.stderr

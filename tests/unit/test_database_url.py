@@ -1,0 +1,102 @@
+"""DATABASE_URL: one host as before; libpq's multi-host failover form with the writable session
+picked; every refusal names the variable and never repeats the URL (it may carry a password)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
+from django.db.backends.postgresql.base import DatabaseWrapper
+
+from config.env import parse_database_url
+
+
+def parse(url: str) -> dict[str, Any]:
+    return parse_database_url("DATABASE_URL", url)
+
+
+def test_one_host_gives_the_entry_it_always_gave() -> None:
+    assert parse("postgres://app:s%40cret@db.internal:6432/reservations?sslmode=require") == {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "reservations",
+        "USER": "app",
+        "PASSWORD": "s@cret",
+        "HOST": "db.internal",
+        "PORT": "6432",
+        "OPTIONS": {"sslmode": "require"},
+    }
+    assert parse("postgres://app@/reservations?host=/run/postgresql")["HOST"] == "/run/postgresql"
+    assert parse("postgresql://app@[::1]:5432/reservations")["HOST"] == "::1"
+
+
+def test_several_hosts_become_libpq_lists_with_a_per_host_connect_timeout() -> None:
+    entry = parse(
+        "postgres://app:pw@db1.internal:5432,db2.internal,[fd00::3]:5433/reservations"
+        "?target_session_attrs=read-write"
+    )
+    assert entry["HOST"] == "db1.internal,db2.internal,fd00::3"
+    # libpq takes one port or one per host: a host written without one gets the default
+    assert entry["PORT"] == "5432,5432,5433"
+    assert entry["OPTIONS"] == {"target_session_attrs": "read-write", "connect_timeout": "5"}
+    explicit = parse("postgres://app@a,b/r?target_session_attrs=primary&connect_timeout=2")
+    assert explicit["OPTIONS"]["connect_timeout"] == "2"
+    assert explicit["PORT"] == ""
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("postgres://app:pw@db1,db2/r", "names 2 hosts but no target_session_attrs"),
+        ("postgres://app:pw@db1,,db2/r?target_session_attrs=read-write", "host 2 of 3 is empty"),
+        ("postgres://app:pw@db1:54x2/r", "the port of the host is not a number"),
+        ("postgres://app:pw@db1,db2:0/r?target_session_attrs=primary", "port of host 2 of 2"),
+        ("postgres://app:pw@[::1/r", "an IPv6 host needs [ and ]"),
+        ("postgres://app:pw@a,[::1]x/r?target_session_attrs=primary", "host 2 of 2 is not written"),
+        ("postgres://app:pw@db1/r?target_session_attrs=standby", "every write fails"),
+        ("postgres://app:pw@db1/r?target_session_attrs=primry", "must be one of"),
+        ("postgres://app:pw@a,b/r?target_session_attrs=primary&host=/tmp", "cannot be combined"),
+        ("mysql://app:pw@db1/r", "only postgres:// URLs"),
+        ("postgres://app:pw@db1/", "the database name is missing"),
+    ],
+)
+def test_a_bad_url_is_refused_naming_the_variable_not_the_password(url: str, says: str) -> None:
+    with pytest.raises(ImproperlyConfigured) as refused:
+        parse(url)
+    assert str(refused.value).startswith("DATABASE_URL")
+    assert says in str(refused.value)
+    assert "pw" not in str(refused.value)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.django_db
+def test_a_dead_first_host_is_passed_over_for_the_writable_one() -> None:
+    """The failover form through Django and psycopg for real: the first host refuses
+    connections, libpq goes on to the test server and the session there takes writes."""
+    live = connection.settings_dict
+    dead = _closed_port()
+    entry = parse(
+        f"postgres://{live['USER'] or 'postgres'}@127.0.0.1:{dead},127.0.0.1:5432/"
+        f"{live['NAME']}?target_session_attrs=read-write"
+    )
+    # the live server as the suite reaches it (a socket directory for embedded servers)
+    entry["HOST"] = f"127.0.0.1,{live['HOST'] or 'localhost'}"
+    entry["PORT"] = f"{dead},{live['PORT'] or 5432}"
+    entry["PASSWORD"] = live["PASSWORD"]
+    wrapper = DatabaseWrapper({**live, **entry}, alias="failover-form")
+    try:
+        with wrapper.cursor() as cur:
+            cur.execute("SHOW transaction_read_only")
+            assert cur.fetchone() == ("off",)
+            cur.execute("SELECT current_database()")
+            assert cur.fetchone() == (live["NAME"],)
+        assert wrapper.connection.info.port != dead
+    finally:
+        wrapper.close()
