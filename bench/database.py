@@ -12,7 +12,9 @@ from typing import Any
 from django.db import connection, transaction
 
 from bench.paths import RESULTS, ROOT, STAMP
+from cleanup import sql as cleanup_sql
 from cleanup.broker.readers import redis_client
+from cleanup.pipeline.messages import idempotency_key
 from common.db import rows as sql
 from reservations import services
 from reservations import sql as reservation_sql
@@ -114,42 +116,47 @@ def commit_latency(n: int = 300) -> dict[str, Any]:
     }
 
 
-SET_BASED_SQL = f"""
-WITH rel AS (
-    UPDATE reservations_reservation r
-    SET status = 'released', released_version = r.version, released_at = now(),
-        release_reason = 'expired', updated_at = now()
-    WHERE {eligible_sql("r")}
-    RETURNING r.id, r.offering_id, r.version, r.expires_at
-), rc AS (
-    INSERT INTO cleanup_cleanupreceipt (idempotency_key, reservation_id, version, outcome,
-        attempt, worker, task_id, trace_id, queue_age_seconds, duration_ms, created_at)
-    SELECT 'release:' || id || ':' || version, id, version, 'released', 1, 'bench-set', '', '',
-           NULL, NULL, now() FROM rel
-    RETURNING 1
-), seat AS (
-    UPDATE reservations_offering o SET seats_available = o.seats_available + c.n
-    FROM (SELECT offering_id, count(*) AS n FROM rel GROUP BY offering_id) c
-    WHERE o.id = c.offering_id
-    RETURNING 1
-), ev AS (
-    INSERT INTO reservations_outboxevent (kind, reservation_id, version, payload, created_at)
-    SELECT 'reservation.released', id, version,
-           jsonb_build_object('offering_id', offering_id, 'expires_at', expires_at,
-                              'reason', 'expired'), now() FROM rel
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM rel), (SELECT count(*) FROM rc), (SELECT count(*) FROM ev)
-"""
+def release_params(holds: list[tuple[int, int]], worker: str) -> dict[str, Any]:
+    """The product's release statement's parameters (with its receipts attached, as a release
+    task writes them) for ``holds`` as (id, version) pairs: the bench measures the statement the
+    workers run, not a copy of it."""
+    ids = [rid for rid, _ in holds]
+    versions = [version for _, version in holds]
+    return {
+        "ids": ids,
+        "versions": versions,
+        "reason": "expired",
+        "now": None,
+        "attempt": 1,
+        "worker": worker,
+        "task": "",
+        "age": None,
+        "pre_ms": 0.0,
+        "r_ids": ids,
+        "r_keys": [idempotency_key(rid, version) for rid, version in holds],
+        "r_traces": [""] * len(holds),
+        "r_versions": versions,
+    }
+
+
+RELEASE_WITH_RECEIPTS = reservation_sql.release_statement(cleanup_sql.RELEASED_RECEIPTS)
+ELIGIBLE_HOLDS = f"SELECT id, version FROM reservations_reservation WHERE {eligible_sql()}"
 
 
 def set_based(holds: int) -> dict[str, Any]:
+    """Every eligible hold released by one run of the product's release statement (receipts
+    attached): the ceiling a drain's per-message work is compared with."""
     reset()
     create_holds(holds)
+    eligible = [(int(rid), int(version)) for rid, version in sql(ELIGIBLE_HOLDS)]
     t = time.perf_counter()
     with transaction.atomic():
-        released, receipts, events = sql(SET_BASED_SQL)[0]
+        released = len(sql(RELEASE_WITH_RECEIPTS, release_params(eligible, "bench-set")))
     elapsed = time.perf_counter() - t
+    receipts, events = sql(
+        "SELECT (SELECT count(*) FROM cleanup_cleanupreceipt), "
+        "(SELECT count(*) FROM reservations_outboxevent WHERE kind = 'reservation.released')"
+    )[0]
     return {
         "holds": holds,
         "released": released,
@@ -162,8 +169,8 @@ def set_based(holds: int) -> dict[str, Any]:
 
 
 def psycopg_loop(holds: int, rows: int) -> dict[str, Any]:
-    """The same conditional transaction per row (release CTE + receipt + commit), bare psycopg,
-    one process."""
+    """The product's release statement (receipt attached) once per hold, each its own
+    transaction, bare psycopg, one process: the floor of per-hold work without Celery."""
     import psycopg
 
     reset()
@@ -173,22 +180,14 @@ def psycopg_loop(holds: int, rows: int) -> dict[str, Any]:
         "ORDER BY id LIMIT %s",
         [rows],
     )
-    receipt = (
-        "INSERT INTO cleanup_cleanupreceipt (idempotency_key, reservation_id, version, "
-        "outcome, attempt, worker, task_id, trace_id, queue_age_seconds, duration_ms, "
-        "created_at) VALUES (%s, %s, %s, 'released', 1, 'bench-loop', '', '', NULL, "
-        "NULL, now()) ON CONFLICT (idempotency_key) DO NOTHING"
-    )
     with psycopg.connect(os.environ["DATABASE_URL"]) as conn:
         t = time.perf_counter()
         for rid, version in ids:
             with conn.transaction():
-                row = conn.execute(
-                    reservation_sql.RELEASE_CTES + " SELECT count(*) FROM released_rows",
-                    {"ids": [rid], "versions": [version], "reason": "expired", "now": None},
-                ).fetchone()
-                assert row is not None and row[0] == 1
-                conn.execute(receipt, [f"release:{rid}:{version}", rid, version])
+                released = conn.execute(
+                    RELEASE_WITH_RECEIPTS, release_params([(rid, version)], "bench-loop")
+                ).fetchall()
+                assert len(released) == 1
         elapsed = time.perf_counter() - t
     return {
         "rows": len(ids),

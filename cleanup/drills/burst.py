@@ -21,9 +21,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from cleanup import sql
 from cleanup.broker import readers as broker
 from cleanup.conf import cleanup_settings
+from cleanup.drills import sql
 from cleanup.drills.invariants import invariant_violations
 from cleanup.drills.report import write_outputs
 from cleanup.drills.state import BurstConfig, BurstState, Sample

@@ -1,5 +1,6 @@
-"""The project's raw SQL lives in three modules, by name: common/sql.py (the connection's own
-session settings), reservations/sql.py (the domain's) and cleanup/sql.py (the cleanup's).
+"""The project's raw SQL lives in four modules, by name: common/sql.py (the connection's own
+session settings), reservations/sql.py (the domain's), cleanup/sql.py (the cleanup's) and
+cleanup/drills/sql.py (the drills' checks of the pipeline).
 Every named statement is accepted by PostgreSQL as it stands (prepared against the migrated
 schema, not run), and no other product module writes a statement of its own.
 
@@ -18,11 +19,14 @@ import pytest
 from django.db import connection
 
 from cleanup import sql as cleanup_sql
+from cleanup.drills import sql as drills_sql
 from common import sql as common_sql
 from reservations import sql as reservations_sql
 
 ROOT = Path(__file__).resolve().parents[2]
-SQL_MODULES = {ROOT / package / "sql.py" for package in ("common", "reservations", "cleanup")}
+SQL_MODULES = {
+    ROOT / package / "sql.py" for package in ("common", "reservations", "cleanup", "cleanup/drills")
+}
 # A string that starts like a statement (after white space): what a module must not write.
 STATEMENT = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|ANALYZE|SET)\s")
 # What PREPARE takes; the utility statements (ANALYZE, SET) run in every test run anyway
@@ -35,7 +39,7 @@ PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s")
 
 def _named_statements() -> list[tuple[str, str]]:
     found = []
-    for module in (common_sql, reservations_sql, cleanup_sql):
+    for module in (common_sql, reservations_sql, cleanup_sql, drills_sql):
         for name, value in vars(module).items():
             if name.isupper() and not name.startswith("_"):
                 texts = value if isinstance(value, tuple) else (value,)
@@ -92,4 +96,4 @@ def test_no_other_product_module_writes_a_statement() -> None:
                     first = node.values[0]
                     if isinstance(first, ast.Constant) and STATEMENT.match(str(first.value)):
                         written.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert written == [], f"SQL written outside the three sql.py modules: {written}"
+    assert written == [], f"SQL written outside the four sql.py modules: {written}"
