@@ -498,7 +498,7 @@ def parked_claims(other_session: BaseDatabaseWrapper) -> Iterator[BaseDatabaseWr
 
 def _reserved_rows() -> dict[int, int]:
     with connection.cursor() as cur:
-        cur.execute("SELECT lock_key, holds FROM cleanup_publishreservation")
+        cur.execute("SELECT lock_key, holds FROM cleanup_roomclaim")
         return dict(cur.fetchall())
 
 
@@ -551,8 +551,7 @@ def test_room_another_running_sweep_reserved_is_not_free_until_that_sweep_is_gon
     _lock(other_session, other_key)
     with other_session.cursor() as cur:
         cur.execute(
-            "INSERT INTO cleanup_publishreservation (lock_key, pid, holds) "
-            "VALUES (%s, pg_backend_pid(), 3)",
+            "INSERT INTO cleanup_roomclaim (lock_key, pid, holds) VALUES (%s, pg_backend_pid(), 3)",
             [other_key],
         )
     # when
