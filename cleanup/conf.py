@@ -30,7 +30,6 @@ MINIMUM = "minimum"
 DEFAULT_TEXT = "default_text"
 
 RELEASE_MODES = ("adaptive", "single", "batch")
-SWEEP_TURNS = ("arrival", "lateness")
 # The pools of `celery worker --pool` (celery.concurrency.ALIASES less "custom", "processes").
 WORKER_POOLS = ("prefork", "threads", "solo", "gevent", "eventlet")
 MAX_RELEASE_BATCH_SIZE = 1000  # items a worker accepts in one message (pipeline.messages)
@@ -159,14 +158,6 @@ class CleanupSettings:
         20000,
         "backpressure: sweeps stop publishing above this release-queue depth",
         minimum=1,
-    )
-    # docs/PIPELINE.md, "Turns".
-    sweep_turns: str = setting(
-        "CLEANUP_SWEEP_TURNS",
-        "lateness",
-        "near the cap, 'lateness': the shards whose oldest due hold is oldest take the room and "
-        "the others give way; 'arrival': each sweep takes an equal share of the cap in the order "
-        "the sweeps reach the publish lock",
     )
     # docs/PIPELINE.md, "Release modes".
     release_mode: str = setting(
@@ -388,11 +379,6 @@ class CleanupSettings:
             raise ImproperlyConfigured(
                 f"CLEANUP_RELEASE_MODE={self.release_mode!r}: expected one of "
                 f"{', '.join(repr(mode) for mode in RELEASE_MODES)}"
-            )
-        if self.sweep_turns not in SWEEP_TURNS:
-            raise ImproperlyConfigured(
-                f"CLEANUP_SWEEP_TURNS={self.sweep_turns!r}: expected one of "
-                f"{', '.join(repr(turns) for turns in SWEEP_TURNS)}"
             )
         unknown_pools = sorted(set(self.worker_pools) - set(WORKER_POOLS))
         if unknown_pools:

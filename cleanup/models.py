@@ -169,18 +169,19 @@ class SweepRecord(models.Model):
         return f"shard {self.shard} of {self.shards} at {self.finished_at:%H:%M:%S}"
 
 
-class PublishReservation(models.Model):
-    """Room under the release queue's cap that a sweep took for the batch it claims and
-    publishes after letting go of the publish lock (far from the cap: cleanup.pipeline.sweep).
-    One row per shard lock, overwritten by each batch. A row counts only while the session that
-    wrote it (``pid``) holds that shard lock: a sweep that died leaves a row nobody counts."""
+class RoomClaim(models.Model):
+    """Room under the release queue's cap that a sweep claimed for the batch it claims and
+    publishes after letting go of the publish lock (far from the cap: cleanup.pipeline.admission
+    decides, cleanup.pipeline.sweep writes it). One row per shard lock, overwritten by each
+    batch. A row counts only while the session that wrote it (``pid``) holds that shard lock: a
+    sweep that died leaves a row nobody counts."""
 
     lock_key = models.BigIntegerField(primary_key=True)  # the shard lock's second key
     pid = models.IntegerField()  # the sweep's PostgreSQL backend
     holds = models.PositiveIntegerField(default=0)
 
     def __str__(self) -> str:
-        return f"{self.holds} holds reserved by backend {self.pid}"
+        return f"{self.holds} holds of room claimed by backend {self.pid}"
 
 
 class HealthSample(models.Model):

@@ -40,7 +40,7 @@ ADVISORY_LOCK_HOLDERS = (
 )
 
 # How many other sessions of this database hold or wait in line for an advisory lock (a sweep
-# asks before it joins the line for the publish lock: cleanup.pipeline.sweep).
+# asks before it joins the line for the publish lock: cleanup.pipeline.admission).
 ADVISORY_LOCK_QUEUE = (
     "SELECT count(*) FROM pg_locks "
     "WHERE locktype = 'advisory' "
@@ -49,24 +49,23 @@ ADVISORY_LOCK_QUEUE = (
     "AND pid <> pg_backend_pid()"
 )
 
-# Room under the release queue's cap taken by sweeps that claim and publish without the
-# publish lock (cleanup.pipeline.sweep). Written under the publish lock; a row counts while the
-# session that wrote it holds its shard lock, so a sweep that died reserves nothing.
+# Room under the release queue's cap claimed by sweeps that claim and publish without the
+# publish lock (cleanup.models.RoomClaim; written by cleanup.pipeline.sweep, counted by
+# cleanup.pipeline.admission). Written under the publish lock; a row counts while the session
+# that wrote it holds its shard lock, so a sweep that died reserves nothing.
 RESERVE_ROOM = (
-    "INSERT INTO cleanup_publishreservation (lock_key, pid, holds) "
+    "INSERT INTO cleanup_roomclaim (lock_key, pid, holds) "
     "VALUES (%s, pg_backend_pid(), %s) "
     "ON CONFLICT (lock_key) DO UPDATE SET pid = EXCLUDED.pid, holds = EXCLUDED.holds"
 )
-CLEAR_ROOM = (
-    "UPDATE cleanup_publishreservation SET holds = 0 WHERE lock_key = %s AND pid = pg_backend_pid()"
-)
+CLEAR_ROOM = "UPDATE cleanup_roomclaim SET holds = 0 WHERE lock_key = %s AND pid = pg_backend_pid()"
 ROOM_RESERVED_BY_OTHERS = (
-    "SELECT COALESCE(sum(reservation.holds), 0) FROM cleanup_publishreservation reservation "
+    "SELECT COALESCE(sum(claim.holds), 0) FROM cleanup_roomclaim claim "
     "JOIN pg_locks lock ON lock.locktype = 'advisory' AND lock.granted "
-    "AND lock.classid = %s::bigint::oid AND lock.objid = reservation.lock_key::oid "
-    "AND lock.objsubid = 2 AND lock.pid = reservation.pid "
+    "AND lock.classid = %s::bigint::oid AND lock.objid = claim.lock_key::oid "
+    "AND lock.objsubid = 2 AND lock.pid = claim.pid "
     "AND lock.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
-    "WHERE reservation.holds > 0 AND reservation.pid <> pg_backend_pid()"
+    "WHERE claim.holds > 0 AND claim.pid <> pg_backend_pid()"
 )
 
 PING = "SELECT 1"

@@ -213,7 +213,7 @@ RETURNING hold.id, hold.version, hold.expires_at, hold.bucket, hold.claim_count
 """
 
 # The oldest due hold of every shard (eligible and not leased: what a claim would take next),
-# as its age in seconds, for the sweeps' turns near the queue's cap (cleanup/pipeline/sweep.py,
+# as its age in seconds, for the sweeps' turns near the queue's cap (cleanup/pipeline/admission.py,
 # docs/PIPELINE.md "Turns"). One index-ordered probe per bucket (reservations_held_bucket_idx:
 # bucket, expires_at WHERE status='held'), then the minimum per shard (bucket %% shards). A
 # probe reads past the leased holds at the head of its bucket (the lease is in no index), at

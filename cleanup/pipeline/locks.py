@@ -89,9 +89,9 @@ def unlock_all() -> None:
     scalar(sql.ADVISORY_UNLOCK_ALL)
 
 
-# Room under the release queue's cap (sql.RESERVE_ROOM): a sweep that lets go of the publish
-# lock before it claims keeps the room it took reserved, keyed by its shard lock, until its
-# messages are in the queue.
+# Room under the release queue's cap (sql.RESERVE_ROOM, cleanup.models.RoomClaim): a sweep that
+# lets go of the publish lock before it claims keeps the room it took reserved, keyed by its
+# shard lock, until its messages are in the queue.
 
 
 def reserve_room(shard_key: tuple[int, int], holds: int) -> None:

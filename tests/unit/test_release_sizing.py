@@ -17,10 +17,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from cleanup.broker.readers import priority_keys, queue_depth, redis_client
-from cleanup.pipeline import sizing
-from cleanup.pipeline import sweep as sweep_module
+from cleanup.pipeline import release_sizing, sizing
+from cleanup.pipeline.admission import fair_share, near_the_cap
 from cleanup.pipeline.sizing import choose_release_size, split_evenly
-from cleanup.pipeline.sweep import fair_share, near_the_cap, sweep_shard
+from cleanup.pipeline.sweep import sweep_shard
 from reservations.models import Reservation
 from reservations.seed import seed_holds
 
@@ -174,7 +174,7 @@ def adaptive(settings: Any) -> Any:
     settings.CLEANUP_RELEASE_BATCH_SIZE = 100
     settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 0
     settings.CLEANUP_AUTOSCALE_SERVICE_TIME = 0.05  # a floor of 20 messages/s
-    sweep_module._last_sizing.clear()
+    release_sizing._last_sizing.clear()
     return settings
 
 
@@ -244,7 +244,7 @@ def test_the_measured_rate_is_read_only_when_the_floor_would_batch(adaptive, bro
         reads.append(1)
         return 10_000.0  # a fast fleet: 80,000 messages servable within the target
 
-    monkeypatch.setattr(sweep_module, "_messages_per_second", measured)
+    monkeypatch.setattr(release_sizing, "_messages_per_second", measured)
     expired(30, seconds_ago=1)
     sweep_shard(0, 1)
     assert reads == []  # 30 holds fit at the floor: no query
@@ -273,7 +273,7 @@ def test_the_measured_rate_counts_messages_not_holds(adaptive, broker):
     ]
     CleanupReceipt.objects.bulk_create(now_rows)
     # 4 holds in one message + 2 single messages = 3 messages in the window
-    assert sweep_module._messages_per_second() == 3 / sweep_module.RATE_WINDOW_S
+    assert release_sizing._messages_per_second() == 3 / release_sizing.RATE_WINDOW_S
 
 
 # --- Turns near the cap ---------------------------------------------------------------------
@@ -462,7 +462,7 @@ def test_a_batch_attempt_log_line_names_each_hold_with_its_outcome(broker, caplo
 def test_a_full_batch_is_sized_for_the_holds_due_behind_it(adaptive, broker, monkeypatch, caplog):
     # given: 6,000 holds due, a fleet measured at 400 messages/s (3,600 servable in the 9 s
     # left of the target), and batches of 500: one batch alone fits one hold per message
-    monkeypatch.setattr(sweep_module, "_messages_per_second", lambda: 400.0)
+    monkeypatch.setattr(release_sizing, "_messages_per_second", lambda: 400.0)
     expired(6_000, seconds_ago=1)
     caplog.set_level(logging.INFO, logger="cleanup.sweep")
     # when: a sweep claims one full batch
@@ -479,15 +479,15 @@ def test_a_sweep_run_counts_the_due_backlog_once_and_a_partial_batch_never(
     adaptive, broker, monkeypatch, caplog
 ):
     # given: a fleet measured at 400 messages/s and a count that says how often it is read
-    monkeypatch.setattr(sweep_module, "_messages_per_second", lambda: 400.0)
+    monkeypatch.setattr(release_sizing, "_messages_per_second", lambda: 400.0)
     counted: list[int] = []
-    real = sweep_module._eligible_in_all_shards
+    real = release_sizing._eligible_in_all_shards
 
     def count(bound: int) -> int:
         counted.append(bound)
         return real(bound)
 
-    monkeypatch.setattr(sweep_module, "_eligible_in_all_shards", count)
+    monkeypatch.setattr(release_sizing, "_eligible_in_all_shards", count)
     expired(2_400, seconds_ago=1)
     caplog.set_level(logging.DEBUG, logger="cleanup.sweep")
     # when: shard 0 of 2 (about half the holds) is swept in batches of 500

@@ -22,7 +22,7 @@ from django.db.models.functions import Now
 from prometheus_client import REGISTRY
 
 from cleanup.broker.readers import queue_depth, redis_client
-from cleanup.pipeline import locks
+from cleanup.pipeline import admission, locks
 from cleanup.pipeline import sweep as sweep_module
 from cleanup.pipeline.messages import build
 from cleanup.pipeline.publish import publish_release_messages
@@ -430,14 +430,12 @@ def drain(count: int, queue: str) -> None:
         redis_client().rpop(queue)
 
 
-def rounds_near_the_cap(settings: Any, turns: str | None) -> tuple[dict[int, int], list[float]]:
+def rounds_near_the_cap(settings: Any) -> tuple[dict[int, int], list[float]]:
     """4 shards with 30 due holds each (the n-th oldest of each the same age), a cap of 8 (a
     share of 2), batches of 4, and the workers draining 4 messages per round: near the cap
     every round, with room for two shares. 10 rounds of sweeps in shard order (as beat sends
     them), draining in between. Returns what each shard published and, after each round, how
-    far apart the shards' oldest due holds were (seconds). ``turns`` None: the default."""
-    if turns is not None:
-        settings.CLEANUP_SWEEP_TURNS = turns
+    far apart the shards' oldest due holds were (seconds)."""
     settings.CLEANUP_MAX_QUEUE_DEPTH = 8
     settings.CLEANUP_SWEEP_BATCH_SIZE = 4
     settings.CLEANUP_SWEEP_TIME_BUDGET = 60
@@ -460,27 +458,15 @@ def rounds_near_the_cap(settings: Any, turns: str | None) -> tuple[dict[int, int
 
 
 def test_near_the_cap_the_shards_take_turns_by_how_far_behind_they_are(settings):
-    # given/when: rounds of sweeps near the cap, with the default turns
-    published, spreads = rounds_near_the_cap(settings, turns=None)
+    # given/when: rounds of sweeps near the cap
+    published, spreads = rounds_near_the_cap(settings)
     # then: the drain was what the cap allows (8, then 4 per round), every shard got turns,
     # and the shards' oldest due holds stayed within the slack and a share (2 s) of each other
     # (on shard order alone shards 2 and 3 published nothing after the first round, and
     # their oldest holds fell 2 s further behind shard 0's every round)
     assert sum(published.values()) == 8 + 9 * 4
     assert min(published.values()) >= 8, (published, spreads)
-    assert max(spreads) <= sweep_module.TURN_SLACK_S + 2, spreads
-
-
-def test_near_the_cap_by_arrival_the_first_sweeps_in_line_take_the_room(settings):
-    # given/when: the same rounds with CLEANUP_SWEEP_TURNS=arrival (equal shares in the order
-    # the sweeps reach the publish lock)
-    published, spreads = rounds_near_the_cap(settings, turns="arrival")
-    # then: the same drain, the cap held, but after the first round the room went to shards 0
-    # and 1 every round, and the other shards' oldest holds fell a round further behind each
-    # time (the shards drain one after another)
-    assert sum(published.values()) == 8 + 9 * 4
-    assert published == {0: 2 + 9 * 2, 1: 2 + 9 * 2, 2: 2, 3: 2}, published
-    assert spreads == sorted(spreads) and spreads[-1] > sweep_module.TURN_SLACK_S + 2, spreads
+    assert max(spreads) <= admission.TURN_SLACK_S + 2, spreads
 
 
 # --- Far from the cap: room reserved, the publish lock let go before the claim ---------------
@@ -512,7 +498,7 @@ def parked_claims(other_session: BaseDatabaseWrapper) -> Iterator[BaseDatabaseWr
 
 def _reserved_rows() -> dict[int, int]:
     with connection.cursor() as cur:
-        cur.execute("SELECT lock_key, holds FROM cleanup_publishreservation")
+        cur.execute("SELECT lock_key, holds FROM cleanup_roomclaim")
         return dict(cur.fetchall())
 
 
@@ -565,8 +551,7 @@ def test_room_another_running_sweep_reserved_is_not_free_until_that_sweep_is_gon
     _lock(other_session, other_key)
     with other_session.cursor() as cur:
         cur.execute(
-            "INSERT INTO cleanup_publishreservation (lock_key, pid, holds) "
-            "VALUES (%s, pg_backend_pid(), 3)",
+            "INSERT INTO cleanup_roomclaim (lock_key, pid, holds) VALUES (%s, pg_backend_pid(), 3)",
             [other_key],
         )
     # when

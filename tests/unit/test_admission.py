@@ -1,0 +1,85 @@
+"""The sweep's admission decisions as values, without a database: when a run goes on after a
+batch, whose turn it is near the cap, and how the loop records each stop on the sweep's result
+(the flags and log lines operators and the sweep tests read). The decisions against real queue
+depths and other sessions' locks are in test_sweep.py and test_release_sizing.py.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from cleanup.pipeline import admission
+from cleanup.pipeline.admission import Reason, Stop, Take, Turn, after_the_batch, whose_turn
+from cleanup.pipeline.sweep import SweepResult, _stop
+
+FAR = Take(holds=10, depth=0, room=1_000)
+
+
+def near(behind: int) -> Take:
+    """A batch of 2 holds admitted near the cap, ``behind`` shards sharing the room."""
+    return Take(holds=2, depth=6, room=4, turn=Turn(0, 30.0, 0, 30.0, behind))
+
+
+def test_a_full_batch_far_from_the_cap_goes_on_and_a_partial_one_ends_the_run():
+    assert not FAR.holds_the_lock
+    assert after_the_batch(FAR, claimed=10, messages=10) is None
+    assert after_the_batch(FAR, claimed=9, messages=9) == Stop(Reason.NOTHING_DUE)
+
+
+def test_a_batch_that_fills_the_queue_to_its_cap_is_a_backpressure_pause():
+    stop = after_the_batch(Take(holds=5, depth=95, room=5), claimed=5, messages=5)
+    assert stop == Stop(Reason.BACKPRESSURE, "sweep paused by backpressure", {"queue_depth": 100})
+
+
+def test_near_the_cap_a_run_ends_after_its_share_unless_its_shard_is_the_only_one_behind():
+    assert near(1).holds_the_lock
+    assert after_the_batch(near(1), claimed=2, messages=2) is None
+    stop = after_the_batch(near(3), claimed=2, messages=2)
+    assert stop is not None
+    assert (stop.reason, stop.message) == (
+        Reason.TOOK_SHARE,
+        "sweep took its share of the room near the cap",
+    )
+    assert stop.fields == {"queue_depth": 6, "room": 4, "share": 2}
+
+
+def test_a_shard_more_than_the_slack_ahead_gives_way():
+    slack = admission.TURN_SLACK_S
+    ages = {0: 100.0, 1: 100.0 - slack, 2: 100.0 - slack - 0.5}
+    assert whose_turn(0, ages).behind == 2
+    assert not whose_turn(1, ages).gives_way  # within the slack: it shares the room
+    assert whose_turn(2, ages).gives_way
+    assert whose_turn(3, ages).gives_way  # nothing of its own is due
+    assert whose_turn(0, {}).own_age is None
+
+
+@pytest.mark.parametrize(
+    ("reason", "flags"),
+    [
+        (Reason.BACKPRESSURE, {"backpressure"}),
+        (Reason.NO_ROOM_AHEAD, {"backpressure"}),
+        (Reason.GAVE_WAY, {"backpressure", "gave_way"}),
+        (Reason.TOOK_SHARE, {"backpressure", "took_share"}),
+        (Reason.BUDGET_SPENT, {"budget_exhausted"}),
+        (Reason.NOTHING_DUE, set()),
+    ],
+)
+def test_each_stop_sets_the_flags_of_the_sweep_result(reason, flags):
+    result = SweepResult(0, 4, "t-1")
+    _stop(result, Stop(reason))
+    names = ("backpressure", "gave_way", "took_share", "budget_exhausted")
+    assert {name for name in names if getattr(result, name)} == flags
+
+
+def test_a_stop_is_logged_with_the_shard_its_fields_the_trace_id_and_the_turn(caplog):
+    caplog.set_level(logging.INFO, logger="cleanup.sweep")
+    turn = Turn(1, 10.0, 2, 14.5, 1, query_ms=3.0)
+    result = SweepResult(1, 4, "t-2")
+    _stop(result, Stop(Reason.GAVE_WAY, "sweep gave way", {"queue_depth": 7, "room": 1}, turn))
+    _stop(result, Stop(Reason.NOTHING_DUE))  # no line
+    (line,) = caplog.records
+    assert line.getMessage() == "sweep gave way"
+    assert (line.shard, line.queue_depth, line.room, line.trace_id) == (1, 7, 1, "t-2")  # type: ignore[attr-defined]
+    assert (line.furthest_behind, line.furthest_behind_s) == (2, 14.5)  # type: ignore[attr-defined]
