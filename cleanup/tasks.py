@@ -25,10 +25,17 @@ from cleanup.console import health
 from cleanup.models import DeadLetter
 from cleanup.pipeline import deadletters, outbox
 from cleanup.pipeline.messages import BATCH_KIND, MalformedMessage, validate, validate_batch
-from cleanup.pipeline.publish import RELEASE_BATCH_TASK, RELEASE_TASK, SWEEP_TASK
 from cleanup.pipeline.release import Attempt, release, release_batch
 from cleanup.pipeline.sweep import sweep_shard
 from cleanup.telemetry import deliveries, metrics
+from cleanup.wire import (
+    PRUNE_TASK,
+    RELAY_OUTBOX_TASK,
+    RELEASE_BATCH_TASK,
+    RELEASE_TASK,
+    SAMPLE_HEALTH_TASK,
+    SWEEP_TASK,
+)
 from reservations import idempotency
 from reservations.services import TransientConflict
 
@@ -424,12 +431,12 @@ def sweep_shard_task(self: CleanupTask, shard: int, shards: int) -> dict[str, An
     return result.as_dict()
 
 
-@shared_task(bind=True, base=CleanupTask, name="cleanup.relay_outbox", periodic=True)
+@shared_task(bind=True, base=CleanupTask, name=RELAY_OUTBOX_TASK, periodic=True)
 def relay_outbox_task(self: CleanupTask) -> dict[str, Any]:
     return {"published": outbox.relay_batch()}
 
 
-@shared_task(bind=True, base=CleanupTask, name="cleanup.prune", periodic=True)
+@shared_task(bind=True, base=CleanupTask, name=PRUNE_TASK, periodic=True)
 def prune_task(self: CleanupTask) -> dict[str, Any]:
     counts = outbox.prune()
     counts["health_samples"] = health.prune_samples()
@@ -437,7 +444,7 @@ def prune_task(self: CleanupTask) -> dict[str, Any]:
     return counts
 
 
-@shared_task(bind=True, base=CleanupTask, name="cleanup.sample_health", periodic=True)
+@shared_task(bind=True, base=CleanupTask, name=SAMPLE_HEALTH_TASK, periodic=True)
 def sample_health_task(self: CleanupTask) -> dict[str, Any]:
     """Health upkeep (beat entry "cleanup: sample health", every 30 s): dead letters that a
     later release settled are resolved first, so the sample's open count is what still needs

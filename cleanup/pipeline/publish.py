@@ -14,10 +14,8 @@ from celery import current_app as app
 
 from cleanup.conf import cleanup_settings
 from cleanup.pipeline.messages import BATCH_KIND
+from cleanup.wire import RELEASE_BATCH_TASK, RELEASE_TASK, SWEEP_TASK
 
-RELEASE_TASK = "cleanup.release_reservation"
-RELEASE_BATCH_TASK = "cleanup.release_batch"
-SWEEP_TASK = "cleanup.sweep_shard"
 # Redis commands per pipelined round trip when publishing a fan-out (one LPUSH per message):
 # enough that the round trips stop mattering (measured: docs/PERFORMANCE.md).
 PUBLISH_PIPELINE = 100

@@ -22,10 +22,11 @@ from django.db import connection, transaction
 
 from cleanup.broker import readers as broker
 from cleanup.pipeline.messages import build
-from cleanup.pipeline.publish import RELEASE_TASK, SWEEP_TASK, publish_release_messages
+from cleanup.pipeline.publish import publish_release_messages
 from cleanup.pipeline.schedule import install_schedule, installed_shards
 from cleanup.pipeline.sweep import SweepResult, sweep_shard
 from cleanup.tasks import sweep_shard_task
+from cleanup.wire import RELEASE_TASK, SWEEP_TASK
 from reservations import services
 from tests.wire import publish_task
 
