@@ -42,7 +42,7 @@ logger = logging.getLogger("cleanup.deadletters")
 SETTLED_BY_A_LATER_RELEASE = (DeadLetter.Reason.TIME_LIMIT, DeadLetter.Reason.RETRIES_EXHAUSTED)
 RELEASED_LATER = "released_later"
 DISCARDED = "discarded"
-# A periodic task's letter: its key names the task and its arguments (tasks.CleanupTask); the
+# A periodic task's letter: its key names the task and its arguments (delivery.CleanupTask); the
 # next success of the same run settles it.
 PERIODIC_KEY_PREFIX = "periodic:"
 SUCCEEDED_LATER = "succeeded_later"
