@@ -45,7 +45,7 @@ from cleanup.broker import readers as broker
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.pipeline import deadletters, locks
-from cleanup.pipeline.messages import build, build_batch
+from cleanup.pipeline.messages import BatchMessage, ReleaseMessage
 from cleanup.pipeline.publish import publish_release_messages
 from cleanup.pipeline.sizing import ReleaseSize, ceil_whole, choose_release_size, split_evenly
 from cleanup.telemetry import metrics
@@ -499,7 +499,9 @@ def _dead_letter_set_aside(hold: ClaimedHold, shard: int, trace_id: str) -> None
         version=hold.version,
         delivery_count=hold.claim_count,
         trace_id=trace_id,
-        message=build(hold.reservation_id, hold.version, hold.expires_at, shard, trace_id),
+        message=ReleaseMessage.for_hold(
+            hold.reservation_id, hold.version, hold.expires_at, shard, trace_id
+        ).as_dict(),
     )
 
 
@@ -625,7 +627,7 @@ def _messages_for(
     depth: int,
     rate: ServiceRate,
     due_behind: Callable[[int], int] | None = None,
-) -> tuple[list[dict[str, Any]], list[int], ReleaseSize | None]:
+) -> tuple[list[ReleaseMessage | BatchMessage], list[int], ReleaseSize | None]:
     """The batch's release messages and the holds each carries: one per hold ("single"),
     CLEANUP_RELEASE_BATCH_SIZE each ("batch"), or the size the adaptive sizing chose, in even
     chunks. In the adaptive mode a message of one hold is the per-reservation message."""
@@ -641,10 +643,12 @@ def _messages_for(
         # A full batch has more due behind it: size for those too (cleanup.pipeline.sizing).
         sizing = size_batch(holds, depth, rate, due_behind=due_behind)
         chunks = split_evenly(holds, sizing.size)
-    messages = [
-        build(chunk[0].reservation_id, chunk[0].version, chunk[0].expires_at, shard, trace_id)
+    messages: list[ReleaseMessage | BatchMessage] = [
+        ReleaseMessage.for_hold(
+            chunk[0].reservation_id, chunk[0].version, chunk[0].expires_at, shard, trace_id
+        )
         if len(chunk) == 1 and mode != "batch"
-        else build_batch(
+        else BatchMessage.for_holds(
             [(c.reservation_id, c.version, c.expires_at) for c in chunk], shard, trace_id
         )
         for chunk in chunks
