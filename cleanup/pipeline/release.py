@@ -8,7 +8,8 @@ The release and its receipt are one statement (autocommit: one round trip, no BE
 That keeps the order above: duplicates of one key serialize on the hold's row lock, the later
 one finds the hold released at this version, and for any outcome other than ``released`` a
 receipt conflict overrides what the domain said (it changed nothing). The per-reservation and
-the batched modes run the same code: a message is a batch of one.
+the batched modes run the same code: a message is a batch of one. ``run_attempt`` is both
+release tasks' body around it (tally, metrics, the attempt's log line).
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def run_attempt(
         metrics.record_outcome(outcome, per_hold, age, holds=len(ids))
     if isinstance(message, ReleaseMessage):
         outcome = outcomes[message.reservation_id]
-        _log_release(message, attempt, outcome, duration)
+        _log_attempt(message, attempt, outcome, duration)
         return {"outcome": outcome, "reservation_id": message.reservation_id}
     counts = {outcome: len(ids) for outcome, ids in holds_by_outcome.items()}
     attempt_logger.info(
@@ -166,7 +167,7 @@ def run_attempt(
     return {"outcomes": counts, "rejected": len(message.rejected)}
 
 
-def _log_release(message: ReleaseMessage, attempt: Attempt, outcome: str, duration: float) -> None:
+def _log_attempt(message: ReleaseMessage, attempt: Attempt, outcome: str, duration: float) -> None:
     attempt_logger.info(
         "release attempt",
         extra={
