@@ -28,7 +28,7 @@ from cleanup.drills.invariants import invariant_violations
 from cleanup.drills.report import write_outputs
 from cleanup.drills.state import BurstConfig, BurstState, Sample
 from cleanup.drills.workers import WorkerProcess
-from cleanup.pipeline.messages import build, idempotency_key
+from cleanup.pipeline.messages import ReleaseMessage, idempotency_key
 from cleanup.pipeline.publish import publish_release_messages, send_sweep
 from cleanup.telemetry import deliveries
 from common.db import rows, scalar
@@ -83,7 +83,7 @@ def _publish_duplicates(cfg: BurstConfig, state: BurstState) -> None:
         return
     publish_release_messages(
         [
-            build(rid, v, exp, bucket % cfg.shards, "burst-duplicate")
+            ReleaseMessage.for_hold(rid, v, exp, bucket % cfg.shards, "burst-duplicate")
             for rid, v, exp, bucket in dupes
         ]
     )

@@ -29,7 +29,14 @@ from cleanup import sql
 from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.pipeline import locks
-from cleanup.pipeline.messages import BATCH_KIND, MalformedMessage, validate, validate_batch
+from cleanup.pipeline.messages import (
+    BATCH_KIND,
+    BatchMessage,
+    MalformedMessage,
+    ReleaseMessage,
+    validate,
+    validate_batch,
+)
 from cleanup.pipeline.publish import publish_release_messages
 from cleanup.telemetry import metrics
 from common.db import rows, scalar
@@ -42,7 +49,7 @@ logger = logging.getLogger("cleanup.deadletters")
 SETTLED_BY_A_LATER_RELEASE = (DeadLetter.Reason.TIME_LIMIT, DeadLetter.Reason.RETRIES_EXHAUSTED)
 RELEASED_LATER = "released_later"
 DISCARDED = "discarded"
-# A periodic task's letter: its key names the task and its arguments (tasks.CleanupTask); the
+# A periodic task's letter: its key names the task and its arguments (delivery.CleanupTask); the
 # next success of the same run settles it.
 PERIODIC_KEY_PREFIX = "periodic:"
 SUCCEEDED_LATER = "succeeded_later"
@@ -218,13 +225,14 @@ def requeue_action(letter: DeadLetter) -> str:
     return "republished"
 
 
-def _republishable(raw: Any) -> dict[str, Any]:
+def _republishable(raw: Any) -> ReleaseMessage | BatchMessage:
+    """The letter's message, read as a worker reads it (the letter keeps it as JSON)."""
     if isinstance(raw, dict) and raw.get("kind") == BATCH_KIND:
         batch = validate_batch(raw)
         if batch.rejected:
             raise MalformedMessage(f"{len(batch.rejected)} malformed item(s)")
-        return raw
-    return validate(raw).as_dict()
+        return batch
+    return validate(raw)
 
 
 def requeue(

@@ -7,6 +7,7 @@ fields); a missing field, a wrong type or an inconsistent key makes it ``malform
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -36,7 +37,22 @@ class ReleaseMessage:
     trace_id: str
     schema_version: int = SCHEMA_VERSION
 
+    @classmethod
+    def for_hold(
+        cls, reservation_id: int, version: int, expires_at: datetime, shard: int, trace_id: str
+    ) -> ReleaseMessage:
+        """The message that releases hold ``reservation_id`` at ``version``."""
+        return cls(
+            reservation_id=reservation_id,
+            version=version,
+            expires_at=expires_at,
+            idempotency_key=idempotency_key(reservation_id, version),
+            shard=shard,
+            trace_id=trace_id,
+        )
+
     def as_dict(self) -> dict[str, Any]:
+        """The message as it travels (the task's one argument)."""
         return {
             "schema_version": self.schema_version,
             "reservation_id": self.reservation_id,
@@ -51,14 +67,9 @@ class ReleaseMessage:
 def build(
     reservation_id: int, version: int, expires_at: datetime, shard: int, trace_id: str
 ) -> dict[str, Any]:
-    return ReleaseMessage(
-        reservation_id=reservation_id,
-        version=version,
-        expires_at=expires_at,
-        idempotency_key=idempotency_key(reservation_id, version),
-        shard=shard,
-        trace_id=trace_id,
-    ).as_dict()
+    """``ReleaseMessage.for_hold(...).as_dict()``: the JSON a task is handed, for callers that
+    run a task directly or write a message by hand."""
+    return ReleaseMessage.for_hold(reservation_id, version, expires_at, shard, trace_id).as_dict()
 
 
 def _int(raw: dict[str, Any], name: str, minimum: int, maximum: int = INT_MAX) -> int:
@@ -149,6 +160,21 @@ class BatchMessage:
     shard: int
     trace_id: str
 
+    @classmethod
+    def for_holds(
+        cls, holds: Iterable[tuple[int, int, datetime]], shard: int, trace_id: str
+    ) -> BatchMessage:
+        """The message that releases each (reservation_id, version, expires_at) of ``holds``."""
+        return cls(
+            items=tuple(
+                ReleaseMessage.for_hold(rid, version, expires_at, shard, trace_id)
+                for rid, version, expires_at in holds
+            ),
+            rejected=(),
+            shard=shard,
+            trace_id=trace_id,
+        )
+
     @property
     def batch_key(self) -> str:
 
@@ -156,25 +182,33 @@ class BatchMessage:
         digest = hashlib.sha1("\n".join(keys).encode(), usedforsecurity=False).hexdigest()
         return f"batch:{digest[:24]}"
 
+    def as_dict(self) -> dict[str, Any]:
+        """The message as it travels: the envelope once, and per item only what is its own
+        (its schema version, shard and trace id are the envelope's). Items that were
+        rejected when it was read are not part of it."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": BATCH_KIND,
+            "shard": self.shard,
+            "trace_id": self.trace_id,
+            "items": [
+                {
+                    "reservation_id": m.reservation_id,
+                    "version": m.version,
+                    "expires_at": m.expires_at.isoformat(),
+                    "idempotency_key": m.idempotency_key,
+                }
+                for m in self.items
+            ],
+        }
+
 
 def build_batch(
     holds: list[tuple[int, int, datetime]], shard: int, trace_id: str
 ) -> dict[str, Any]:
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": BATCH_KIND,
-        "shard": shard,
-        "trace_id": trace_id,
-        "items": [
-            {
-                "reservation_id": rid,
-                "version": version,
-                "expires_at": expires_at.isoformat(),
-                "idempotency_key": idempotency_key(rid, version),
-            }
-            for rid, version, expires_at in holds
-        ],
-    }
+    """``BatchMessage.for_holds(...).as_dict()``: the JSON a task is handed, for callers that
+    run a task directly or write a message by hand."""
+    return BatchMessage.for_holds(holds, shard, trace_id).as_dict()
 
 
 def validate_batch(raw: object) -> BatchMessage:

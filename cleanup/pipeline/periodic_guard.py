@@ -14,12 +14,11 @@ from typing import Any
 from django.conf import settings
 
 from cleanup.conf import cleanup_settings
-
-PROJECT_TASK_PREFIX = "cleanup."
+from cleanup.wire import TASK_PREFIX
 
 
 def is_project_task(task: str | None) -> bool:
-    return bool(task) and str(task).startswith(PROJECT_TASK_PREFIX)
+    return bool(task) and str(task).startswith(TASK_PREFIX)
 
 
 def project_queues() -> tuple[str, ...]:

@@ -8,24 +8,28 @@ Messages are sent by task name on one producer connection; routing follows setti
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from celery import current_app as app
 
 from cleanup.conf import cleanup_settings
-from cleanup.pipeline.messages import BATCH_KIND
+from cleanup.pipeline.messages import BatchMessage, ReleaseMessage
+from cleanup.wire import RELEASE_BATCH_TASK, RELEASE_TASK, SWEEP_TASK
 
-RELEASE_TASK = "cleanup.release_reservation"
-RELEASE_BATCH_TASK = "cleanup.release_batch"
-SWEEP_TASK = "cleanup.sweep_shard"
+# The task that reads each kind of message.
+TASK_OF: dict[type[ReleaseMessage | BatchMessage], str] = {
+    ReleaseMessage: RELEASE_TASK,
+    BatchMessage: RELEASE_BATCH_TASK,
+}
 # Redis commands per pipelined round trip when publishing a fan-out (one LPUSH per message):
 # enough that the round trips stop mattering (measured: docs/PERFORMANCE.md).
 PUBLISH_PIPELINE = 100
 
 
-def publish_release_messages(messages: list[dict[str, Any]]) -> None:
-    """Publish release messages on one producer connection (the sweep's fan-out). A batch
-    message (``kind == "release_batch"``) goes to the batched task.
+def publish_release_messages(messages: Sequence[ReleaseMessage | BatchMessage]) -> None:
+    """Publish release messages on one producer connection (the sweep's fan-out), each as its
+    ``as_dict()`` to the task of its type: a ``BatchMessage`` to the batched task.
 
     Pipelined: kombu's ``Producer.batch`` (kombu 5.7) buffers the Redis commands and sends them
     in one round trip per ``PUBLISH_PIPELINE`` commands, instead of one LPUSH round trip (and
@@ -39,8 +43,9 @@ def publish_release_messages(messages: list[dict[str, Any]]) -> None:
     queue = cleanup_settings().release_queue
     with app.producer_or_acquire() as producer, producer.batch(max_size=PUBLISH_PIPELINE):
         for message in messages:
-            name = RELEASE_BATCH_TASK if message.get("kind") == BATCH_KIND else RELEASE_TASK
-            app.send_task(name, args=(message,), queue=queue, producer=producer)
+            app.send_task(
+                TASK_OF[type(message)], args=(message.as_dict(),), queue=queue, producer=producer
+            )
 
 
 def send_sweep(shard: int, shards: int, **options: Any) -> None:

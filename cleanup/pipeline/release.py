@@ -8,23 +8,28 @@ The release and its receipt are one statement (autocommit: one round trip, no BE
 That keeps the order above: duplicates of one key serialize on the hold's row lock, the later
 one finds the hold released at this version, and for any outcome other than ``released`` a
 receipt conflict overrides what the domain said (it changed nothing). The per-reservation and
-the batched modes run the same code: a message is a batch of one.
+the batched modes run the same code: a message is a batch of one. ``run_attempt`` is both
+release tasks' body around it (tally, metrics, the attempt's log line).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection
 
 from cleanup import sql
-from cleanup.pipeline.messages import ReleaseMessage
+from cleanup.pipeline.messages import BatchMessage, ReleaseMessage
+from cleanup.telemetry import deliveries, metrics
 from reservations.services import AttachedWrite, ReleaseOutcome, release_holds
 
 logger = logging.getLogger("cleanup.release")
+# The one line per attempt keeps the tasks' logger: operators' filters and alerts name it.
+attempt_logger = logging.getLogger("cleanup.tasks")
 
 ALREADY_HANDLED = ReleaseOutcome.ALREADY_HANDLED.value
 RELEASED = ReleaseOutcome.RELEASED.value
@@ -49,7 +54,7 @@ class Attempt:
     queue_age_seconds: float | None
 
 
-def release_batch(messages: list[ReleaseMessage], attempt: Attempt) -> dict[int, str]:
+def release_batch(messages: Sequence[ReleaseMessage], attempt: Attempt) -> dict[int, str]:
     """Apply the release for each message; return each hold's outcome by id. Transient
     database errors propagate to the task (which retries); nothing is half-done.
 
@@ -113,3 +118,71 @@ def release_batch(messages: list[ReleaseMessage], attempt: Attempt) -> dict[int,
 def release(message: ReleaseMessage, attempt: Attempt) -> str:
     """The per-reservation path: ``release_batch`` of one message."""
     return release_batch([message], attempt)[message.reservation_id]
+
+
+def run_attempt(
+    message: ReleaseMessage | BatchMessage, attempt: Attempt, started: float
+) -> dict[str, Any]:
+    """One delivery of a validated message, one hold or a batch's valid holds alike: tally an
+    attempt per hold, release them (``release_batch``), record each outcome's holds in the
+    metrics and log one line; return the task's result. ``started`` is the
+    ``time.perf_counter()`` at which the task began (the duration includes validation).
+
+    Transient errors propagate to Celery's autoretry (backoff with full jitter); the tally
+    counts the attempt whatever comes of it.
+    """
+    holds = (message,) if isinstance(message, ReleaseMessage) else message.items
+    deliveries.tally(len(holds))
+    outcomes = release_batch(holds, attempt)
+    duration = time.perf_counter() - started
+    age = attempt.queue_age_seconds
+    # Which hold ended how, by id (a batch is at most MAX_BATCH_ITEMS holds): "what happened
+    # to hold N" is then one grep of the logs, for a batch as for a one-hold message.
+    holds_by_outcome: dict[str, list[int]] = {}
+    for hold in holds:
+        holds_by_outcome.setdefault(outcomes[hold.reservation_id], []).append(hold.reservation_id)
+    # The holds that ended alike share the message's per-hold duration: one write per outcome.
+    per_hold = duration / len(holds)
+    for outcome, ids in holds_by_outcome.items():
+        metrics.record_outcome(outcome, per_hold, age, holds=len(ids))
+    if isinstance(message, ReleaseMessage):
+        outcome = outcomes[message.reservation_id]
+        _log_attempt(message, attempt, outcome, duration)
+        return {"outcome": outcome, "reservation_id": message.reservation_id}
+    counts = {outcome: len(ids) for outcome, ids in holds_by_outcome.items()}
+    attempt_logger.info(
+        "release batch attempt",
+        extra={
+            "holds": len(holds),
+            "rejected": len(message.rejected),
+            "attempt": attempt.attempt,
+            "queue_age_s": _rounded(age),
+            "duration_ms": round(duration * 1000, 2),
+            "outcomes": counts,
+            "holds_by_outcome": holds_by_outcome,
+            "trace_id": message.trace_id,
+            "task_id": attempt.task_id,
+        },
+    )
+    return {"outcomes": counts, "rejected": len(message.rejected)}
+
+
+def _log_attempt(message: ReleaseMessage, attempt: Attempt, outcome: str, duration: float) -> None:
+    attempt_logger.info(
+        "release attempt",
+        extra={
+            "reservation_id": message.reservation_id,
+            "version": message.version,
+            "expires_at": message.expires_at.isoformat(),
+            "attempt": attempt.attempt,
+            "queue_age_s": _rounded(attempt.queue_age_seconds),
+            "duration_ms": round(duration * 1000, 2),
+            "outcome": outcome,
+            "trace_id": message.trace_id,
+            "task_id": attempt.task_id,
+        },
+    )
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)

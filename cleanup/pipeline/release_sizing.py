@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from cleanup import sql
 from cleanup.conf import cleanup_settings
-from cleanup.pipeline.messages import build, build_batch
+from cleanup.pipeline.messages import BatchMessage, ReleaseMessage
 from cleanup.pipeline.sizing import ReleaseSize, ceil_whole, choose_release_size, split_evenly
 from cleanup.telemetry import metrics
 from common.db import scalar
@@ -146,7 +146,7 @@ def messages_for(
     depth: int,
     rate: ServiceRate,
     due_behind: Callable[[int], int] | None = None,
-) -> tuple[list[dict[str, Any]], list[int], ReleaseSize | None]:
+) -> tuple[list[ReleaseMessage | BatchMessage], list[int], ReleaseSize | None]:
     """The batch's release messages and the holds each carries: one per hold ("single"),
     CLEANUP_RELEASE_BATCH_SIZE each ("batch"), or the size the adaptive sizing chose, in even
     chunks. In the adaptive mode a message of one hold is the per-reservation message."""
@@ -162,10 +162,12 @@ def messages_for(
         # A full batch has more due behind it: size for those too (cleanup.pipeline.sizing).
         sizing = size_batch(holds, depth, rate, due_behind=due_behind)
         chunks = split_evenly(holds, sizing.size)
-    messages = [
-        build(chunk[0].reservation_id, chunk[0].version, chunk[0].expires_at, shard, trace_id)
+    messages: list[ReleaseMessage | BatchMessage] = [
+        ReleaseMessage.for_hold(
+            chunk[0].reservation_id, chunk[0].version, chunk[0].expires_at, shard, trace_id
+        )
         if len(chunk) == 1 and mode != "batch"
-        else build_batch(
+        else BatchMessage.for_holds(
             [(c.reservation_id, c.version, c.expires_at) for c in chunk], shard, trace_id
         )
         for chunk in chunks

@@ -30,11 +30,11 @@ from cleanup import sql
 from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupSchedule
 from cleanup.pipeline import locks
+from cleanup.wire import PRUNE_TASK, RELAY_OUTBOX_TASK, SAMPLE_HEALTH_TASK, SWEEP_TASK
 
 logger = logging.getLogger("cleanup.schedule")
 
 SWEEP_PREFIX = "cleanup: sweep shard "
-SWEEP_TASK = "cleanup.sweep_shard"
 RELAY_NAME = "cleanup: relay outbox"
 PRUNE_NAME = "cleanup: prune"
 
@@ -153,11 +153,9 @@ def save_schedule(
 def _maintenance_entries(relay_every: int, *, overwrite: bool) -> int:
     queue = cleanup_settings().maintenance_queue
     return (
-        _ensure(RELAY_NAME, "cleanup.relay_outbox", relay_every, {}, queue, overwrite=overwrite)
-        + _ensure(PRUNE_NAME, "cleanup.prune", 3600, {}, queue, overwrite=overwrite)
-        + _ensure(
-            SAMPLE_NAME, "cleanup.sample_health", SAMPLE_EVERY, {}, queue, overwrite=overwrite
-        )
+        _ensure(RELAY_NAME, RELAY_OUTBOX_TASK, relay_every, {}, queue, overwrite=overwrite)
+        + _ensure(PRUNE_NAME, PRUNE_TASK, 3600, {}, queue, overwrite=overwrite)
+        + _ensure(SAMPLE_NAME, SAMPLE_HEALTH_TASK, SAMPLE_EVERY, {}, queue, overwrite=overwrite)
     )
 
 

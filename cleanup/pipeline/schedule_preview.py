@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from django.db import transaction
 from django_celery_beat.models import PeriodicTask
 
-from cleanup.pipeline.schedule import SWEEP_TASK
+from cleanup.wire import SWEEP_TASK
 
 
 @dataclass(frozen=True)

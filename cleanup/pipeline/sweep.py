@@ -31,7 +31,7 @@ from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.pipeline import admission, deadletters, locks
 from cleanup.pipeline.admission import Reason, Stop
-from cleanup.pipeline.messages import build
+from cleanup.pipeline.messages import ReleaseMessage
 from cleanup.pipeline.publish import publish_release_messages
 from cleanup.pipeline.release_sizing import DueBacklog, ServiceRate, messages_for, note_sizing
 from cleanup.telemetry import metrics
@@ -344,5 +344,7 @@ def _dead_letter_set_aside(hold: ClaimedHold, shard: int, trace_id: str) -> None
         version=hold.version,
         delivery_count=hold.claim_count,
         trace_id=trace_id,
-        message=build(hold.reservation_id, hold.version, hold.expires_at, shard, trace_id),
+        message=ReleaseMessage.for_hold(
+            hold.reservation_id, hold.version, hold.expires_at, shard, trace_id
+        ).as_dict(),
     )

@@ -9,6 +9,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from cleanup import wire
 from cleanup.telemetry import worker_boot
 
 # In a celery worker, PROMETHEUS_MULTIPROC_DIR and prometheus_client's value class must be set
@@ -125,14 +126,7 @@ HTTP_REQUEST_DURATION = Histogram(
 # Label values known in advance. A labelled counter has no series until its first increment, so
 # a panel or rule over retries or dead letters would show nothing (not 0) on a healthy fleet;
 # the worker's main process creates these at 0 when it starts serving its metrics.
-KNOWN_TASKS = (
-    "cleanup.release_reservation",
-    "cleanup.release_batch",
-    "cleanup.sweep_shard",
-    "cleanup.relay_outbox",
-    "cleanup.prune",
-    "cleanup.sample_health",
-)
+KNOWN_TASKS = wire.TASKS
 KNOWN_DEAD_LETTER_REASONS = (
     "malformed",
     "unknown_task",

@@ -9,7 +9,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
-from cleanup import redis_sentinel
+from cleanup import redis_sentinel, wire
 from cleanup.conf import CleanupSettings
 from config import redis_tls
 from config.env import env_bool, env_int, env_list, env_str, env_typed, parse_database_url
@@ -245,12 +245,9 @@ CELERY_TASK_QUEUES = [
 ]
 # A queue not declared above is refused, not created (cleanup.broker.routes checks the rest).
 CELERY_TASK_CREATE_MISSING_QUEUES = False
-CELERY_TASK_ROUTES = {
-    "cleanup.sweep_shard": {"queue": _cleanup.sweep_queue},
-    "cleanup.release_reservation": {"queue": _cleanup.release_queue},
-    "cleanup.release_batch": {"queue": _cleanup.release_queue},
-    "cleanup.*": {"queue": _cleanup.maintenance_queue},
-}
+# Sweeps to the sweep queue, releases to the release queue, the rest to maintenance
+# (cleanup.wire names each task and its queue).
+CELERY_TASK_ROUTES = wire.task_routes(_cleanup)
 # Flower shows nothing without task events; the benchmark measures their cost.
 CELERY_WORKER_SEND_TASK_EVENTS = env_bool("CELERY_TASK_EVENTS", True)
 CELERY_TASK_SEND_SENT_EVENT = CELERY_WORKER_SEND_TASK_EVENTS

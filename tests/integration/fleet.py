@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cleanup.conf import cleanup_settings
 from cleanup.drills.invariants import invariant_violations as invariant_violations
 from cleanup.drills.workers import CeleryProcess, WorkerProcess
+from cleanup.pipeline.messages import ReleaseMessage
 from common.db import rows as sql
 from common.db import scalar as scalar
 from reservations.seed import seed_holds
@@ -255,13 +256,12 @@ def one_eligible_hold() -> tuple[int, int]:
 
 def publish_for(hold_id: int) -> dict[str, Any]:
     """Publish the release message of a hold at version 1, as a sweep would."""
-    from cleanup.pipeline.messages import build
     from cleanup.pipeline.publish import publish_release_messages
 
     expires_at = scalar("SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id])
-    message = build(hold_id, 1, expires_at, 0, f"trace-{uuid.uuid4().hex[:8]}")
+    message = ReleaseMessage.for_hold(hold_id, 1, expires_at, 0, f"trace-{uuid.uuid4().hex[:8]}")
     publish_release_messages([message])
-    return message
+    return message.as_dict()
 
 
 def outcome_counts() -> dict[str, int]:
@@ -377,16 +377,18 @@ def log_fields(line: str) -> dict[str, str]:
 
 def hold_messages(
     ids: list[int], *, shard: int = 0, trace_id: str = "scenario"
-) -> list[dict[str, Any]]:
+) -> list[ReleaseMessage]:
     """Release messages for the holds as they are now (id, version, expires_at)."""
-    from cleanup.pipeline.messages import build
 
     rows = sql(
         "SELECT id, version, expires_at FROM reservations_reservation WHERE id = ANY(%s) "
         "ORDER BY id",
         [ids],
     )
-    return [build(rid, version, expires_at, shard, trace_id) for rid, version, expires_at in rows]
+    return [
+        ReleaseMessage.for_hold(rid, version, expires_at, shard, trace_id)
+        for rid, version, expires_at in rows
+    ]
 
 
 def delivery_counts(keys: list[str]) -> list[int]:

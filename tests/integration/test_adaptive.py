@@ -7,13 +7,12 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any
 
 import pytest
 
 from cleanup.conf import cleanup_settings
 from cleanup.pipeline import sweep as sweep_module
-from cleanup.pipeline.messages import validate_batch
+from cleanup.pipeline.messages import BatchMessage, ReleaseMessage
 from cleanup.pipeline.sweep import sweep_shard
 from reservations import services
 
@@ -70,20 +69,20 @@ def test_a_renewed_hold_in_a_redelivered_multi_hold_message_is_not_released(
     offering_id = fleet.scalar(
         "SELECT offering_id FROM reservations_reservation WHERE id = %s", [ids[0]]
     )
-    published: list[dict[str, Any]] = []
+    published: list[ReleaseMessage | BatchMessage] = []
     real_publish = sweep_module.publish_release_messages
 
-    def recording(messages: list[dict[str, Any]]) -> None:
+    def recording(messages: list[ReleaseMessage | BatchMessage]) -> None:
         published.extend(messages)
         real_publish(messages)
 
     monkeypatch.setattr(sweep_module, "publish_release_messages", recording)
     result = sweep_shard(0, 1)
     assert result.published == len(ids)
-    batches = [m for m in published if m.get("kind") == "release_batch"]
+    batches = [m for m in published if isinstance(m, BatchMessage)]
     assert batches, "the burst was published one hold per message"
-    first = validate_batch(published[0])  # the first two messages are fetched first
-    assert len(first.items) > 1
+    first = published[0]  # the first two messages are fetched first
+    assert isinstance(first, BatchMessage) and len(first.items) > 1
     # a learner renews one hold of the first message before any worker gets to it (its expiry
     # had been extended meanwhile, so the renewal is allowed)
     renewed = first.items[1].reservation_id
@@ -127,7 +126,8 @@ def test_a_renewed_hold_in_a_redelivered_multi_hold_message_is_not_released(
     # whose start the worker's main process had not yet seen is handed to a new process
     # without one, so not necessarily both), and its holds have one receipt each, all from
     # that one message
-    second = validate_batch(published[1])
+    second = published[1]
+    assert isinstance(second, BatchMessage)
     redeliveries = fleet.delivery_counts([first.batch_key, second.batch_key])
     assert max(redeliveries) >= 1, redeliveries
     first = first if redeliveries[0] else second

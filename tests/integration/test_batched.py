@@ -15,8 +15,9 @@ import pytest
 from django.utils import timezone
 
 from cleanup.models import DeadLetter
-from cleanup.pipeline.messages import build_batch, validate_batch
+from cleanup.pipeline.messages import BatchMessage, build_batch
 from cleanup.pipeline.publish import publish_release_messages
+from cleanup.wire import RELEASE_BATCH_TASK
 from reservations import services
 from tests.wire import publish_raw
 
@@ -80,8 +81,10 @@ def test_batched_duplicates_end_already_handled(batch_workers, clean):
     ids = create_eligible_holds(200, offerings=2)
     holds = _holds(ids)
     trace = f"dup-{uuid.uuid4().hex[:8]}"
-    batches = [build_batch(holds[i : i + 50], 0, trace) for i in range(0, len(holds), 50)]
-    keys = [validate_batch(b).batch_key for b in batches]
+    batches = [
+        BatchMessage.for_holds(holds[i : i + 50], 0, trace) for i in range(0, len(holds), 50)
+    ]
+    keys = [b.batch_key for b in batches]
     # every batch message published three times
     publish_release_messages(batches * 3)
     wait_until(
@@ -134,7 +137,7 @@ def test_batched_renewed_or_confirmed_holds_are_never_released(batch_workers, cl
     expired = create_eligible_holds(3, offerings=1)
     now = timezone.now()
     # messages built at v1, then learners act before the workers get them
-    message = build_batch(
+    message = BatchMessage.for_holds(
         [(h.pk, 1, now) for h in (renew_me, confirm_me, cancel_me)]
         + [(i, 1, now) for i in expired],
         0,
@@ -163,8 +166,8 @@ def test_batched_renewed_or_confirmed_holds_are_never_released(batch_workers, cl
 def test_batched_pool_child_killed_mid_batch_is_redelivered_and_released_once(batch_workers, clean):
     ids = create_eligible_holds(40, offerings=1)
     offering_id = scalar("SELECT offering_id FROM reservations_reservation WHERE id = %s", [ids[0]])
-    batch = build_batch(_holds(ids), 0, "kill")
-    key = validate_batch(batch).batch_key
+    batch = BatchMessage.for_holds(_holds(ids), 0, "kill")
+    key = batch.batch_key
     with offering_locked(offering_id):
         publish_release_messages([batch])
         wait_until(blocked_backends, timeout=30, what="batch waiting on the row lock")
@@ -187,16 +190,16 @@ def test_batched_pool_child_killed_mid_batch_is_redelivered_and_released_once(ba
 def test_batched_malformed_envelopes_and_items_are_dead_lettered(batch_workers, clean):
     ids = create_eligible_holds(5, offerings=1)
     good = build_batch(_holds(ids), 0, "mixed")
-    good["items"].append({"reservation_id": True, "version": 1})  # one bad item
-    publish_release_messages([good])
+    good["items"] += [{"reservation_id": True, "version": 1}, "x"]  # two bad items
     no_items = build_batch([], 0, "empty")
     wrong_kind = {**build_batch(_holds(ids), 0, "x"), "kind": "something_else"}
-    for body in (no_items, wrong_kind):
-        publish_raw(__import__("json").dumps([[body], {}, {}]), task="cleanup.release_batch")
-    wait_until(lambda: DeadLetter.objects.count() == 3, timeout=60, what="3 dead letters")
+    for body in (good, no_items, wrong_kind):
+        publish_raw(__import__("json").dumps([[body], {}, {}]), task=RELEASE_BATCH_TASK)
+    wait_until(lambda: DeadLetter.objects.count() == 4, timeout=60, what="4 dead letters")
     wait_until(lambda: released_count(ids) == len(ids), timeout=60)
     reasons = sorted(DeadLetter.objects.values_list("error", flat=True))
     assert any("must be an integer" in r for r in reasons)
+    assert any("item must be a JSON object" in r for r in reasons)
     assert any("non-empty list" in r for r in reasons)
     assert any("kind" in r for r in reasons)
     assert invariant_violations(expected_released=ids) == []

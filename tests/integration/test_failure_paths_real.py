@@ -391,7 +391,7 @@ def test_a_worker_whose_redis_dies_during_brpop_reconnects_and_releases(
     clean, exclusive_workers, tmp_path: Path
 ) -> None:
     from cleanup.conf import cleanup_settings
-    from cleanup.pipeline.publish import RELEASE_TASK
+    from cleanup.wire import RELEASE_TASK
     from config.celery_app import app
 
     server = PrivateRedis(tmp_path / "redis")

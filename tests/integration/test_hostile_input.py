@@ -26,7 +26,7 @@ from django.conf import settings
 
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
-from cleanup.pipeline.messages import build
+from cleanup.pipeline.messages import ReleaseMessage
 from cleanup.pipeline.publish import publish_release_messages
 from tests.wire import RELEASE_TASK, publish_raw
 from tests.wire import release_message as _good
@@ -483,7 +483,9 @@ def restarted() -> Iterator[list[Worker]]:
 
 def _publish_valid(hold_id: int) -> None:
     expires_at = scalar("SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id])
-    publish_release_messages([build(hold_id, 1, expires_at, 0, f"valid-{hold_id}")])
+    publish_release_messages(
+        [ReleaseMessage.for_hold(hold_id, 1, expires_at, 0, f"valid-{hold_id}")]
+    )
 
 
 def test_each_hostile_message_is_one_dead_letter_and_the_worker_keeps_releasing(

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from cleanup.pipeline.messages import build
+from cleanup.pipeline.messages import ReleaseMessage
 from cleanup.pipeline.publish import publish_release_messages
 from cleanup.pipeline.schedule import install_schedule
 from cleanup.pipeline.sweep import sweep_shard
@@ -207,7 +207,9 @@ def test_scrape_time_stays_bounded_after_hundreds_of_child_recycles(
     try:
         worker.wait_ready()
         # Tiny tasks: release messages for holds that do not exist (outcome not_found).
-        messages = [build(1_000_000 + i, 1, _past(), 0, f"recycle-{i}") for i in range(n)]
+        messages = [
+            ReleaseMessage.for_hold(1_000_000 + i, 1, _past(), 0, f"recycle-{i}") for i in range(n)
+        ]
         publish_release_messages(messages)
         samples: list[tuple[float, int, float]] = []
 

@@ -21,11 +21,12 @@ import pytest
 from django.db import connection, transaction
 
 from cleanup.broker import readers as broker
-from cleanup.pipeline.messages import build
-from cleanup.pipeline.publish import RELEASE_TASK, SWEEP_TASK, publish_release_messages
+from cleanup.pipeline.messages import ReleaseMessage
+from cleanup.pipeline.publish import publish_release_messages
 from cleanup.pipeline.schedule import install_schedule, installed_shards
 from cleanup.pipeline.sweep import SweepResult, sweep_shard
 from cleanup.tasks import sweep_shard_task
+from cleanup.wire import RELEASE_TASK, SWEEP_TASK
 from reservations import services
 from tests.wire import publish_task
 
@@ -105,10 +106,13 @@ def test_every_message_published_three_times_is_released_once(workers, clean):
             0, 1, batch_size=1000, lease_seconds=300, max_claims=10, trace_id=trace
         )
     assert len(claimed) == len(ids)
-    messages = [build(c.reservation_id, c.version, c.expires_at, 0, trace) for c in claimed]
+    messages = [
+        ReleaseMessage.for_hold(c.reservation_id, c.version, c.expires_at, 0, trace)
+        for c in claimed
+    ]
     # when: every message is published three times in a row, so copies run concurrently
     publish_release_messages([m for m in messages for _ in range(3)])
-    keys = [m["idempotency_key"] for m in messages]
+    keys = [m.idempotency_key for m in messages]
 
     def attempts_logged() -> int:
         lines = log_lines([w.log_path for w in workers], f"trace_id={trace}")
@@ -202,7 +206,7 @@ def test_holds_changed_after_their_message_was_made_are_never_released(workers, 
     fresh = [services.hold_seat(offering.pk, f"l{i}", ttl_seconds=600) for i in range(90)]
     renewed, confirmed, cancelled = fresh[:30], fresh[30:60], fresh[60:90]
     trace = f"changed-{uuid.uuid4().hex[:8]}"
-    messages = [build(h.pk, h.version, h.expires_at, 0, trace) for h in fresh]
+    messages = [ReleaseMessage.for_hold(h.pk, h.version, h.expires_at, 0, trace) for h in fresh]
     # and expired holds, claimed by the sweep's own claim, then cancelled by their learner
     expired_ids = create_eligible_holds(30, offerings=1)
     with transaction.atomic():
@@ -210,7 +214,10 @@ def test_holds_changed_after_their_message_was_made_are_never_released(workers, 
             0, 1, batch_size=100, lease_seconds=300, max_claims=10, trace_id=trace
         )
     assert sorted(c.reservation_id for c in claimed) == sorted(expired_ids)
-    messages += [build(c.reservation_id, c.version, c.expires_at, 0, trace) for c in claimed]
+    messages += [
+        ReleaseMessage.for_hold(c.reservation_id, c.version, c.expires_at, 0, trace)
+        for c in claimed
+    ]
     # and control holds that nobody touches
     control = create_eligible_holds(30, offerings=1)
     messages += hold_messages(control, trace_id=trace)
@@ -259,7 +266,7 @@ def test_a_renewed_hold_that_expires_again_is_released_only_at_its_new_version(w
     offering = services.create_offering("renew-then-expire", capacity=20)
     holds = [services.hold_seat(offering.pk, f"l{i}", ttl_seconds=600) for i in range(20)]
     trace = f"reexpire-{uuid.uuid4().hex[:8]}"
-    old = [build(h.pk, h.version, h.expires_at, 0, trace) for h in holds]
+    old = [ReleaseMessage.for_hold(h.pk, h.version, h.expires_at, 0, trace) for h in holds]
     renewed = [services.renew(h.pk, h.version, ttl_seconds=600) for h in holds]
     ids = [h.pk for h in holds]
     # the v2 holds expire (integration tests move expiry, never the clock)
@@ -269,7 +276,7 @@ def test_a_renewed_hold_that_expires_again_is_released_only_at_its_new_version(w
         [ids],
     )
     new = hold_messages(ids, trace_id=trace)
-    assert {m["version"] for m in new} == {2} and len(renewed) == 20
+    assert {m.version for m in new} == {2} and len(renewed) == 20
     # when: the stale v1 messages arrive, then the v2 ones
     publish_release_messages(old + new)
     wait_until(lambda: _receipts_for(ids) == 40, timeout=60, what="40 receipts")
@@ -332,7 +339,11 @@ def test_a_message_deleted_from_the_broker_is_recovered_by_a_later_sweep(workers
         publish_task(
             RELEASE_TASK,
             "scenario-5-lost",
-            args=(build(c.reservation_id, c.version, c.expires_at, 0, "deleted"),),
+            args=(
+                ReleaseMessage.for_hold(
+                    c.reservation_id, c.version, c.expires_at, 0, "deleted"
+                ).as_dict(),
+            ),
         )
     assert broker.queue_depth("scenario-5-lost") == len(ids)
     with release_reservation_task.app.connection_for_write() as conn:

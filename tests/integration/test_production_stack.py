@@ -100,7 +100,7 @@ from django.conf import settings
 from cleanup import redis_clients
 from cleanup.telemetry import deliveries
 from cleanup.pipeline.messages import build, validate
-from cleanup.pipeline.publish import RELEASE_TASK
+from cleanup.wire import RELEASE_TASK
 from config.celery_app import app
 from reservations.models import Reservation
 from reservations.seed import seed_holds

@@ -23,7 +23,7 @@ from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.pipeline import deadletters
 from cleanup.pipeline.messages import build
-from cleanup.pipeline.publish import RELEASE_TASK
+from cleanup.wire import RELEASE_TASK
 from config.celery_app import app
 
 from . import fleet

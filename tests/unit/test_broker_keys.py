@@ -23,7 +23,7 @@ from cleanup.broker import keys, readers, routes
 from cleanup.broker.screening import parse_unacked
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
-from cleanup.pipeline.messages import build
+from cleanup.pipeline.messages import ReleaseMessage
 from cleanup.pipeline.publish import publish_release_messages
 from cleanup.worker.redis_transport import screen_entry
 from config.celery_app import app
@@ -108,7 +108,7 @@ def test_a_worker_blocked_on_brpop_sets_a_planted_key_aside_and_keeps_polling(
             with pytest.raises(queue.Empty):
                 queue.get(timeout=1.5)
             # then: the key was set aside, and a message published now is delivered
-            publish_release_messages([build(1, 1, _utc_now(), 0, "t")])
+            publish_release_messages([ReleaseMessage.for_hold(1, 1, _utc_now(), 0, "t")])
             got.append(queue.get(timeout=5))
     finally:
         conn.release()
@@ -127,7 +127,7 @@ def test_a_batch_publish_to_a_planted_queue_key_publishes_every_message_once(
 ) -> None:
     # given: the release queue's key planted as a string
     broker.set(QUEUE, "x")
-    messages = [build(rid, 1, _utc_now(), 0, "t") for rid in range(1, 251)]
+    messages = [ReleaseMessage.for_hold(rid, 1, _utc_now(), 0, "t") for rid in range(1, 251)]
     # when: a sweep publishes its fan-out (pipelined: several flushes)
     publish_release_messages(messages)
     # then: every message is in the queue exactly once
@@ -160,7 +160,7 @@ def test_recording_and_acking_a_delivery_survive_a_planted_bookkeeping_key(
 ) -> None:
     # given: kombu's ack hash or its index replaced by a string
     broker.set(planted, "x")
-    publish_release_messages([build(7, 1, _utc_now(), 0, "t")])
+    publish_release_messages([ReleaseMessage.for_hold(7, 1, _utc_now(), 0, "t")])
     conn = app.connection_for_write()
     try:
         with conn.SimpleQueue(QUEUE) as queue:
@@ -277,7 +277,7 @@ def test_a_task_routed_anywhere_but_the_projects_queues_is_refused_before_publis
 def test_the_projects_own_publishes_pass_the_routing_check(broker: redis.Redis) -> None:
     app.send_task("cleanup.prune")
     app.send_task("cleanup.sweep_shard", kwargs={"shard": 0, "shards": 1})
-    publish_release_messages([build(1, 1, _utc_now(), 0, "t")])
+    publish_release_messages([ReleaseMessage.for_hold(1, 1, _utc_now(), 0, "t")])
     assert broker.llen(QUEUE) == 1 and broker.llen(cleanup_settings().sweep_queue) == 1
 
 

@@ -2,6 +2,7 @@
 
 from datetime import timedelta
 
+import pytest
 from django.utils import timezone
 
 from cleanup.pipeline.messages import MalformedMessage, build_batch, validate_batch
@@ -76,3 +77,88 @@ def test_a_batch_without_items_is_malformed():
         assert "items" in str(exc)
     else:
         raise AssertionError("an empty batch must be malformed")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_malformed_item_of_a_batch_is_dead_lettered_and_the_valid_ones_released(broker):
+    # given: a batch of two expired holds and three malformed items
+    from cleanup.models import DeadLetter
+    from cleanup.tasks import release_batch_task
+    from reservations.seed import seed_holds
+
+    ids = seed_holds(2, offerings=1, expires_in=-60.0, name="mixed-batch")
+    raw = build_batch([(rid, 1, timezone.now()) for rid in ids], shard=0, trace_id="mixed")
+    raw["items"] += [
+        {"reservation_id": "x", "version": 1},
+        {"reservation_id": 7, "version": True},
+        "not an object",
+    ]
+    # when: a worker runs it
+    release_batch_task.push_request(id="task-mixed", retries=0)
+    try:
+        result = release_batch_task(raw)
+    finally:
+        release_batch_task.pop_request()
+    # then: one malformed letter per bad item, none for the good ones, which are released
+    assert result == {"outcomes": {"released": 2}, "rejected": 3}
+    letters = DeadLetter.objects.filter(reason="malformed").order_by("pk")
+    assert [(d.task_id, d.trace_id) for d in letters] == [("task-mixed", "mixed")] * 3
+    assert [d.error for d in letters] == [
+        "field 'reservation_id' must be an integer, got str",
+        "field 'version' must be an integer, got bool",
+        "item must be a JSON object, got str",
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_one_hold_message_and_a_batch_log_their_attempt_lines(broker, caplog):
+    # given: two expired holds, one sent alone and one in a batch
+    import logging
+
+    from cleanup.pipeline.messages import build
+    from cleanup.tasks import release_batch_task, release_reservation_task
+    from reservations.seed import seed_holds
+
+    alone, batched = seed_holds(2, offerings=1, expires_in=-60.0, name="lines")
+    expires_at = timezone.now()
+    caplog.set_level(logging.INFO, logger="cleanup.tasks")
+    # when: a worker runs each
+    results = []
+    for task, message in (
+        (release_reservation_task, build(alone, 1, expires_at, 0, "one")),
+        (release_batch_task, build_batch([(batched, 1, expires_at)], 0, "many")),
+    ):
+        task.push_request(id=f"task-{message['trace_id']}", retries=1)
+        try:
+            results.append(task(message))
+        finally:
+            task.pop_request()
+    # then: each returns and logs what operators and the tests read
+    assert results == [
+        {"outcome": "released", "reservation_id": alone},
+        {"outcomes": {"released": 1}, "rejected": 0},
+    ]
+    one, many = (r for r in caplog.records if r.name == "cleanup.tasks")
+    assert one.getMessage() == "release attempt"
+    assert {k: getattr(one, k) for k in ("reservation_id", "version", "expires_at")} == {
+        "reservation_id": alone,
+        "version": 1,
+        "expires_at": expires_at.isoformat(),
+    }
+    assert (one.attempt, one.outcome, one.trace_id, one.task_id) == (  # type: ignore[attr-defined]
+        2,
+        "released",
+        "one",
+        "task-one",
+    )
+    assert one.queue_age_s is None and one.duration_ms > 0  # type: ignore[attr-defined]
+    assert many.getMessage() == "release batch attempt"
+    assert {k: getattr(many, k) for k in ("holds", "rejected", "attempt", "outcomes")} == {
+        "holds": 1,
+        "rejected": 0,
+        "attempt": 2,
+        "outcomes": {"released": 1},
+    }
+    assert many.holds_by_outcome == {"released": [batched]}  # type: ignore[attr-defined]
+    assert (many.trace_id, many.task_id, many.queue_age_s) == ("many", "task-many", None)  # type: ignore[attr-defined]
+    assert many.duration_ms > 0  # type: ignore[attr-defined]

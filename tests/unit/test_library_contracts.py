@@ -96,8 +96,8 @@ def test_django_still_turns_psycopg_preparing_off_by_default() -> None:
 
 
 def test_kombu_still_marks_a_restored_redis_message_as_redelivered() -> None:
-    # cleanup.tasks.CleanupTask.count_delivery counts only redelivered (or retried) messages:
-    # kombu's restore must set delivery_info.redelivered on the message it pushes back.
+    # cleanup.pipeline.delivery.CleanupTask.count_delivery counts only redelivered (or retried)
+    # messages: kombu's restore must set delivery_info.redelivered on the message it pushes back.
     from unittest.mock import MagicMock
 
     from kombu.transport import redis

@@ -20,7 +20,7 @@ from django_celery_beat.models import PeriodicTask, PeriodicTasks
 from cleanup.broker.readers import PEEK_ENTRIES, QueueStats
 from cleanup.console import health
 from cleanup.models import CleanupReceipt, CleanupSchedule, DeadLetter, SweepRecord
-from cleanup.pipeline.messages import build, idempotency_key
+from cleanup.pipeline.messages import ReleaseMessage, build, idempotency_key
 from cleanup.pipeline.schedule import PRUNE_NAME, RELAY_NAME, install_schedule, sweep_entry_name
 from cleanup.pipeline.sweep import SweepResult
 from common.db import rows as sql
@@ -140,7 +140,9 @@ def test_the_health_page_numbers_equal_sql_and_the_broker(admin_client_, broker,
     )
     from cleanup.pipeline.publish import publish_release_messages
 
-    publish_release_messages([build(900_000 + i, 1, timezone.now(), 0, "t") for i in range(7)])
+    publish_release_messages(
+        [ReleaseMessage.for_hold(900_000 + i, 1, timezone.now(), 0, "t") for i in range(7)]
+    )
     # when
     html = admin_client_.get(reverse(HEALTH) + "?workers=0").content.decode()
     # then: per shard, what SQL says (an independent statement: bucket % N)

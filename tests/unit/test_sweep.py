@@ -24,7 +24,7 @@ from prometheus_client import REGISTRY
 from cleanup.broker.readers import queue_depth, redis_client
 from cleanup.pipeline import admission, locks
 from cleanup.pipeline import sweep as sweep_module
-from cleanup.pipeline.messages import build
+from cleanup.pipeline.messages import BatchMessage, ReleaseMessage
 from cleanup.pipeline.publish import publish_release_messages
 from cleanup.pipeline.sweep import SweepResult, sweep_shard
 from reservations import services
@@ -192,7 +192,7 @@ def test_a_sweep_stops_between_batches_when_its_time_budget_is_spent(settings, m
     real_publish = publish_release_messages
     published_batches: list[int] = []
 
-    def publish_then_spend_the_budget(messages: list[dict[str, Any]]) -> None:
+    def publish_then_spend_the_budget(messages: list[ReleaseMessage | BatchMessage]) -> None:
         real_publish(messages)
         published_batches.append(len(messages))
         clock_skip[0] = 3600.0
@@ -229,7 +229,7 @@ def test_a_sweep_interrupted_by_its_soft_time_limit_lets_go_of_its_locks(
     # given: the soft time limit fires during the publish, before the claim commits
     ids = expired_holds(5)
 
-    def soft_limit(messages: list[dict[str, Any]]) -> None:
+    def soft_limit(messages: list[ReleaseMessage | BatchMessage]) -> None:
         raise SoftTimeLimitExceeded()
 
     monkeypatch.setattr("cleanup.pipeline.sweep.publish_release_messages", soft_limit)
@@ -251,7 +251,7 @@ def test_a_publish_that_fails_leaves_the_batch_due_at_once_not_leased(monkeypatc
     # given: the broker refuses the fan-out (its claim has not committed yet)
     ids = expired_holds(5)
 
-    def broker_down(messages: list[dict[str, Any]]) -> None:
+    def broker_down(messages: list[ReleaseMessage | BatchMessage]) -> None:
         raise ConnectionError("broker unreachable")
 
     monkeypatch.setattr("cleanup.pipeline.sweep.publish_release_messages", broker_down)
@@ -286,7 +286,10 @@ def test_backpressure_stops_the_sweep_and_the_counters_move(settings):
     settings.CLEANUP_MAX_QUEUE_DEPTH = 3
     queued = expired_holds(3, name="queued")
     publish_release_messages(
-        [build(i, 1, Reservation.objects.get(pk=i).expires_at, 0, "q") for i in queued]
+        [
+            ReleaseMessage.for_hold(i, 1, Reservation.objects.get(pk=i).expires_at, 0, "q")
+            for i in queued
+        ]
     )
     Reservation.objects.filter(pk__in=queued).update(status="cancelled")
     waiting = expired_holds(4, name="waiting")
@@ -320,7 +323,10 @@ def fill_the_queue(count: int) -> None:
     """``count`` release messages waiting in the queue, for holds no longer held."""
     queued = expired_holds(count, name="queued")
     publish_release_messages(
-        [build(i, 1, Reservation.objects.get(pk=i).expires_at, 0, "q") for i in queued]
+        [
+            ReleaseMessage.for_hold(i, 1, Reservation.objects.get(pk=i).expires_at, 0, "q")
+            for i in queued
+        ]
     )
     Reservation.objects.filter(pk__in=queued).update(status="cancelled")
 

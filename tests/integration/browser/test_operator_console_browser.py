@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from cleanup.console import health
 from cleanup.models import CleanupSchedule, DeadLetter
-from cleanup.pipeline.messages import build
+from cleanup.pipeline.messages import ReleaseMessage, build
 from cleanup.pipeline.publish import publish_release_messages
 from cleanup.pipeline.schedule import install_schedule
 
@@ -75,7 +75,9 @@ def test_the_health_page_shows_a_real_backlog_as_sql_and_the_broker_see_it(
     old = create_eligible_holds(240, offerings=4, expired_seconds_ago=420)
     create_eligible_holds(40, offerings=2, expired_seconds_ago=5)
     published = time.time()
-    publish_release_messages([build(hold, 1, timezone.now(), 0, "browser") for hold in old[:25]])
+    publish_release_messages(
+        [ReleaseMessage.for_hold(hold, 1, timezone.now(), 0, "browser") for hold in old[:25]]
+    )
     for reason in ("malformed", "malformed", "retries_exhausted"):
         DeadLetter.objects.create(reason=reason)
     for _ in range(3):  # real samples of this state feed the chart
