@@ -359,12 +359,27 @@ print(json.dumps(left))
     assert json.loads(out.stdout.splitlines()[-1]) == []
 
 
+@pytest.fixture
+def preparing_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``worker_boot.prepare`` called in the test process changes it for every later test:
+    it sets ``PROMETHEUS_MULTIPROC_DIR`` (to a directory the test then deletes) and re-selects
+    prometheus_client's value class (multiprocess values, written as files there). Both are
+    recorded here so they are put back after the test. The variable is set before it is
+    deleted because ``monkeypatch.delenv`` records nothing for a variable that is not set, and
+    then would not remove what ``prepare`` sets."""
+    from prometheus_client import values
+
+    monkeypatch.setattr(values, "ValueClass", values.ValueClass)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+
+
+@pytest.mark.usefixtures("preparing_in_this_process")
 def test_worker_boot_sets_and_wipes_a_directory_per_worker(tmp_path: Path, monkeypatch) -> None:
     from cleanup.telemetry import worker_boot
 
     monkeypatch.setenv("WORKER_METRICS_PORT", "9999")
     monkeypatch.setenv("WORKER_METRICS_DIR", str(tmp_path))
-    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     stale = tmp_path / "w1@box" / "counter_1.db"
     stale.parent.mkdir()
     stale.write_bytes(b"old")
@@ -412,12 +427,12 @@ print(json.dumps(sorted(os.listdir(os.environ["PROMETHEUS_MULTIPROC_DIR"]))))
     assert any(name.startswith("counter_") for name in json.loads(files)), files
 
 
+@pytest.mark.usefixtures("preparing_in_this_process")
 def test_a_worker_prepares_once_and_under_the_project_by_default(monkeypatch) -> None:
     from cleanup.telemetry import worker_boot
 
     monkeypatch.setenv("WORKER_METRICS_PORT", "9999")
     monkeypatch.delenv("WORKER_METRICS_DIR", raising=False)
-    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     argv = ["/venv/bin/celery", "-A", "config", "worker", "-n", "default-dir-test@box"]
     path = worker_boot.prepare(argv)
     try:
