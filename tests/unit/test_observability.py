@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cleanup.console.endpoints import metrics_registry
 from cleanup.console.gauges import BacklogCollector
 from common.db import rows
+from reservations.seed import seed_holds
 from tests.integration.fleet import create_eligible_holds
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,7 +146,9 @@ def test_gauges_equal_sql_ground_truth_and_count_caps(client: Client, settings) 
 
     settings.METRICS_TOKEN = "t"
     install_schedule(4, 10)
-    create_eligible_holds(300, offerings=3, expired_seconds_ago=120)
+    # expired 2 to 32 minutes ago (hold p: 120 + 6p s), every shard holding old and recent
+    # ones, so the oldest and the newest of a shard are far apart
+    seed_holds(300, offerings=3, expires_in=lambda p: -(120.0 + 6.0 * p), name="gauges")
     ids_fresh = create_eligible_holds(40, offerings=1, expired_seconds_ago=30)
     with connection.cursor() as cur:  # 40 not yet expired: not eligible
         cur.execute(
@@ -155,13 +158,16 @@ def test_gauges_equal_sql_ground_truth_and_count_caps(client: Client, settings) 
         )
     settings.CLEANUP_ELIGIBLE_COUNT_CAP = 1000
 
+    before = [truth_oldest(4, k) for k in range(4)]
     m = scrape(client, "t")
+    after = [truth_oldest(4, k) for k in range(4)]
 
     for k in range(4):
         shard = (("shard", str(k)),)
         got = m[("reservation_cleanup_oldest_eligible_reservation_age_seconds", shard)]
-        assert abs(got - truth_oldest(4, k)) < 2.0
-        assert 119 <= got < 130
+        # the age of the shard's oldest eligible hold when the scrape read it: between the
+        # ages SQL reads just before and just after the scrape, however long the scrape took
+        assert before[k] <= got <= after[k], (k, before[k], got, after[k])
         assert m[("reservation_cleanup_eligible_reservations", shard)] == truth_count(4, k)
         assert m[("reservation_cleanup_eligible_reservations_capped", shard)] == 0
     assert sum(truth_count(4, k) for k in range(4)) == 300
