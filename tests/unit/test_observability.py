@@ -534,3 +534,40 @@ def test_a_batchs_outcomes_count_each_hold() -> None:
         value("reservation_cleanup_processing_duration_seconds_count"),
     )
     assert [b - a for a, b in zip(before, after, strict=True)] == [37, 37, 37]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_duplicate_release_is_counted_as_already_handled_and_moves_no_transition(
+    client: Client, settings, run_task
+) -> None:
+    """What an operator reads on /metrics after a duplicate delivery: one release, one
+    duplicate, one transition (a duplicate counted as released would hide the duplicates and
+    inflate the transitions)."""
+    from cleanup.pipeline.messages import build
+    from cleanup.pipeline.publish import RELEASE_TASK
+    from reservations.models import Reservation
+
+    settings.METRICS_TOKEN = "t" * 40
+    outcome = "reservation_cleanup_outcomes_total"
+    watched = {
+        "released": (outcome, (("outcome", "released"),)),
+        "already_handled": (outcome, (("outcome", "already_handled"),)),
+        "transitions": ("reservation_cleanup_transitions_total", ()),
+    }
+
+    def read() -> dict[str, float]:
+        m = scrape(client, "t" * 40)
+        return {name: m.get(key, 0.0) for name, key in watched.items()}
+
+    (hold_id,) = create_eligible_holds(1, offerings=1)
+    expires_at = Reservation.objects.get(pk=hold_id).expires_at
+    message = build(hold_id, 1, expires_at, 0, "duplicate")
+    before = read()
+    # when: the same release message is delivered twice (a redelivery after a lost ack)
+    first = run_task(RELEASE_TASK, message, task_id="first")
+    second = run_task(RELEASE_TASK, dict(message), task_id="second")
+    assert (first["outcome"], second["outcome"]) == ("released", "already_handled")
+    # then
+    after = read()
+    moved = {name: after[name] - before[name] for name in watched}
+    assert moved == {"released": 1, "already_handled": 1, "transitions": 1}
