@@ -113,25 +113,34 @@ def counter(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(f"reservation_cleanup_{name}_total", labels) or 0.0
 
 
+def sweep_in_a_thread(
+    shard: int, shards: int, **kwargs: Any
+) -> tuple[threading.Thread, list[SweepResult], list[BaseException]]:
+    """A sweep started in a thread of its own (another worker's sweep, with its own database
+    connection, closed when it ends); its result or its error is appended to the lists."""
+    results: list[SweepResult] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(sweep_shard(shard, shards, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, results, errors
+
+
 def test_a_second_sweep_of_a_shard_being_swept_skips_at_once(other_session, settings):
     # given: sweep A of shard 0 holds its shard lock and waits for the publish lock, which
     # another session holds (a sweep of another shard publishing)
     settings.CLEANUP_SWEEP_TIME_BUDGET = 60
     ids = expired_holds(20)
     _lock(other_session, PUBLISH_LOCK)
-    results: list[SweepResult] = []
-    errors: list[BaseException] = []
-
-    def sweep_a() -> None:
-        try:
-            results.append(sweep_shard(0, 1, trace_id="sweep-a"))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=sweep_a)
-    thread.start()
+    thread, results, errors = sweep_in_a_thread(0, 1, trace_id="sweep-a")
     try:
         deadline = time.monotonic() + 30
         while _lock_holders(shard_lock_key(0, 1)) == 0:
@@ -343,19 +352,7 @@ def sweep_seen_from_pg_locks(
     ``pg_locks``: it fails as soon as the sweep is seen waiting in line for that lock (a wait
     lasts ``CLEANUP_SWEEP_LOCK_WAIT``, long enough to be seen), else returns its result. On a
     failure the lock is let go so the waiting sweep ends before the test does."""
-    results: list[SweepResult] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            results.append(sweep_shard(shard, shards))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
+    thread, results, errors = sweep_in_a_thread(shard, shards)
     try:
         deadline = time.monotonic() + 60
         while thread.is_alive():
