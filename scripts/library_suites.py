@@ -222,7 +222,10 @@ def start(suite: Suite, tests_dir: Path, tools: Path, extra: list[str]) -> subpr
     path += [str(ROOT), str(ROOT / "scripts")]
     env = {**os.environ, **suite.env, "PYTHONPATH": os.pathsep.join(path)}
     env.pop("PYTEST_ADDOPTS", None)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", suite.plugin]
+    # In the libraries' own order: pytest-randomly, installed for the project's unit tests, would
+    # otherwise shuffle them (their configuration, not ours, applies here).
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+    cmd += ["-p", suite.plugin]
     cmd += [*suite.pytest_args, "-o", "timeout=300", suite.tests, *extra]
     where = tests_dir.relative_to(ROOT)
     print(f"==> {suite.package}: pytest {' '.join(cmd[3:])} (in {where})", flush=True)

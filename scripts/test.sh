@@ -40,18 +40,21 @@ apt_install() {
 declare -a timings=()
 declare -A lane_pid=() lane_dir=() lane_steps=()
 total_start=$SECONDS
-phase() {
+# run_phase NAME CMD...: run one phase and note its time; returns its exit status.
+run_phase() {
   local name="$1"; shift
-  local start=$SECONDS
+  local start=$SECONDS rc=0
   echo "==> $name"
-  if "$@"; then
+  "$@" || rc=$?
+  if [ "$rc" = 0 ]; then
     timings+=("$name: $((SECONDS - start))s ok")
   else
-    local rc=$?
     timings+=("$name: $((SECONDS - start))s FAILED (exit $rc)")
-    fail_run "$rc"
   fi
+  return "$rc"
 }
+# phase NAME CMD...: a phase whose failure ends the run.
+phase() { run_phase "$@" || fail_run $?; }
 # fail_run RC: let the phases still running beside finish (their output and failures are part
 # of the report, and none is left running after this script), then the timings, then exit.
 fail_run() {
@@ -333,8 +336,10 @@ PY
 # Without pytest arguments the suite runs in three lanes at once, each pytest process with its
 # own test database and broker space, because most of the real-worker tests wait on workers
 # rather than use the CPU (docs/TESTING.md, "How the suite runs"):
-#   lane 1, pytest-a: the unit tests, then the real-worker modules in neither B nor C (the
-#      tests' Redis database, the test database);
+#   lane 1, pytest-unit then pytest-a: the unit tests in a random order (pytest-randomly; the
+#      seed is printed at the top, to replay a failure with `-p randomly --randomly-seed=N`),
+#      then the real-worker modules in neither B nor C in file order (the tests' Redis
+#      database, the test database);
 #   lane 2, pytest-b: the slow waiting real-worker modules (beat, autoscaler, metrics, try-it)
 #      on the tests' Redis database + 1 and the test database + _b, then library-suites (the
 #      libraries' own tests, CPU-bound, about 30 s; when the lanes' start-up is over), then
@@ -342,6 +347,9 @@ PY
 #   lane 3, pytest-c: the browser tests and the failure-path modules (tests' Redis database + 2,
 #      test database + _c), then pytest-rabbitmq: the correctness suites again on RabbitMQ
 #      (test database + _amqp).
+# Every other pytest here runs in file order (pyproject.toml's addopts keep pytest-randomly off
+# unless `-p randomly` is given): the real-worker modules share workers and brokers through
+# their fixtures, and a person's `bash scripts/test.sh ARGS` runs exactly as asked.
 # Then, in CI (or with RESERVATIONS_DRILLS=1), the drills: the production-stack drill (its own
 # servers in network namespaces), the chaos drills and the Sentinel failover drill (its own
 # servers; test database + _sentinel). A person's run leaves the drills out and
@@ -372,17 +380,24 @@ else
     redis://*)
       run_lane "lane-2" "pytest-b:pytest_b" "library-suites:library_suites" "pytest-tls:tls_suites"
       run_lane "lane-3" "pytest-c:pytest_c" "pytest-rabbitmq:rabbitmq_suites"
-      phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration \
+      # lane 1's second phase runs even when the first failed, as in the other lanes
+      unit_rc=0
+      run_phase "pytest-unit" .venv/bin/python -m pytest -p randomly tests/unit || unit_rc=$?
+      phase "pytest-a" .venv/bin/python -m pytest tests/integration \
         "${ignore_lanes[@]}" "${ignore_drills[@]}"
       finish_lane "lane-2" || fail_run $?
       finish_lane "lane-3" || fail_run $?
+      [ "$unit_rc" = 0 ] || fail_run "$unit_rc"
       ;;
     *)
-      echo "the broker is not Redis: one pytest process for all (no second broker database)"
+      echo "the broker is not Redis: the pytest phases one after another (no second broker database)"
       phase "library-suites" library_suites
-      phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration "${ignore_drills[@]}"
+      unit_rc=0
+      run_phase "pytest-unit" .venv/bin/python -m pytest -p randomly tests/unit || unit_rc=$?
+      phase "pytest-a" .venv/bin/python -m pytest tests/integration "${ignore_drills[@]}"
       phase "pytest-rabbitmq" rabbitmq_suites
       phase "pytest-tls" tls_suites
+      [ "$unit_rc" = 0 ] || fail_run "$unit_rc"
       ;;
   esac
   if drills_wanted; then

@@ -25,6 +25,19 @@ def test_a_backlog_past_the_slo_target_goes_straight_to_max() -> None:
     assert (d.action, d.target, d.reason) == ("grow", 8, "slo_at_risk")
 
 
+def test_an_old_message_in_a_shallow_queue_grows_the_pool_like_an_old_hold() -> None:
+    # given: no eligible hold left in PostgreSQL (all claimed), and a release queue only 10
+    # messages deep whose oldest message has waited past the SLO target (150 s of 300 s): the
+    # holds in those messages are late whatever the depth says
+    late = reading(queue_depth=10, queue_oldest_age_s=151)
+    # then: the pool goes straight to its maximum, as for an eligible hold that old
+    d = decide(late, POLICY, 1, NOW)
+    assert (d.action, d.target, d.reason) == ("grow", 8, "slo_at_risk")
+    # and the same queue with a young oldest message is drained by the one process it has
+    d = decide(reading(queue_depth=10, queue_oldest_age_s=5), POLICY, 1, NOW)
+    assert (d.action, d.target, d.reason) == ("hold", 1, "at_target")
+
+
 def test_a_backlog_one_process_drains_in_time_keeps_the_pool() -> None:
     d = decide(reading(backlog=500, oldest_eligible_age_s=5), POLICY, 1, NOW)
     assert (d.action, d.target) == ("hold", 1)

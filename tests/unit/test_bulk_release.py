@@ -1,12 +1,16 @@
 """The batched mode decides every hold exactly as the per-reservation mode would."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
+from django.db.models.functions import Now
 from django.utils import timezone
 
+from cleanup.models import DeadLetter
 from cleanup.pipeline.messages import MalformedMessage, build_batch, validate_batch
+from cleanup.pipeline.publish import RELEASE_BATCH_TASK
 from reservations import services
+from reservations.models import Reservation
 from reservations.services import ReleaseOutcome
 from reservations.services import release_holds as release_many_if_expired
 
@@ -162,3 +166,73 @@ def test_a_one_hold_message_and_a_batch_log_their_attempt_lines(broker, caplog):
     assert many.holds_by_outcome == {"released": [batched]}  # type: ignore[attr-defined]
     assert (many.trace_id, many.task_id, many.queue_age_s) == ("many", "task-many", None)  # type: ignore[attr-defined]
     assert many.duration_ms > 0  # type: ignore[attr-defined]
+
+
+# --- the batch task, as a worker runs it -------------------------------------------------------
+
+
+def _expired_holds(offering_id: int, count: int, prefix: str) -> list[tuple[int, int, datetime]]:
+    """``count`` holds on the offering, expired a minute ago: (id, version, expiry) for
+    ``build_batch``."""
+    held = [services.hold_seat(offering_id, f"{prefix}{i}", 60).pk for i in range(count)]
+    Reservation.objects.filter(pk__in=held).update(
+        expires_at=Now() - timedelta(minutes=1), next_attempt_at=Now() - timedelta(minutes=1)
+    )
+    return [
+        (hold.pk, hold.version, hold.expires_at)
+        for hold in Reservation.objects.filter(pk__in=held).order_by("pk")
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("broker")
+def test_a_batch_dead_letters_every_malformed_hold_and_releases_the_others(run_task):
+    # given: a batch message of two good holds with three malformed items between them
+    offering = services.create_offering("mixed batch", 2)
+    good = _expired_holds(offering.pk, 2, "good")
+    message = build_batch(good, shard=0, trace_id="mixed-batch")
+    first, last = message["items"]
+    malformed = [
+        {**first, "reservation_id": "hold-seven"},  # not an integer
+        {"reservation_id": 424242, "version": 1},  # no expiry, no key
+        "not-an-object",
+    ]
+    message["items"] = [first, *malformed, last]
+    # when: a worker runs it
+    result = run_task(RELEASE_BATCH_TASK, message, task_id="mixed-batch-task")
+    # then: one dead letter per malformed item, each keeping that item and naming its hold
+    # where it has one; the good holds are released
+    assert result == {"outcomes": {"released": 2}, "rejected": 3}
+    letters = list(DeadLetter.objects.order_by("pk"))
+    assert [(d.reason, d.task_name, d.task_id) for d in letters] == [
+        ("malformed", RELEASE_BATCH_TASK, "mixed-batch-task")
+    ] * 3
+    wrong_type, incomplete, not_an_object = letters
+    assert "hold-seven" in wrong_type.payload and "must be an integer" in wrong_type.error
+    assert incomplete.reservation_id == 424242 and "424242" in incomplete.payload
+    assert "not-an-object" in not_an_object.payload
+    assert {h.status for h in Reservation.objects.filter(offering=offering)} == {"released"}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("broker")
+def test_a_batch_gives_back_one_seat_per_released_hold_of_each_offering(run_task):
+    # given: two offerings of 5 seats; on the first 4 holds (3 expired) and a confirmed one,
+    # on the second 2 expired holds; one batch message for the five expired holds
+    crowded = services.create_offering("crowded", 5)
+    other = services.create_offering("other", 5)
+    confirmed = services.hold_seat(crowded.pk, "keeps", 600)
+    services.confirm(confirmed.pk, confirmed.version)
+    services.hold_seat(crowded.pk, "still-held", 600)
+    expired = _expired_holds(crowded.pk, 3, "gone") + _expired_holds(other.pk, 2, "gone")
+    # when
+    result = run_task(RELEASE_BATCH_TASK, build_batch(expired, shard=0, trace_id="seats"))
+    # then: five released, three seats back on the first offering and two on the second
+    assert result == {"outcomes": {"released": 5}, "rejected": 0}
+    seats = {o: services.availability(o.pk) for o in (crowded, other)}
+    assert {
+        o.name: (s["seats_available"], s["held"], s["confirmed"]) for o, s in seats.items()
+    } == {"crowded": (3, 1, 1), "other": (5, 0, 0)}
+    for s in seats.values():
+        assert s["capacity"] == s["seats_available"] + s["held"] + s["confirmed"]
+    assert services.seat_conservation_violations() == []

@@ -42,7 +42,7 @@ def _pytest(tmp_path: Path, ci: str | None) -> tuple[subprocess.CompletedProcess
         env["CI"] = ci
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.missing_tools", "-p", "no:django",
-         "-p", "no:cacheprovider", "-rA", "test_tools.py"],
+         "-p", "no:cacheprovider", "-p", "no:randomly", "-rA", "test_tools.py"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     return done, report_file.read_text() if report_file.exists() else ""

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cleanup.console.endpoints import metrics_registry
 from cleanup.console.gauges import BacklogCollector
 from common.db import rows
+from reservations.seed import seed_holds
 from tests.integration.fleet import create_eligible_holds
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,7 +146,9 @@ def test_gauges_equal_sql_ground_truth_and_count_caps(client: Client, settings) 
 
     settings.METRICS_TOKEN = "t"
     install_schedule(4, 10)
-    create_eligible_holds(300, offerings=3, expired_seconds_ago=120)
+    # expired 2 to 32 minutes ago (hold p: 120 + 6p s), every shard holding old and recent
+    # ones, so the oldest and the newest of a shard are far apart
+    seed_holds(300, offerings=3, expires_in=lambda p: -(120.0 + 6.0 * p), name="gauges")
     ids_fresh = create_eligible_holds(40, offerings=1, expired_seconds_ago=30)
     with connection.cursor() as cur:  # 40 not yet expired: not eligible
         cur.execute(
@@ -155,13 +158,16 @@ def test_gauges_equal_sql_ground_truth_and_count_caps(client: Client, settings) 
         )
     settings.CLEANUP_ELIGIBLE_COUNT_CAP = 1000
 
+    before = [truth_oldest(4, k) for k in range(4)]
     m = scrape(client, "t")
+    after = [truth_oldest(4, k) for k in range(4)]
 
     for k in range(4):
         shard = (("shard", str(k)),)
         got = m[("reservation_cleanup_oldest_eligible_reservation_age_seconds", shard)]
-        assert abs(got - truth_oldest(4, k)) < 2.0
-        assert 119 <= got < 130
+        # the age of the shard's oldest eligible hold when the scrape read it: between the
+        # ages SQL reads just before and just after the scrape, however long the scrape took
+        assert before[k] <= got <= after[k], (k, before[k], got, after[k])
         assert m[("reservation_cleanup_eligible_reservations", shard)] == truth_count(4, k)
         assert m[("reservation_cleanup_eligible_reservations_capped", shard)] == 0
     assert sum(truth_count(4, k) for k in range(4)) == 300
@@ -359,12 +365,27 @@ print(json.dumps(left))
     assert json.loads(out.stdout.splitlines()[-1]) == []
 
 
+@pytest.fixture
+def preparing_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``worker_boot.prepare`` called in the test process changes it for every later test:
+    it sets ``PROMETHEUS_MULTIPROC_DIR`` (to a directory the test then deletes) and re-selects
+    prometheus_client's value class (multiprocess values, written as files there). Both are
+    recorded here so they are put back after the test. The variable is set before it is
+    deleted because ``monkeypatch.delenv`` records nothing for a variable that is not set, and
+    then would not remove what ``prepare`` sets."""
+    from prometheus_client import values
+
+    monkeypatch.setattr(values, "ValueClass", values.ValueClass)
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+
+
+@pytest.mark.usefixtures("preparing_in_this_process")
 def test_worker_boot_sets_and_wipes_a_directory_per_worker(tmp_path: Path, monkeypatch) -> None:
     from cleanup.telemetry import worker_boot
 
     monkeypatch.setenv("WORKER_METRICS_PORT", "9999")
     monkeypatch.setenv("WORKER_METRICS_DIR", str(tmp_path))
-    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     stale = tmp_path / "w1@box" / "counter_1.db"
     stale.parent.mkdir()
     stale.write_bytes(b"old")
@@ -412,12 +433,12 @@ print(json.dumps(sorted(os.listdir(os.environ["PROMETHEUS_MULTIPROC_DIR"]))))
     assert any(name.startswith("counter_") for name in json.loads(files)), files
 
 
+@pytest.mark.usefixtures("preparing_in_this_process")
 def test_a_worker_prepares_once_and_under_the_project_by_default(monkeypatch) -> None:
     from cleanup.telemetry import worker_boot
 
     monkeypatch.setenv("WORKER_METRICS_PORT", "9999")
     monkeypatch.delenv("WORKER_METRICS_DIR", raising=False)
-    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     argv = ["/venv/bin/celery", "-A", "config", "worker", "-n", "default-dir-test@box"]
     path = worker_boot.prepare(argv)
     try:
@@ -513,3 +534,40 @@ def test_a_batchs_outcomes_count_each_hold() -> None:
         value("reservation_cleanup_processing_duration_seconds_count"),
     )
     assert [b - a for a, b in zip(before, after, strict=True)] == [37, 37, 37]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_duplicate_release_is_counted_as_already_handled_and_moves_no_transition(
+    client: Client, settings, run_task
+) -> None:
+    """What an operator reads on /metrics after a duplicate delivery: one release, one
+    duplicate, one transition (a duplicate counted as released would hide the duplicates and
+    inflate the transitions)."""
+    from cleanup.pipeline.messages import build
+    from cleanup.pipeline.publish import RELEASE_TASK
+    from reservations.models import Reservation
+
+    settings.METRICS_TOKEN = "t" * 40
+    outcome = "reservation_cleanup_outcomes_total"
+    watched = {
+        "released": (outcome, (("outcome", "released"),)),
+        "already_handled": (outcome, (("outcome", "already_handled"),)),
+        "transitions": ("reservation_cleanup_transitions_total", ()),
+    }
+
+    def read() -> dict[str, float]:
+        m = scrape(client, "t" * 40)
+        return {name: m.get(key, 0.0) for name, key in watched.items()}
+
+    (hold_id,) = create_eligible_holds(1, offerings=1)
+    expires_at = Reservation.objects.get(pk=hold_id).expires_at
+    message = build(hold_id, 1, expires_at, 0, "duplicate")
+    before = read()
+    # when: the same release message is delivered twice (a redelivery after a lost ack)
+    first = run_task(RELEASE_TASK, message, task_id="first")
+    second = run_task(RELEASE_TASK, dict(message), task_id="second")
+    assert (first["outcome"], second["outcome"]) == ("released", "already_handled")
+    # then
+    after = read()
+    moved = {name: after[name] - before[name] for name in watched}
+    assert moved == {"released": 1, "already_handled": 1, "transitions": 1}

@@ -113,25 +113,34 @@ def counter(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(f"reservation_cleanup_{name}_total", labels) or 0.0
 
 
+def sweep_in_a_thread(
+    shard: int, shards: int, **kwargs: Any
+) -> tuple[threading.Thread, list[SweepResult], list[BaseException]]:
+    """A sweep started in a thread of its own (another worker's sweep, with its own database
+    connection, closed when it ends); its result or its error is appended to the lists."""
+    results: list[SweepResult] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(sweep_shard(shard, shards, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, results, errors
+
+
 def test_a_second_sweep_of_a_shard_being_swept_skips_at_once(other_session, settings):
     # given: sweep A of shard 0 holds its shard lock and waits for the publish lock, which
     # another session holds (a sweep of another shard publishing)
     settings.CLEANUP_SWEEP_TIME_BUDGET = 60
     ids = expired_holds(20)
     _lock(other_session, PUBLISH_LOCK)
-    results: list[SweepResult] = []
-    errors: list[BaseException] = []
-
-    def sweep_a() -> None:
-        try:
-            results.append(sweep_shard(0, 1, trace_id="sweep-a"))
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=sweep_a)
-    thread.start()
+    thread, results, errors = sweep_in_a_thread(0, 1, trace_id="sweep-a")
     try:
         deadline = time.monotonic() + 30
         while _lock_holders(shard_lock_key(0, 1)) == 0:
@@ -333,19 +342,39 @@ def fill_the_queue(count: int) -> None:
 
 def queue_near_its_cap(settings: Any, cap: int, queued: int, due: int) -> list[int]:
     """A release queue capped at ``cap`` with ``queued`` messages waiting, sweeps that wait
-    2 s in line for the publish lock, and ``due`` holds waiting to be claimed (their ids)."""
+    30 s in line for the publish lock (a wait ``sweep_seen_from_pg_locks`` cannot miss), and
+    ``due`` holds waiting to be claimed (their ids)."""
     settings.CLEANUP_MAX_QUEUE_DEPTH = cap
-    settings.CLEANUP_SWEEP_LOCK_WAIT = 2.0
+    settings.CLEANUP_SWEEP_LOCK_WAIT = 30.0
     settings.CLEANUP_SWEEP_TIME_BUDGET = 60
     fill_the_queue(queued)
     return expired_holds(due, name="waiting")
 
 
-def timed_sweep(shard: int, shards: int) -> tuple[SweepResult, float]:
-    """A sweep's result and the seconds it took."""
-    started = time.monotonic()
-    result = sweep_shard(shard, shards)
-    return result, time.monotonic() - started
+def sweep_seen_from_pg_locks(
+    other_session: BaseDatabaseWrapper, shard: int, shards: int
+) -> SweepResult:
+    """A sweep run in a thread while ``other_session`` holds the publish lock, watched in
+    ``pg_locks``: it fails as soon as the sweep is seen waiting in line for that lock (a wait
+    lasts ``CLEANUP_SWEEP_LOCK_WAIT``, long enough to be seen), else returns its result. On a
+    failure the lock is let go so the waiting sweep ends before the test does."""
+    thread, results, errors = sweep_in_a_thread(shard, shards)
+    try:
+        deadline = time.monotonic() + 60
+        while thread.is_alive():
+            assert _lock_holders(PUBLISH_LOCK, granted=False) == 0, (
+                "the sweep waited in line for the publish lock"
+            )
+            assert time.monotonic() < deadline, "the sweep never ended"
+            thread.join(0.02)
+    except AssertionError:
+        _unlock(other_session, PUBLISH_LOCK)
+        raise
+    finally:
+        thread.join(60)
+    assert errors == []
+    (result,) = results
+    return result
 
 
 def test_a_sweep_that_finds_the_queue_full_leaves_without_waiting_in_line(other_session, settings):
@@ -356,12 +385,11 @@ def test_a_sweep_that_finds_the_queue_full_leaves_without_waiting_in_line(other_
     _lock(other_session, PUBLISH_LOCK)
     try:
         # when
-        result, took = timed_sweep(0, 1)
+        result = sweep_seen_from_pg_locks(other_session, 0, 1)
     finally:
         _unlock(other_session, PUBLISH_LOCK)
-    # then: it left at once as a backpressure pause, not after CLEANUP_SWEEP_LOCK_WAIT as a
-    # sweep that ran out of time in line
-    assert took < 1.0, f"the sweep waited {took:.2f} s in line for a full queue"
+    # then: it never got in line for the publish lock (pg_locks), and left as a backpressure
+    # pause, not as a sweep that ran out of time in line
     assert (result.backpressure, result.budget_exhausted) == (True, False)
     assert (result.batches, result.claimed, result.published) == (0, 0, 0)
     assert counter("backpressure_pauses", shard="0") == pauses + 1
@@ -376,9 +404,9 @@ def test_near_the_cap_a_sweep_leaves_when_the_sweeps_ahead_take_the_room(other_s
     _lock(other_session, PUBLISH_LOCK)
     try:
         # when
-        spoken_for, took = timed_sweep(0, 4)
-        # then: it left at once, a backpressure pause, claiming nothing
-        assert took < 1.0, f"the sweep waited {took:.2f} s in line for room spoken for"
+        spoken_for = sweep_seen_from_pg_locks(other_session, 0, 4)
+        # then: it never got in line for the publish lock (pg_locks), a backpressure pause
+        # claiming nothing
         assert (spoken_for.backpressure, spoken_for.budget_exhausted) == (True, False)
         assert spoken_for.claimed == 0
         # when: the queue drains to 4 (room for 2 shares, one sweep ahead)
