@@ -1,4 +1,5 @@
-"""Two things about the PostgreSQL connection: ``'infinity'`` timestamps, and prepared statements.
+"""Three things about the PostgreSQL connection: ``'infinity'`` timestamps, prepared statements,
+and the connection that holds session state.
 
 Infinity:
 
@@ -13,7 +14,12 @@ PostgreSQL parses and plans each one anew. The release statement is large (five 
 once per hold: planning it took 0.56 ms of its 1 ms on the server (EXPLAIN ANALYZE, one hold).
 ``fetch_prepared`` runs such a statement with server-side binding, prepared once per
 connection (docs/PERFORMANCE.md). ``DATABASE_PREPARED_STATEMENTS=false`` turns it off, e.g.
-behind a PgBouncer in transaction mode that does not track prepared statements (before 1.21).
+behind a pooler that does not track prepared statements (PgBouncer in transaction mode before
+1.21); ``DATABASE_POOLING=transaction`` always does.
+
+The session's connection: advisory locks held across transactions and the rest of a session's
+state live on ``session_connection()``, which is Django's default connection except behind a
+transaction pooler (docs/TOPOLOGIES.md, "PgBouncer").
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 SKIP = 3
 # PgBouncer refuses to run as root; as root it is started as this user (Debian's own).
@@ -54,11 +54,15 @@ def answers(port: int) -> bool:
 
 
 def server_of(url: str) -> tuple[str, str, str]:
-    """Host, port and user of the PostgreSQL server ``url`` names (one host, TCP)."""
+    """Host (or socket directory, ``?host=/path``), port and user of the PostgreSQL server
+    ``url`` names (one host)."""
     parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
     userinfo, _, hostport = parts.netloc.rpartition("@")
     host, _, port = hostport.partition(":")
-    return host or "127.0.0.1", port or "5432", unquote(userinfo.partition(":")[0]) or "postgres"
+    host = query.get("host") or host or "127.0.0.1"
+    port = port or query.get("port") or "5432"
+    return host, port, unquote(userinfo.partition(":")[0]) or "postgres"
 
 
 def pgbouncer_binary() -> str | None:

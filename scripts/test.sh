@@ -219,27 +219,57 @@ rabbitmq_suites() {
 # redis-server that has TLS, a person's run skips them and says so; CI fails.
 TLS_SUITES=(tests/integration/test_delivery.py tests/integration/test_hostile_input.py)
 tls_suites() {
+  suites_on_private_server TLS scripts/tls_redis.py _tls "" "TLS redis-server" "${TLS_SUITES[@]}"
+}
+
+# The delivery and sweep-kill suites again behind PgBouncer in transaction pooling (how large
+# deployments pool connections): a private pgbouncer on a free port (scripts/pgbouncer.py) in
+# front of the tests' PostgreSQL; the worker and beat processes reach the database through it
+# with DATABASE_POOLING=transaction and the direct URL as DATABASE_DIRECT_URL
+# (tests/integration/fleet.py), while pytest creates and drops its test database (+ _pgb)
+# directly. BROKER_URL ($1): a broker of their own (in lane 3, lane C's Redis database once
+# pytest-c is done with it). Installed with apt in CI when missing; a person's run without it
+# skips them and says so; CI fails when it cannot start.
+PGBOUNCER_SUITES=(tests/integration/test_delivery.py tests/integration/test_sweep_kill.py)
+pgbouncer_suites() {
+  if in_ci && ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+    apt_install pgbouncer || { echo "CI: pgbouncer could not be installed"; return 1; }
+  fi
+  suites_on_private_server PgBouncer scripts/pgbouncer.py _pgb "$1" pgbouncer \
+    "${PGBOUNCER_SUITES[@]}"
+}
+
+# suites_on_private_server LABEL SCRIPT DB_SUFFIX BROKER_URL WHAT SUITE...: SCRIPT starts a
+# private server in a temporary directory and prints the export lines that reach it (exit 3:
+# none could be had, the reason on stderr); pytest runs SUITE... with them, on a test database
+# of their own (the main one's name + DB_SUFFIX) and BROKER_URL (empty: the exports' broker, or
+# the current one); then SCRIPT stops it. When none could be had a person's run skips the
+# suites and lists them at the end (WHAT names the server); CI fails.
+suites_on_private_server() {
+  local label="$1" script="$2" suffix="$3" broker="$4" what="$5"
+  shift 5
   local dir exports rc=0
   dir=$(mktemp -d)
-  exports=$(.venv/bin/python scripts/tls_redis.py start "$dir") || rc=$?
+  exports=$(.venv/bin/python "$script" start "$dir") || rc=$?
   if [ "$rc" = 3 ]; then
     rm -rf "$dir"
     if in_ci; then
-      echo "CI: no TLS Redis could be started (reason above): the TLS suites cannot be skipped in CI"
+      echo "CI: no $what could be started (reason above): the $label suites cannot be skipped in CI"
       return 1
     fi
-    echo "TLS suites SKIPPED (reason above)"
-    left_out "skipped because no TLS redis-server could be started: the TLS suites (${TLS_SUITES[*]})"
+    echo "$label suites SKIPPED (reason above)"
+    left_out "skipped because no $what could be started: the $label suites ($*)"
     return 0
   elif [ "$rc" != 0 ]; then
     rm -rf "$dir"
     return "$rc"
   fi
   local db
-  db=$(database_url_with_suffix _tls)
+  db=$(database_url_with_suffix "$suffix")
   ( eval "$exports" && export DATABASE_URL="$db" \
-    && .venv/bin/python -m pytest -p no:cacheprovider "${TLS_SUITES[@]}" ) || rc=$?
-  .venv/bin/python scripts/tls_redis.py stop "$dir" || true
+    && if [ -n "$broker" ]; then export CELERY_BROKER_URL="$broker"; fi \
+    && .venv/bin/python -m pytest -p no:cacheprovider "$@" ) || rc=$?
+  .venv/bin/python "$script" stop "$dir" || true
   rm -rf "$dir"
   return "$rc"
 }
@@ -341,7 +371,8 @@ PY
 #      pytest-tls: the delivery and hostile-input suites on a private TLS Redis (+ _tls);
 #   lane 3, pytest-c: the browser tests and the failure-path modules (tests' Redis database + 2,
 #      test database + _c), then pytest-rabbitmq: the correctness suites again on RabbitMQ
-#      (test database + _amqp).
+#      (test database + _amqp), then pytest-pgbouncer: the delivery and sweep-kill suites
+#      behind a private PgBouncer in transaction pooling (test database + _pgb).
 # Then, in CI (or with RESERVATIONS_DRILLS=1), the drills: the production-stack drill (its own
 # servers in network namespaces), the chaos drills and the Sentinel failover drill (its own
 # servers; test database + _sentinel). A person's run leaves the drills out and
@@ -355,6 +386,7 @@ DRILLS=(tests/integration/test_chaos.py tests/integration/test_production_stack.
 drills_wanted() { in_ci || [ "${RESERVATIONS_DRILLS:-}" = 1 ]; }
 pytest_b() { pytest_with _b "$(lane_redis_url B 1)" "${GROUP_B[@]}"; }
 pytest_c() { pytest_with _c "$(lane_redis_url C 2)" "${GROUP_C[@]}"; }
+pytest_pgbouncer() { pgbouncer_suites "$(lane_redis_url C 2)"; }
 pytest_sentinel() {
   case "$CELERY_BROKER_URL" in
     redis://*) sentinel_drill "$(lane_redis_url C 2)" ;;
@@ -371,7 +403,8 @@ else
   case "$CELERY_BROKER_URL" in
     redis://*)
       run_lane "lane-2" "pytest-b:pytest_b" "library-suites:library_suites" "pytest-tls:tls_suites"
-      run_lane "lane-3" "pytest-c:pytest_c" "pytest-rabbitmq:rabbitmq_suites"
+      run_lane "lane-3" "pytest-c:pytest_c" "pytest-rabbitmq:rabbitmq_suites" \
+        "pytest-pgbouncer:pytest_pgbouncer"
       phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration \
         "${ignore_lanes[@]}" "${ignore_drills[@]}"
       finish_lane "lane-2" || fail_run $?
@@ -383,6 +416,7 @@ else
       phase "pytest-a" .venv/bin/python -m pytest tests/unit tests/integration "${ignore_drills[@]}"
       phase "pytest-rabbitmq" rabbitmq_suites
       phase "pytest-tls" tls_suites
+      phase "pytest-pgbouncer" pgbouncer_suites "$CELERY_BROKER_URL"
       ;;
   esac
   if drills_wanted; then
