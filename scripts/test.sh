@@ -222,15 +222,16 @@ tls_suites() {
   suites_on_private_server TLS scripts/tls_redis.py _tls "" "TLS redis-server" "${TLS_SUITES[@]}"
 }
 
-# The delivery and sweep-kill suites again behind PgBouncer in transaction pooling (how large
-# deployments pool connections): a private pgbouncer on a free port (scripts/pgbouncer.py) in
-# front of the tests' PostgreSQL; the worker and beat processes reach the database through it
+# The delivery, sweep-kill, beat and burst suites again behind PgBouncer in transaction pooling
+# (how large deployments pool connections): a private pgbouncer on a free port
+# (scripts/pgbouncer.py) in front of the tests' PostgreSQL; the worker and beat processes reach the database through it
 # with DATABASE_POOLING=transaction and the direct URL as DATABASE_DIRECT_URL
 # (tests/integration/fleet.py), while pytest creates and drops its test database (+ _pgb)
 # directly. BROKER_URL ($1): a broker of their own (in lane 3, lane C's Redis database once
 # pytest-c is done with it). Installed with apt in CI when missing; a person's run without it
 # skips them and says so; CI fails when it cannot start.
-PGBOUNCER_SUITES=(tests/integration/test_delivery.py tests/integration/test_sweep_kill.py)
+PGBOUNCER_SUITES=(tests/integration/test_delivery.py tests/integration/test_sweep_kill.py
+                  tests/integration/test_beat.py tests/integration/test_burst.py)
 pgbouncer_suites() {
   if in_ci && ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
     apt_install pgbouncer || { echo "CI: pgbouncer could not be installed"; return 1; }
