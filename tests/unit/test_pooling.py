@@ -262,3 +262,24 @@ def test_session_locks_live_on_the_direct_connection_behind_a_transaction_pooler
     assert seen["taken"] is True
     assert seen["held"] == 1  # still held by the direct session after 20 pooled transactions
     assert seen["session_pid_in_default_pids"] is False
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("command", [["worker", "--pool", "solo"], ["beat"]])
+def test_a_worker_and_beat_refuse_to_start_behind_an_undeclared_transaction_pooler(
+    pgbouncers: dict[int, str], command: list[str]
+) -> None:
+    env = _pooled_env(pgbouncers[4], CELERY_BROKER_URL=settings.CELERY_BROKER_URL)
+    started = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "config", *command, "--loglevel", "WARNING"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert started.returncode == 1
+    assert "refusing to start: DATABASE_URL reaches PostgreSQL through a transaction pooler" in (
+        started.stderr
+    )
+    assert "set DATABASE_POOLING=transaction" in started.stderr
