@@ -6,6 +6,11 @@ class CommonConfig(AppConfig):
     verbose_name = "Common plumbing"
 
     def ready(self) -> None:
-        from . import db  # noqa: PLC0415 - the connection hook registers once the app registry is ready
+        from django.core import checks  # noqa: PLC0415
+
+        from . import db, pooling  # noqa: PLC0415 - the connection hook registers once the app registry is ready
 
         db.install()
+        # `manage.py check --database default` and `migrate` refuse an undeclared transaction
+        # pooler (and a pooled DATABASE_DIRECT_URL), as the worker and beat do at start.
+        checks.register(pooling.check, checks.Tags.database)

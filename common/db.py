@@ -1,4 +1,5 @@
-"""Two things about the PostgreSQL connection: ``'infinity'`` timestamps, and prepared statements.
+"""Three things about the PostgreSQL connection: ``'infinity'`` timestamps, prepared statements,
+and the connection that holds session state.
 
 Infinity:
 
@@ -13,7 +14,12 @@ PostgreSQL parses and plans each one anew. The release statement is large (five 
 once per hold: planning it took 0.56 ms of its 1 ms on the server (EXPLAIN ANALYZE, one hold).
 ``fetch_prepared`` runs such a statement with server-side binding, prepared once per
 connection (docs/PERFORMANCE.md). ``DATABASE_PREPARED_STATEMENTS=false`` turns it off, e.g.
-behind a PgBouncer in transaction mode that does not track prepared statements (before 1.21).
+behind a pooler that does not track prepared statements (PgBouncer in transaction mode before
+1.21); ``DATABASE_POOLING=transaction`` always does.
+
+The session's connection: advisory locks held across transactions and the rest of a session's
+state live on ``session_connection()``, which is Django's default connection except behind a
+transaction pooler (docs/TOPOLOGIES.md, "PgBouncer").
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from typing import Any
 
 import psycopg
 from django.conf import settings
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 from psycopg.adapt import Loader
 from psycopg.types.datetime import TimestamptzLoader
@@ -88,18 +95,49 @@ def install() -> None:
 NEVER_AUTOMATICALLY = 2**31 - 1
 
 
-def rows(query: str, params: Any = None) -> list[tuple[Any, ...]]:
-    """Run ``query`` on Django's connection (its transaction, if any); its rows, or ``[]`` for
-    a statement that returns none. The one cursor helper of the project's raw SQL readers."""
-    with connection.cursor() as cur:
+def rows(query: str, params: Any = None, *, using: str = DEFAULT_DB_ALIAS) -> list[tuple[Any, ...]]:
+    """Run ``query`` on Django's connection ``using`` (its transaction, if any); its rows, or
+    ``[]`` for a statement that returns none. The one cursor helper of the project's raw SQL
+    readers."""
+    with connections[using].cursor() as cur:
         cur.execute(query, params)
         return list(cur.fetchall()) if cur.description else []
 
 
-def scalar(query: str, params: Any = None) -> Any:
+def scalar(query: str, params: Any = None, *, using: str = DEFAULT_DB_ALIAS) -> Any:
     """The first column of the first row of ``query``, or ``None`` when it returns no row."""
-    found = rows(query, params)
+    found = rows(query, params, using=using)
     return found[0][0] if found else None
+
+
+def session_alias() -> str:
+    """The alias of the connection that holds session state: advisory locks held across
+    transactions, a session's lock_timeout, ``pg_backend_pid()``. "default", except behind a
+    transaction pooler, where the next transaction may run on another server connection: there
+    it is ``DATABASE_DIRECT_URL``'s (``DATABASE_SESSION_ALIAS``, config.settings.base)."""
+    return str(settings.DATABASE_SESSION_ALIAS)
+
+
+def session_connection() -> BaseDatabaseWrapper:
+    return connections[session_alias()]
+
+
+def psycopg_params(db: Mapping[str, Any]) -> dict[str, Any]:
+    """libpq connection parameters of a Django DATABASES entry, for a psycopg connection of
+    its own (the beat's lease, the start-up pooling probe): its name, user, password, host(s),
+    port(s), and its OPTIONS (sslmode, target_session_attrs, ...)."""
+    params: dict[str, Any] = {"dbname": db["NAME"]}
+    for src, dst in (
+        ("USER", "user"),
+        ("PASSWORD", "password"),
+        ("HOST", "host"),
+        ("PORT", "port"),
+    ):
+        if db.get(src):
+            params[dst] = db[src]
+    for key, value in dict(db.get("OPTIONS") or {}).items():
+        params.setdefault(key, value)
+    return params
 
 
 def set_local_statement_timeout(milliseconds: int) -> None:

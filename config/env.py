@@ -209,3 +209,65 @@ def parse_database_url(name: str, url: str) -> dict[str, object]:
         "PORT": ",".join(ports) if any(ports) else "",
         "OPTIONS": query,
     }
+
+
+def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    value = env_str(name, default).strip().lower()
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name}={value!r}: expected one of {', '.join(choices)}")
+    return value
+
+
+# DATABASE_POOLING: how DATABASE_URL reaches PostgreSQL. "none": directly or through a pooler
+# that keeps a client on one server connection (PgBouncer's session pooling). "transaction":
+# through a transaction pooler, where consecutive transactions may run on different server
+# connections, so nothing may rely on the session: advisory locks held across transactions,
+# session settings, pg_backend_pid(), prepared statements, server-side cursors.
+POOLING_MODES = ("none", "transaction")
+# The Django alias of the direct connection that carries the session state behind a transaction
+# pooler (common.db.session_connection); without one, the session state is on "default".
+SESSION_ALIAS = "locks"
+
+
+def database_aliases(
+    url: str, direct_url: str, pooling: str, *, conn_max_age: int
+) -> dict[str, dict[str, object]]:
+    """Django's DATABASES from ``DATABASE_URL``, ``DATABASE_DIRECT_URL`` and
+    ``DATABASE_POOLING``: "default" always; with transaction pooling also ``SESSION_ALIAS``, the
+    direct connection (required), and "default" without server-side cursors (a named cursor
+    lives in its session)."""
+    default = parse_database_url("DATABASE_URL", url)
+    aliases: dict[str, dict[str, object]] = {"default": default}
+    if pooling == "transaction":
+        if not direct_url:
+            raise ImproperlyConfigured(
+                "DATABASE_POOLING=transaction needs DATABASE_DIRECT_URL: a direct (or "
+                "session-pooled) connection to the same database, for the advisory locks and "
+                "the beat's lease, which a transaction pooler cannot keep"
+            )
+        default["DISABLE_SERVER_SIDE_CURSORS"] = True
+        aliases[SESSION_ALIAS] = parse_database_url("DATABASE_DIRECT_URL", direct_url)
+        # Tests: the same test database as "default", not one of its own.
+        aliases[SESSION_ALIAS]["TEST"] = {"MIRROR": "default"}
+    for entry in aliases.values():
+        # Workers and web requests reuse a connection for a while; health checks drop dead ones.
+        # A session lock is never held across that reuse: Django closes an old connection only
+        # between requests and Celery between tasks, and the sweep lets go of its locks first.
+        entry["CONN_MAX_AGE"] = conn_max_age
+        entry["CONN_HEALTH_CHECKS"] = True
+    return aliases
+
+
+def prepared_statements(pooling: str) -> bool:
+    """``DATABASE_PREPARED_STATEMENTS`` (default true), off behind a transaction pooler (PgBouncer
+    before 1.21 does not follow a prepared statement to the server connection that has it), where
+    asking for it is refused."""
+    if pooling != "transaction":
+        return env_bool("DATABASE_PREPARED_STATEMENTS", True)
+    if env_bool("DATABASE_PREPARED_STATEMENTS", False):
+        raise ImproperlyConfigured(
+            "DATABASE_PREPARED_STATEMENTS=true cannot be used with DATABASE_POOLING=transaction: "
+            "a transaction pooler runs the next statement on another server connection, where "
+            "the statement was never prepared; leave DATABASE_PREPARED_STATEMENTS unset"
+        )
+    return False

@@ -222,27 +222,59 @@ rabbitmq_suites() {
 # redis-server that has TLS, a person's run skips them and says so; CI fails.
 TLS_SUITES=(tests/integration/test_delivery.py tests/integration/test_hostile_input.py)
 tls_suites() {
+  suites_on_private_server TLS scripts/tls_redis.py _tls "" "TLS redis-server" "${TLS_SUITES[@]}"
+}
+
+# The delivery, sweep-kill, beat and burst suites again behind PgBouncer in transaction pooling
+# (how large deployments pool connections): a private pgbouncer on a free port
+# (scripts/pgbouncer.py) in front of the tests' PostgreSQL; the worker and beat processes reach
+# the database through it with DATABASE_POOLING=transaction and the direct URL as DATABASE_DIRECT_URL
+# (tests/integration/fleet.py), while pytest creates and drops its test database (+ _pgb)
+# directly. BROKER_URL ($1): a broker of their own (in lane 3, lane C's Redis database once
+# pytest-c is done with it). It runs with the drills (CI and make test-full, about 3½ minutes),
+# not in a person's run. Installed with apt in CI when missing; a test-full run without it
+# skips them and says so; CI fails when it cannot start.
+PGBOUNCER_SUITES=(tests/integration/test_delivery.py tests/integration/test_sweep_kill.py
+                  tests/integration/test_beat.py tests/integration/test_burst.py)
+pgbouncer_suites() {
+  if in_ci && ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+    apt_install pgbouncer || { echo "CI: pgbouncer could not be installed"; return 1; }
+  fi
+  suites_on_private_server PgBouncer scripts/pgbouncer.py _pgb "$1" pgbouncer \
+    "${PGBOUNCER_SUITES[@]}"
+}
+
+# suites_on_private_server LABEL SCRIPT DB_SUFFIX BROKER_URL WHAT SUITE...: SCRIPT starts a
+# private server in a temporary directory and prints the export lines that reach it (exit 3:
+# none could be had, the reason on stderr); pytest runs SUITE... with them, on a test database
+# of their own (the main one's name + DB_SUFFIX) and BROKER_URL (empty: the exports' broker, or
+# the current one); then SCRIPT stops it. When none could be had a person's run skips the
+# suites and lists them at the end (WHAT names the server); CI fails.
+suites_on_private_server() {
+  local label="$1" script="$2" suffix="$3" broker="$4" what="$5"
+  shift 5
   local dir exports rc=0
   dir=$(mktemp -d)
-  exports=$(.venv/bin/python scripts/tls_redis.py start "$dir") || rc=$?
+  exports=$(.venv/bin/python "$script" start "$dir") || rc=$?
   if [ "$rc" = 3 ]; then
     rm -rf "$dir"
     if in_ci; then
-      echo "CI: no TLS Redis could be started (reason above): the TLS suites cannot be skipped in CI"
+      echo "CI: no $what could be started (reason above): the $label suites cannot be skipped in CI"
       return 1
     fi
-    echo "TLS suites SKIPPED (reason above)"
-    left_out "skipped because no TLS redis-server could be started: the TLS suites (${TLS_SUITES[*]})"
+    echo "$label suites SKIPPED (reason above)"
+    left_out "skipped because no $what could be started: the $label suites ($*)"
     return 0
   elif [ "$rc" != 0 ]; then
     rm -rf "$dir"
     return "$rc"
   fi
   local db
-  db=$(database_url_with_suffix _tls)
+  db=$(database_url_with_suffix "$suffix")
   ( eval "$exports" && export DATABASE_URL="$db" \
-    && .venv/bin/python -m pytest -p no:cacheprovider "${TLS_SUITES[@]}" ) || rc=$?
-  .venv/bin/python scripts/tls_redis.py stop "$dir" || true
+    && if [ -n "$broker" ]; then export CELERY_BROKER_URL="$broker"; fi \
+    && .venv/bin/python -m pytest -p no:cacheprovider "$@" ) || rc=$?
+  .venv/bin/python "$script" stop "$dir" || true
   rm -rf "$dir"
   return "$rc"
 }
@@ -346,7 +378,9 @@ PY
 #      pytest-tls: the delivery and hostile-input suites on a private TLS Redis (+ _tls);
 #   lane 3, pytest-c: the browser tests and the failure-path modules (tests' Redis database + 2,
 #      test database + _c), then pytest-rabbitmq: the correctness suites again on RabbitMQ
-#      (test database + _amqp).
+#      (test database + _amqp), then, in CI (or with RESERVATIONS_DRILLS=1), pytest-pgbouncer:
+#      the delivery, sweep-kill, beat and burst suites behind a private PgBouncer in
+#      transaction pooling (test database + _pgb).
 # Every other pytest here runs in file order (pyproject.toml's addopts keep pytest-randomly off
 # unless `-p randomly` is given): the real-worker modules share workers and brokers through
 # their fixtures, and a person's `bash scripts/test.sh ARGS` runs exactly as asked.
@@ -363,6 +397,7 @@ DRILLS=(tests/integration/test_chaos.py tests/integration/test_production_stack.
 drills_wanted() { in_ci || [ "${RESERVATIONS_DRILLS:-}" = 1 ]; }
 pytest_b() { pytest_with _b "$(lane_redis_url B 1)" "${GROUP_B[@]}"; }
 pytest_c() { pytest_with _c "$(lane_redis_url C 2)" "${GROUP_C[@]}"; }
+pytest_pgbouncer() { pgbouncer_suites "$(lane_redis_url C 2)"; }
 pytest_sentinel() {
   case "$CELERY_BROKER_URL" in
     redis://*) sentinel_drill "$(lane_redis_url C 2)" ;;
@@ -379,7 +414,9 @@ else
   case "$CELERY_BROKER_URL" in
     redis://*)
       run_lane "lane-2" "pytest-b:pytest_b" "library-suites:library_suites" "pytest-tls:tls_suites"
-      run_lane "lane-3" "pytest-c:pytest_c" "pytest-rabbitmq:rabbitmq_suites"
+      lane3_steps=("pytest-c:pytest_c" "pytest-rabbitmq:rabbitmq_suites")
+      if drills_wanted; then lane3_steps+=("pytest-pgbouncer:pytest_pgbouncer"); fi
+      run_lane "lane-3" "${lane3_steps[@]}"
       # lane 1's second phase runs even when the first failed, as in the other lanes
       unit_rc=0
       run_phase "pytest-unit" .venv/bin/python -m pytest -p randomly tests/unit || unit_rc=$?
@@ -397,6 +434,7 @@ else
       phase "pytest-a" .venv/bin/python -m pytest tests/integration "${ignore_drills[@]}"
       phase "pytest-rabbitmq" rabbitmq_suites
       phase "pytest-tls" tls_suites
+      if drills_wanted; then phase "pytest-pgbouncer" pgbouncer_suites "$CELERY_BROKER_URL"; fi
       [ "$unit_rc" = 0 ] || fail_run "$unit_rc"
       ;;
   esac
@@ -408,8 +446,9 @@ else
     phase "pytest-sentinel" pytest_sentinel
   else
     left_out "not run in a person's run: the production-stack, chaos and Sentinel failover drills" \
-      "(tests/integration/test_production_stack.py, test_chaos.py, test_sentinel_failover.py;" \
-      "CI runs them): make test-full"
+      "and the PgBouncer phase (tests/integration/test_production_stack.py, test_chaos.py," \
+      "test_sentinel_failover.py; the delivery, sweep-kill, beat and burst suites behind" \
+      "PgBouncer; CI runs them): make test-full"
   fi
 fi
 

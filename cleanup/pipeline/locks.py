@@ -10,11 +10,12 @@ dead-letter cap 2, shard locks start above 4096, and the beat lease uses
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
-from django.db import InterfaceError, OperationalError, connection
+from django.db import InterfaceError, OperationalError
 
 from cleanup import sql
-from common.db import scalar
+from common.db import scalar, session_alias, session_connection
 
 LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of a lock_timeout
 
@@ -39,13 +40,26 @@ def beat_lease(lock_id: int) -> tuple[int, int]:
     return (NAMESPACE, lock_id)
 
 
-# Taking and dropping them on Django's connection. A session lock lasts until unlocked (or the
-# session ends); a transaction lock until the caller's transaction ends.
+# Taking and dropping them. A session lock lasts until unlocked (or the session ends); a
+# transaction lock until the caller's transaction ends. Session locks, the session's
+# lock_timeout and the room claims (keyed by pg_backend_pid()) are on the session's connection
+# (common.db.session_connection: Django's default one, or DATABASE_DIRECT_URL's behind a
+# transaction pooler); transaction locks on Django's default one, inside the caller's
+# transaction.
+
+
+def _session_scalar(query: str, params: Any = None) -> Any:
+    return scalar(query, params, using=session_alias())
+
+
+def close_session() -> None:
+    """Close the session's connection: a session still alive ends, and every lock with it."""
+    session_connection().close()
 
 
 def try_lock(key: tuple[int, int]) -> bool:
     """Take the session lock ``key`` if nobody holds it; whether it was taken."""
-    return bool(scalar(sql.TRY_ADVISORY_LOCK, list(key)))
+    return bool(_session_scalar(sql.TRY_ADVISORY_LOCK, list(key)))
 
 
 def wait_for_lock(key: tuple[int, int], wait_s: float) -> bool:
@@ -53,7 +67,7 @@ def wait_for_lock(key: tuple[int, int], wait_s: float) -> bool:
     was taken. PostgreSQL grants a lock to its waiters in the order they asked, and a newcomer
     (even ``try_lock``) does not jump the line. Runs outside a transaction (it sets the
     session's lock_timeout for the wait and resets it after)."""
-    with connection.cursor() as cur:
+    with session_connection().cursor() as cur:
         cur.execute(sql.SET_LOCK_TIMEOUT_MS, [str(max(1, int(wait_s * 1000)))])
         try:
             try:
@@ -77,34 +91,35 @@ def wait_for_lock(key: tuple[int, int], wait_s: float) -> bool:
 
 def sessions_in_line(key: tuple[int, int]) -> int:
     """Other sessions of this database that hold the session lock ``key`` or wait for it."""
-    return int(scalar(sql.ADVISORY_LOCK_QUEUE, list(key)))
+    return int(_session_scalar(sql.ADVISORY_LOCK_QUEUE, list(key)))
 
 
 def unlock(key: tuple[int, int]) -> None:
-    scalar(sql.ADVISORY_UNLOCK, list(key))
+    _session_scalar(sql.ADVISORY_UNLOCK, list(key))
 
 
 def unlock_all() -> None:
     """Drop every session lock this connection holds."""
-    scalar(sql.ADVISORY_UNLOCK_ALL)
+    _session_scalar(sql.ADVISORY_UNLOCK_ALL)
 
 
 # Room under the release queue's cap (sql.RESERVE_ROOM, cleanup.models.RoomClaim): a sweep that
 # lets go of the publish lock before it claims keeps the room it took reserved, keyed by its
-# shard lock, until its messages are in the queue.
+# shard lock, until its messages are in the queue. On the session's connection: a claim's
+# pg_backend_pid() must be the session that holds the shard lock.
 
 
 def reserve_room(shard_key: tuple[int, int], holds: int) -> None:
-    scalar(sql.RESERVE_ROOM, [shard_key[1], holds])
+    _session_scalar(sql.RESERVE_ROOM, [shard_key[1], holds])
 
 
 def clear_room(shard_key: tuple[int, int]) -> None:
-    scalar(sql.CLEAR_ROOM, [shard_key[1]])
+    _session_scalar(sql.CLEAR_ROOM, [shard_key[1]])
 
 
 def room_reserved_by_others() -> int:
     """Holds the other sweeps still running took room for and have not published yet."""
-    return int(scalar(sql.ROOM_RESERVED_BY_OTHERS, [NAMESPACE]))
+    return int(_session_scalar(sql.ROOM_RESERVED_BY_OTHERS, [NAMESPACE]))
 
 
 def try_transaction_lock(key: tuple[int, int]) -> bool:

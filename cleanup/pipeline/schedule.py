@@ -31,6 +31,7 @@ from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupSchedule
 from cleanup.pipeline import locks
 from cleanup.wire import PRUNE_TASK, RELAY_OUTBOX_TASK, SAMPLE_HEALTH_TASK, SWEEP_TASK
+from common.db import psycopg_params, session_alias
 
 logger = logging.getLogger("cleanup.schedule")
 
@@ -232,10 +233,11 @@ def lease_application_name() -> str:
 
 
 def _lock_conninfo() -> dict[str, Any]:
-    db = settings.DATABASES["default"]
+    # The session's connection: behind a transaction pooler, DATABASE_DIRECT_URL's (a pooler
+    # would neither keep the lock with this client nor honour idle_session_timeout).
+    db = settings.DATABASES[session_alias()]
     timeout_ms = cleanup_settings().beat_idle_session_timeout * 1000
     params: dict[str, Any] = {
-        "dbname": db["NAME"],
         "autocommit": True,
         # Names the beat on the server side: the health page shows which process leads.
         "application_name": lease_application_name(),
@@ -247,16 +249,8 @@ def _lock_conninfo() -> dict[str, Any]:
         "keepalives_count": 3,
         "connect_timeout": 5,
     }
-    for src, dst in (
-        ("USER", "user"),
-        ("PASSWORD", "password"),
-        ("HOST", "host"),
-        ("PORT", "port"),
-    ):
-        if db.get(src):
-            params[dst] = db[src]
-    options: dict[str, Any] = dict(db.get("OPTIONS") or {})  # type: ignore[call-overload]
-    for key, value in options.items():
+    # The settings above win over the entry's OPTIONS (a multi-host URL's connect_timeout).
+    for key, value in psycopg_params(db).items():
         params.setdefault(key, value)
     return params
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db import InterfaceError, OperationalError, transaction
 
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
@@ -132,7 +132,7 @@ def _let_go(unlock: Callable[[], None], what: str) -> None:
             extra={"lock": what, "error": repr(exc)[:300]},
         )
         try:
-            connection.close()
+            locks.close_session()
         except Exception:  # noqa: BLE001 - already closed is what we want
             pass
 

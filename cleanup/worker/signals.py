@@ -1,5 +1,6 @@
 """Celery signal handlers: stamp ``enqueued_at`` on every publish; dead-letter what never
-reaches task code (unknown task names, rejected content)."""
+reaches task code (unknown task names, rejected content); refuse to start a worker or beat
+behind a transaction pooler that the settings do not declare (common.pooling)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,18 @@ import time
 from typing import Any
 
 from celery.signals import (
+    beat_init,
     before_task_publish,
     task_rejected,
     task_unknown,
+    worker_init,
     worker_process_shutdown,
 )
 
 from cleanup.models import DeadLetter
 from cleanup.pipeline import deadletters
 from cleanup.telemetry import deliveries
+from common import pooling
 
 
 @before_task_publish.connect
@@ -23,6 +27,18 @@ def stamp_enqueued_at(headers: dict[str, Any] | None = None, **_: Any) -> None:
     # A fresh stamp per publish (retries included): queue age is time spent in this queue.
     if headers is not None:
         headers["enqueued_at"] = time.time()
+
+
+@worker_init.connect
+@beat_init.connect
+def refuse_a_transaction_pooler(**_: Any) -> None:
+    """Before the worker's pool or beat's loop starts: their session locks and lease would not
+    hold behind an undeclared transaction pooler. SystemExit, because Celery logs and ignores an
+    exception a signal handler raises (and an embedded beat, ``worker -B``, starts with its
+    worker)."""
+    problems = pooling.configured_refusals()
+    if problems:
+        raise SystemExit("refusing to start: " + "; ".join(problems))
 
 
 # A dead letter keeps the start of a body; the rest is never decoded or copied.

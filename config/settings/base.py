@@ -12,7 +12,19 @@ from kombu import Queue
 from cleanup import redis_sentinel, wire
 from cleanup.conf import CleanupSettings
 from config import redis_tls
-from config.env import env_bool, env_int, env_list, env_str, env_typed, parse_database_url
+from config.env import (
+    POOLING_MODES,
+    SESSION_ALIAS,
+    database_aliases,
+    env_bool,
+    env_choice,
+    env_int,
+    env_list,
+    env_str,
+    env_typed,
+    parse_database_url,
+    prepared_statements,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -73,13 +85,28 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": parse_database_url("DATABASE_URL", env_str("DATABASE_URL"))}
-# Short-lived workers and web requests reuse a connection for a while; health checks drop dead ones.
-DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# How DATABASE_URL reaches PostgreSQL (config.env.POOLING_MODES); behind a transaction pooler
+# the session state (advisory locks, the beat's lease) goes over DATABASE_DIRECT_URL, and the
+# processes that need it refuse to start when a pooler is found but not declared
+# (common.pooling; docs/TOPOLOGIES.md, "PgBouncer").
+DATABASE_POOLING = env_choice("DATABASE_POOLING", POOLING_MODES, "none")
+DATABASE_DIRECT_URL = env_str("DATABASE_DIRECT_URL", "")
+# Probed at start-up whenever it is given (it must not be transaction pooled either).
+DATABASE_DIRECT = (
+    parse_database_url("DATABASE_DIRECT_URL", DATABASE_DIRECT_URL) if DATABASE_DIRECT_URL else None
+)
+DATABASES = database_aliases(
+    env_str("DATABASE_URL"),
+    DATABASE_DIRECT_URL,
+    DATABASE_POOLING,
+    conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0),
+)
+# The alias whose connection holds session state (common.db.session_connection).
+DATABASE_SESSION_ALIAS = SESSION_ALIAS if SESSION_ALIAS in DATABASES else "default"
 # The release statement runs prepared (common.db.fetch_prepared); false for a connection
-# pooler that cannot keep prepared statements (PgBouncer in transaction mode before 1.21).
-DATABASE_PREPARED_STATEMENTS = env_bool("DATABASE_PREPARED_STATEMENTS", True)
+# pooler that cannot keep prepared statements (PgBouncer in transaction mode before 1.21), and
+# always false with DATABASE_POOLING=transaction.
+DATABASE_PREPARED_STATEMENTS = prepared_statements(DATABASE_POOLING)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"

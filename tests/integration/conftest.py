@@ -5,14 +5,35 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import psycopg
 import pytest
+from django.conf import settings
 
+from . import fleet
 from .fleet import SessionFleet, Worker, purge_broker
 
 TABLES = (
     "cleanup_cleanupreceipt, cleanup_deadletter, cleanup_deliverycount, "
     "reservations_outboxevent, reservations_reservation, reservations_offering"
 )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def pgbouncer_lets_go_of_the_test_database(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Behind a PgBouncer (``fleet.PGBOUNCER``): at the end of the session, after the workers
+    stopped and before pytest-django drops the test database, PgBouncer closes its server
+    connections to it (``KILL``), which it would otherwise keep open and fail the drop."""
+    if not fleet.PGBOUNCER:
+        yield
+        return
+    request.getfixturevalue("django_db_setup")  # torn down after this fixture
+    yield
+    db = settings.DATABASES["default"]
+    host, _, port = fleet.PGBOUNCER.partition(":")
+    with psycopg.connect(
+        host=host, port=port, dbname="pgbouncer", user=str(db["USER"]), autocommit=True
+    ) as admin:
+        admin.execute(f"KILL {db['NAME']}")
 
 
 @pytest.fixture

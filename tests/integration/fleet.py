@@ -35,8 +35,8 @@ from reservations.seed import seed_holds
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def service_env(**overrides: str) -> dict[str, str]:
-    """Environment for a child process: test settings, the test database, the test broker."""
+def test_database_url() -> str:
+    """The tests' database as a ``DATABASE_URL``, straight to PostgreSQL."""
     db = settings.DATABASES["default"]
     user = db.get("USER") or ""
     password = db.get("PASSWORD") or ""
@@ -44,9 +44,35 @@ def service_env(**overrides: str) -> dict[str, str]:
     host = str(db.get("HOST") or "")
     port = db.get("PORT") or ""
     if host.startswith("/"):
-        url = f"postgres://{auth}/{db['NAME']}?host={host}" + (f"&port={port}" if port else "")
-    else:
-        url = f"postgres://{auth}{host}{':' + str(port) if port else ''}/{db['NAME']}"
+        return f"postgres://{auth}/{db['NAME']}?host={host}" + (f"&port={port}" if port else "")
+    return f"postgres://{auth}{host}{':' + str(port) if port else ''}/{db['NAME']}"
+
+
+# host:port of a PgBouncer in transaction pooling in front of the tests' PostgreSQL
+# (scripts/pgbouncer.py; scripts/test.sh's phase pytest-pgbouncer): when set, every child
+# process reaches the tests' database through it, with DATABASE_POOLING=transaction and the
+# direct URL as DATABASE_DIRECT_URL. The tests' own connections stay direct.
+PGBOUNCER = os.environ.get("RESERVATIONS_TEST_PGBOUNCER", "")
+
+
+def pooled_database_env(direct_url: str) -> dict[str, str]:
+    """The database variables of a child process behind ``PGBOUNCER`` (none without it)."""
+    if not PGBOUNCER:
+        return {}
+    db = settings.DATABASES["default"]
+    user = db.get("USER") or ""
+    password = db.get("PASSWORD") or ""
+    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    return {
+        "DATABASE_URL": f"postgres://{auth}{PGBOUNCER}/{db['NAME']}",
+        "DATABASE_DIRECT_URL": direct_url,
+        "DATABASE_POOLING": "transaction",
+    }
+
+
+def service_env(**overrides: str) -> dict[str, str]:
+    """Environment for a child process: test settings, the test database, the test broker."""
+    url = test_database_url()
     env = dict(os.environ)
     env.update(
         {
@@ -54,6 +80,7 @@ def service_env(**overrides: str) -> dict[str, str]:
             "DATABASE_URL": url,
             "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
             "PYTHONUNBUFFERED": "1",
+            **pooled_database_env(url),
         }
     )
     env.update(overrides)
@@ -200,7 +227,7 @@ def wait_until(
 
 def conninfo() -> str:
     """The tests' database for a psycopg connection of the test's own."""
-    return service_env()["DATABASE_URL"].replace("postgres://", "postgresql://", 1)
+    return test_database_url().replace("postgres://", "postgresql://", 1)
 
 
 @contextmanager

@@ -15,7 +15,9 @@ import time
 import uuid
 from typing import Any
 
+import psycopg
 import pytest
+from django.conf import settings
 
 from cleanup.broker import readers as broker
 from cleanup.conf import cleanup_settings
@@ -24,6 +26,7 @@ from cleanup.telemetry import deliveries
 from tests.wire import GOOD, publish_raw
 from tests.wire import task_body as _body
 
+from . import fleet
 from .fleet import (
     blocked_backends,
     broker_is_redis,
@@ -43,6 +46,28 @@ from .fleet import (
 pytestmark = [pytest.mark.workers]
 
 POISON = ["-I", "tests.integration.poison_tasks"]
+
+
+@pytest.mark.skipif(
+    not fleet.PGBOUNCER, reason="only behind a PgBouncer (RESERVATIONS_TEST_PGBOUNCER)"
+)
+def test_behind_pgbouncer_the_workers_really_reach_the_database_through_it(clean, workers):
+    # given: the suites' processes sent through a PgBouncer in transaction pooling
+    # (scripts/test.sh, phase pytest-pgbouncer)
+    hold_id, _ = one_eligible_hold()
+    # when: a worker releases a hold
+    publish_for(hold_id)
+    wait_until(lambda: status_of(hold_id) == "released", timeout=60, what="released")
+    # then: PgBouncer's admin console lists the workers' connections to the tests' database
+    # (Django keeps them open for DATABASE_CONN_MAX_AGE)
+    host, _, port = fleet.PGBOUNCER.partition(":")
+    database = settings.DATABASES["default"]["NAME"]
+    user = str(settings.DATABASES["default"]["USER"])
+    with psycopg.connect(
+        host=host, port=port, dbname="pgbouncer", user=user, autocommit=True
+    ) as admin:
+        clients = admin.execute("SHOW CLIENTS").fetchall()
+    assert [c for c in clients if c[2] == database], clients
 
 
 def test_a_pool_child_killed_mid_release_is_redelivered_and_released_once(
