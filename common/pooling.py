@@ -31,6 +31,7 @@ import psycopg
 from django.conf import settings
 from django.core.checks import CheckMessage, Error
 
+from . import sql
 from .db import psycopg_params
 
 logger = logging.getLogger("common.pooling")
@@ -43,7 +44,6 @@ WAIT_S = 2.0
 # Seconds to wait for a connection: a database that is down must not hold a start-up for long
 # (the probe is then skipped; the process reports the database as it always did).
 CONNECT_TIMEOUT_S = 3
-BACKEND_PID = "SELECT pg_backend_pid()"
 
 
 def probe(params: Mapping[str, Any], *, wait_s: float = WAIT_S) -> str:
@@ -71,7 +71,7 @@ def probe(params: Mapping[str, Any], *, wait_s: float = WAIT_S) -> str:
 
 
 def _pid(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute(BACKEND_PID).fetchone()
+    row = conn.execute(sql.BACKEND_PID).fetchone()
     assert row is not None
     return int(row[0])
 
