@@ -1,4 +1,4 @@
-.PHONY: run test test-full lint lock bench flash-sale chaos sentinel-drill embedded-status embedded-stop
+.PHONY: run test test-full lint lock bench flash-sale chaos sentinel-drill pg-failover-drill embedded-status embedded-stop
 
 # Run the system: web + worker + beat + Flower, on local or embedded PostgreSQL/Redis.
 run:
@@ -22,6 +22,12 @@ chaos:
 # own master, replica and three sentinels on free ports, the master killed mid-drain.
 sentinel-drill:
 	RESERVATIONS_SENTINEL_DRILL=1 .venv/bin/python -m pytest tests/integration/test_sentinel_failover.py -s $(ARGS)
+
+# The PostgreSQL failover drill (about a minute; after the Sentinel drill in scripts/test.sh):
+# its own primary and streaming standby on free ports, the primary stopped hard mid-drain and
+# the standby promoted, with synchronous and asynchronous replication.
+pg-failover-drill:
+	RESERVATIONS_PG_FAILOVER_DRILL=1 .venv/bin/python -m pytest tests/integration/test_postgres_failover.py -s $(ARGS)
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/mypy .

@@ -300,6 +300,35 @@ sentinel_drill() {
   RESERVATIONS_SENTINEL_DRILL=1 pytest_with _sentinel "$1" -s "$SENTINEL_DRILL"
 }
 
+# The PostgreSQL failover drill (tests/integration/test_postgres_failover.py): Debian's
+# PostgreSQL server binaries (initdb, pg_ctl, pg_basebackup) run a primary and a streaming
+# standby of the drill's own, on free ports and in private data directories (never the machine's
+# server); real workers, two beats and gunicorn share one multi-host DATABASE_URL; the primary
+# is stopped hard mid-drain and the standby promoted, with synchronous and then asynchronous
+# replication. About a minute; with the drills, after the Sentinel drill (lane C's broker
+# database again), on a test database of its own (+ _pgfo). Without the server binaries a
+# person's run skips it and says so; CI installs postgresql, and fails when it cannot.
+PG_FAILOVER_DRILL=tests/integration/test_postgres_failover.py
+pg_failover_drill() {
+  if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    if in_ci; then
+      apt_install postgresql \
+        || { echo "CI: postgresql could not be installed: the PostgreSQL failover drill cannot be skipped in CI"; return 1; }
+    else
+      echo "PostgreSQL failover drill SKIPPED: PostgreSQL's server binaries are not installed"
+      left_out "skipped because postgresql is missing: the PostgreSQL failover drill ($PG_FAILOVER_DRILL)"
+      return 0
+    fi
+  fi
+  RESERVATIONS_PG_FAILOVER_DRILL=1 pytest_with _pgfo "$1" -s "$PG_FAILOVER_DRILL"
+}
+pytest_pg_failover() {
+  case "$CELERY_BROKER_URL" in
+    redis://*) pg_failover_drill "$(lane_redis_url C 2)" ;;
+    *) pg_failover_drill "$CELERY_BROKER_URL" ;;
+  esac
+}
+
 # run_lane LANE STEP:FUNCTION...: run the steps one after another in the background, beside the
 # phases that follow; each step's output goes to a file of its own (printed whole when the lane
 # is finished, so two phases' lines never interleave) and each step runs even if one before it
@@ -411,6 +440,7 @@ else
   ignore_lanes=() ignore_drills=()
   for f in "${GROUP_B[@]}" "${GROUP_C[@]}"; do ignore_lanes+=("--ignore=$f"); done
   for f in "${DRILLS[@]}" "$SENTINEL_DRILL"; do ignore_drills+=("--ignore=$f"); done
+  ignore_drills+=("--ignore=$PG_FAILOVER_DRILL")
   case "$CELERY_BROKER_URL" in
     redis://*)
       run_lane "lane-2" "pytest-b:pytest_b" "library-suites:library_suites" "pytest-tls:tls_suites"
@@ -444,11 +474,14 @@ else
     phase "pytest-chaos" env RESERVATIONS_CHAOS=1 .venv/bin/python -m pytest -p no:cacheprovider \
       -s tests/integration/test_chaos.py
     phase "pytest-sentinel" pytest_sentinel
+    phase "pytest-pg-failover" pytest_pg_failover
   else
     left_out "not run in a person's run: the production-stack, chaos and Sentinel failover drills" \
       "and the PgBouncer phase (tests/integration/test_production_stack.py, test_chaos.py," \
       "test_sentinel_failover.py; the delivery, sweep-kill, beat and burst suites behind" \
       "PgBouncer; CI runs them): make test-full"
+    left_out "not run in a person's run: the PostgreSQL failover drill ($PG_FAILOVER_DRILL; CI" \
+      "runs it): make test-full, or alone make pg-failover-drill"
   fi
 fi
 

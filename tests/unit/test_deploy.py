@@ -1131,3 +1131,204 @@ def test_the_known_label_values_cover_every_drop_reason_and_reader_in_the_code()
         for s in family.samples
     }
     assert created >= drops | readers
+
+
+# --- the pooled variant: PgBouncer in transaction pooling, opt in ------------------------------
+
+POOLED_SERVICES = ("web", "worker", "beat", "flower")
+POOLED_COMPOSE = ROOT / "docker-compose.pgbouncer.yml"
+POOLED_K8S = ROOT / "deploy" / "k8s-pgbouncer"
+
+
+def _merged_compose_env(dotenv: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Each service's `environment` after docker-compose.yml and the pooled override file, as
+    compose merges them (the override's mapping wins per name), interpolated with ``dotenv``."""
+    base = compose()["services"]
+    override = yaml.safe_load(POOLED_COMPOSE.read_text())["services"]
+    merged: dict[str, dict[str, str]] = {}
+    for name in set(base) | set(override):
+        env = {**base.get(name, {}).get("environment", {})}
+        env.update(override.get(name, {}).get("environment", {}))
+        merged[name] = {k: _interpolate(str(v), dotenv) for k, v in env.items()}
+    return merged
+
+
+def test_the_pooled_compose_variant_sets_the_three_database_variables_consistently() -> None:
+    from config.env import parse_database_url
+
+    envs = _merged_compose_env(quick_start_env())
+    plain = compose()["services"]
+    for name in POOLED_SERVICES:
+        env = envs[name]
+        assert env["DATABASE_POOLING"] == "transaction", name
+        pooled = parse_database_url("DATABASE_URL", env["DATABASE_URL"])
+        direct = parse_database_url("DATABASE_DIRECT_URL", env["DATABASE_DIRECT_URL"])
+        assert (pooled["HOST"], pooled["PORT"]) == ("pgbouncer", "6432"), name
+        assert (direct["HOST"], direct["PORT"]) == ("postgres", "5432"), name
+        # the same user, password and database both ways; the rest of the app's settings kept
+        for key in ("NAME", "USER", "PASSWORD"):
+            assert pooled[key] == direct[key], (name, key)
+        assert env["SECRET_KEY"] and env["DJANGO_SETTINGS_MODULE"], name
+        assert (
+            "pgbouncer"
+            in yaml.safe_load(POOLED_COMPOSE.read_text())["services"][name]["depends_on"]
+        )
+        assert "DATABASE_POOLING" not in plain[name]["environment"], name
+    # migrate stays direct, without pooling; PgBouncer pools transactions before the same server
+    assert "@postgres:5432/" in envs["migrate"]["DATABASE_URL"]
+    assert "DATABASE_POOLING" not in envs["migrate"]
+    bouncer = envs["pgbouncer"]
+    assert bouncer["PGBOUNCER_POOL_MODE"] == "transaction"
+    assert bouncer["POSTGRESQL_HOST"] == "postgres"
+    assert bouncer["PGBOUNCER_DATABASE"] == direct["NAME"]
+    assert bouncer["POSTGRESQL_USERNAME"] == direct["USER"]
+    image = yaml.safe_load(POOLED_COMPOSE.read_text())["services"]["pgbouncer"]["image"]
+    assert re.fullmatch(r"[\w./-]+:\d+\.\d+\.\d+", image), image  # a pinned tag
+
+
+def test_the_pooled_compose_variant_loads_under_the_production_settings() -> None:
+    """The web's environment of the pooled variant passes config.settings.production: the three
+    variables agree (a missing DATABASE_DIRECT_URL or prepared statements would be refused)."""
+    import os
+    import subprocess
+    import sys
+
+    dotenv = quick_start_env()
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+    env.update(dotenv)
+    env.update(_merged_compose_env(dotenv)["web"])
+    probe = (
+        "import django; django.setup(); from django.conf import settings as s; "
+        "print(s.DATABASE_POOLING, s.DATABASES['default']['HOST'], "
+        "s.DATABASES['locks']['HOST'], s.DATABASE_PREPARED_STATEMENTS)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["transaction", "pgbouncer", "postgres", "False"]
+
+
+def test_docker_compose_accepts_the_pooled_variant() -> None:
+    import shutil
+    import subprocess
+    import tempfile
+
+    from tests.missing_tools import skip_for_missing
+
+    if not shutil.which("docker-compose"):
+        skip_for_missing("docker-compose", "not installed (scripts/test.sh installs it in CI)")
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(ROOT / "docker-compose.yml", tmp)
+        shutil.copy(POOLED_COMPOSE, tmp)
+        shutil.copy(ROOT / ".env.example", Path(tmp, ".env"))
+        done = subprocess.run(
+            ["docker-compose", "-f", "docker-compose.yml", "-f", POOLED_COMPOSE.name, "config"],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    for name in POOLED_SERVICES:
+        env = services[name]["environment"]
+        assert env["DATABASE_POOLING"] == "transaction", name
+        assert "@pgbouncer:6432/" in env["DATABASE_URL"], name
+        assert "@postgres:5432/" in env["DATABASE_DIRECT_URL"], name
+        assert env["FLOWER_BASIC_AUTH"], name  # the base file's environment is kept
+
+
+def _pooled_k8s_documents() -> list[dict[str, Any]]:
+    """What `kubectl apply -k deploy/k8s-pgbouncer/` applies, rendered in Python: the base, the
+    overlay's resources, and its patches, which each prepend env entries to one container."""
+    kustomization = _kustomization(POOLED_K8S)
+    assert kustomization["resources"][0] == "../k8s"
+    docs = k8s_documents()
+    for name in kustomization["resources"][1:]:
+        docs.extend(d for d in yaml.safe_load_all((POOLED_K8S / name).read_text()) if d)
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    for patch in kustomization["patches"]:
+        body = yaml.safe_load(patch["patch"])
+        target = by_name[(patch["target"]["kind"], patch["target"]["name"])]
+        for wanted in body["spec"]["template"]["spec"]["containers"]:
+            (container,) = [
+                c
+                for c in target["spec"]["template"]["spec"]["containers"]
+                if c["name"] == wanted["name"]
+            ]
+            names = {e["name"] for e in wanted["env"]}
+            kept = [e for e in container.get("env", []) if e["name"] not in names]
+            container["env"] = [*wanted["env"], *kept]
+    return docs
+
+
+def test_the_pooled_kubernetes_variant_sets_the_three_database_variables_consistently() -> None:
+    docs = _pooled_k8s_documents()
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    service = next(
+        d
+        for d in docs
+        if d["kind"] == "Service" and d["metadata"]["name"] == "reservation-cleanup-pgbouncer"
+    )
+    for name in POOLED_SERVICES:
+        deployment = deployments[f"reservation-cleanup-{name}"]
+        env = {e["name"]: e for e in _container(deployment)["env"]}
+        assert env["DATABASE_POOLING"]["value"] == "transaction", name
+        pooled = env["DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+        direct = env["DATABASE_DIRECT_URL"]["valueFrom"]["secretKeyRef"]
+        assert pooled == {"name": "reservation-cleanup", "key": "DATABASE_POOLED_URL"}, name
+        assert direct == {"name": "reservation-cleanup", "key": "DATABASE_URL"}, name
+        # the init container waiting for the migrations stays direct, without pooling
+        for init in deployment["spec"]["template"]["spec"]["initContainers"]:
+            assert "env" not in init or "DATABASE_POOLING" not in str(init["env"]), name
+    job = next(d for d in docs if d["kind"] == "Job")
+    assert "DATABASE_POOLING" not in str(job)
+    # the Service the pooled URL names reaches PgBouncer in transaction pooling
+    bouncer = _container(deployments["reservation-cleanup-pgbouncer"])
+    bouncer_env = {e["name"]: e.get("value") for e in bouncer["env"]}
+    assert bouncer_env["PGBOUNCER_POOL_MODE"] == "transaction"
+    assert service["spec"]["ports"][0]["port"] == int(bouncer_env["PGBOUNCER_PORT"]) == 6432
+    assert (
+        service["spec"]["selector"]
+        == (deployments["reservation-cleanup-pgbouncer"]["spec"]["selector"]["matchLabels"])
+    )
+    assert re.fullmatch(r"[\w./-]+:\d+\.\d+\.\d+", bouncer["image"]), bouncer["image"]
+    assert "reservation-cleanup-pgbouncer:6432" in (POOLED_K8S / "kustomization.yaml").read_text()
+    # the base itself stays unpooled
+    for name in POOLED_SERVICES:
+        base = _deployments()[f"reservation-cleanup-{name}"]
+        assert "DATABASE_POOLING" not in str(_container(base).get("env", [])), name
+
+
+def test_the_pooled_kubernetes_variant_validates_and_kustomize_agrees() -> None:
+    """The overlay's own manifests against the Kubernetes schemas (strict, offline), and, where
+    kubectl is installed, its kustomize renders what the Python rendering above reads."""
+    import shutil
+    import subprocess
+
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version()
+    for name in _kustomization(POOLED_K8S)["resources"][1:]:
+        for doc in yaml.safe_load_all((POOLED_K8S / name).read_text()):
+            kubernetes_validate.validate(doc, version, strict=True)
+    ours = _pooled_k8s_documents()
+    for doc in ours:
+        if doc["kind"] == "Deployment":
+            kubernetes_validate.validate(doc, version, strict=True)
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl is not installed; the Python rendering is what the other tests read")
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(POOLED_K8S)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    theirs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
+    assert sorted(map(key, theirs)) == sorted(map(key, ours))
+    by_key = {key(d): d for d in ours}
+    for doc in theirs:
+        doc["metadata"].get("labels", {}).pop("app.kubernetes.io/part-of", None)
+        mine = by_key[key(doc)]
+        mine["metadata"].get("labels", {}).pop("app.kubernetes.io/part-of", None)
+        assert doc == mine, key(doc)
