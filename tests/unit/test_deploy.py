@@ -754,9 +754,12 @@ def test_the_connection_budget_is_written_down_with_the_manifests_numbers() -> N
         next(a for a in _container(web)["args"] if a.startswith("--workers=")).split("=")[1]
     )
     webs = web["spec"]["replicas"] * gunicorn
-    total = workers + webs + 2 + 1  # beat (2 replicas) and Flower
+    beat_replicas = _deployments()["reservation-cleanup-beat"]["spec"]["replicas"]
+    beats = beat_replicas * 2  # each beat: its lease's own connection and Django's
+    total = workers + webs + beats + 1  # and Flower
     note = (ROOT / "deploy" / "k8s" / "worker.yaml").read_text()
-    assert f"up to {workers}" in note and f"= {webs})" in note and f": {total}." in note, total
+    assert f"up to {workers}" in note and f"= {webs})" in note and f"= {beats})" in note
+    assert f": {total}." in note, total
     assert "max_connections is 100" in note
     assert "Connection budget" in (ROOT / "docs" / "AUTOSCALING.md").read_text()
 
