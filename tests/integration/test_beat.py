@@ -127,6 +127,15 @@ def _gaps(times: list[float]) -> list[float]:
     return [b - a for a, b in zip(times, times[1:], strict=False)]
 
 
+def _never_twice_within(sent: dict[str, list[float]], every: float) -> bool:
+    """No entry sent twice within its interval. The gaps are read from the beat's log stamps,
+    which carry the process's scheduling and logging jitter on a loaded machine (a first send
+    logged 0.21 s late made a 1 s gap read 0.79 s), so the bound is half the interval: a second
+    send within the interval shows as a gap near zero, and the old interval after an edit
+    (1 s against 3 s) stays below it."""
+    return min(g for times in sent.values() for g in _gaps(times)) >= every / 2
+
+
 def _log_clock_offset(beat: Beat) -> float:
     """Seconds to add to time.time() to compare with the beat's log stamps (UTC or local)."""
     line = beat.lines("beat lease acquired")[0]
@@ -178,7 +187,7 @@ def test_schedule_edits_take_effect_without_restarting_beat(workers, schedule, b
         # every=1: each entry is sent again and again, never twice within its interval
         wait_until(lambda: _all_sent_at_least(beat, 3), timeout=60, what="sends at every=1")
         fast = _sends(beat)
-        assert min(g for times in fast.values() for g in _gaps(times)) >= 0.8, fast
+        assert _never_twice_within(fast, every=1), fast
         # when: the interval becomes 3 s (the admin change form saves the entry)
         slow_every, _ = IntervalSchedule.objects.get_or_create(
             every=3, period=IntervalSchedule.SECONDS
@@ -192,7 +201,7 @@ def test_schedule_edits_take_effect_without_restarting_beat(workers, schedule, b
             lambda: _all_sent_at_least(beat, 3, after=noticed), timeout=90, what="sends at every=3"
         )
         slow = {n: [t for t in ts if t > noticed] for n, ts in _sends(beat).items()}
-        assert min(g for times in slow.values() for g in _gaps(times)) >= 2.8, slow
+        assert _never_twice_within(slow, every=3), slow
         # when: the sweep entries are disabled
         _save_sweep_entries(enabled=False)
         disabled_at = time.time() + offset
@@ -231,7 +240,7 @@ def test_two_beats_only_the_leader_sends_and_the_other_takes_over(workers, sched
         assert standby.sends() == 0
         assert not standby.is_leader()
         sent = _sends(leader)
-        assert min(g for times in sent.values() for g in _gaps(times)) >= 0.8, sent
+        assert _never_twice_within(sent, every=1), sent
         holds = create_eligible_holds(100, offerings=2)
         wait_until(lambda: released_count(holds) == len(holds), timeout=60, what="released")
         # when: the leader is SIGKILLed
@@ -330,7 +339,7 @@ def test_a_real_beat_follows_schedule_edits_saved_in_the_admin(workers, clean, b
             t for n, ts in _sends(beat).items() if n.endswith(" of 4") for t in ts if t > first_new
         ]
         assert old_after == []
-        assert min(g for ts in fast.values() for g in _gaps(ts)) >= 0.8, fast
+        assert _never_twice_within(fast, every=1), fast
         # when: every 3 s
         _save_in_admin(operator, shards=2, every=3, enabled=True)
         noticed = time.time() + offset + 2 * float(beat_max_interval())
@@ -341,7 +350,7 @@ def test_a_real_beat_follows_schedule_edits_saved_in_the_admin(workers, clean, b
             what="3 sends of each 2-shard entry at every=3",
         )
         slow = {n: [t for t in _sends(beat)[n] if t > noticed] for n in new_entries}
-        assert min(g for ts in slow.values() for g in _gaps(ts)) >= 2.8, slow
+        assert _never_twice_within(slow, every=3), slow
         # when: disabled
         _save_in_admin(operator, shards=2, every=3, enabled=False)
         held = create_eligible_holds(60, offerings=2)
