@@ -29,7 +29,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kombu.exceptions import ContentDisallowed, DecodeError
 from vine import promise
 
-from cleanup.broker import routes, screening
+from cleanup.broker import queues, routes, screening
 from cleanup.conf import WORKER_POOLS, cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.worker.signals import dead_letter_message, dead_letter_undecodable
@@ -169,6 +169,7 @@ class DeadLetteringConsumer(_Consumer):
                 time_limits=(self.app.conf.task_time_limit, self.app.conf.task_soft_time_limit),
                 eta_bound_seconds=cleanup_settings().retry_backoff_max,
                 now=datetime.now(UTC),
+                broker_headers=queues.broker_headers(cleanup_settings()),
             )
         )
         if problem:
