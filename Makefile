@@ -1,4 +1,4 @@
-.PHONY: run test test-full lint lock bench flash-sale chaos sentinel-drill embedded-status embedded-stop
+.PHONY: run test test-full lint lock bench flash-sale chaos sentinel-drill rabbitmq-cluster-drill embedded-status embedded-stop
 
 # Run the system: web + worker + beat + Flower, on local or embedded PostgreSQL/Redis.
 run:
@@ -22,6 +22,12 @@ chaos:
 # own master, replica and three sentinels on free ports, the master killed mid-drain.
 sentinel-drill:
 	RESERVATIONS_SENTINEL_DRILL=1 .venv/bin/python -m pytest tests/integration/test_sentinel_failover.py -s $(ARGS)
+
+# The RabbitMQ cluster drill (about two minutes; after the Sentinel drill in scripts/test.sh):
+# three RabbitMQ nodes of its own in one cluster, the release queue's leader killed mid-drain,
+# with quorum queues and then with classic ones.
+rabbitmq-cluster-drill:
+	RESERVATIONS_RABBITMQ_CLUSTER_DRILL=1 .venv/bin/python -m pytest tests/integration/test_rabbitmq_cluster.py -s $(ARGS)
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/mypy .

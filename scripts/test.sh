@@ -287,17 +287,44 @@ suites_on_private_server() {
 # redis-server a person's run skips it and says so; CI installs it, and fails when it cannot.
 SENTINEL_DRILL=tests/integration/test_sentinel_failover.py
 sentinel_drill() {
-  if ! command -v redis-server >/dev/null 2>&1; then
-    if in_ci; then
-      apt_install redis-server redis-sentinel \
-        || { echo "CI: redis-server could not be installed: the Sentinel drill cannot be skipped in CI"; return 1; }
-    else
-      echo "Sentinel failover drill SKIPPED: redis-server is not installed"
-      left_out "skipped because redis-server is missing: the Sentinel failover drill ($SENTINEL_DRILL)"
-      return 0
-    fi
-  fi
+  local rc=0
+  drill_server_ready redis-server "Sentinel failover drill" "$SENTINEL_DRILL" \
+    "command -v redis-server" redis-server redis-sentinel || rc=$?
+  case "$rc" in 0) ;; 1) return 0 ;; *) return 1 ;; esac
   RESERVATIONS_SENTINEL_DRILL=1 pytest_with _sentinel "$1" -s "$SENTINEL_DRILL"
+}
+
+# drill_server_ready SERVER LABEL DRILL CHECK PACKAGE...: 0 when CHECK (a command) finds SERVER;
+# otherwise CI installs PACKAGE... with apt (2 when it cannot: the drill cannot be skipped in
+# CI) and a person's run skips the drill, says so and lists it at the end (1).
+drill_server_ready() {
+  local server="$1" label="$2" drill="$3" check="$4"
+  shift 4
+  $check >/dev/null 2>&1 && return 0
+  if in_ci; then
+    apt_install "$@" && return 0
+    echo "CI: $server could not be installed: the $label cannot be skipped in CI"
+    return 2
+  fi
+  echo "$label SKIPPED: $server is not installed"
+  left_out "skipped because $server is missing: the $label ($drill)"
+  return 1
+}
+
+# The RabbitMQ cluster drill (tests/integration/test_rabbitmq_cluster.py): three nodes of
+# Debian's rabbitmq-server of the drill's own (node names, ports, data and logs in its temporary
+# directory; the machine's RabbitMQ is never touched), joined into a cluster, real workers and
+# beat; the release queue's leader is killed mid-drain, with quorum queues and then with classic
+# ones. About two minutes; with the drills, after the Sentinel drill, on a test database of its
+# own (+ _rmqc). Without rabbitmq-server a person's run skips it and says so; CI installs it,
+# and fails when it cannot.
+RABBITMQ_CLUSTER_DRILL=tests/integration/test_rabbitmq_cluster.py
+rabbitmq_cluster_drill() {
+  local rc=0
+  drill_server_ready rabbitmq-server "RabbitMQ cluster drill" "$RABBITMQ_CLUSTER_DRILL" \
+    "test -x /usr/lib/rabbitmq/bin/rabbitmq-server" rabbitmq-server || rc=$?
+  case "$rc" in 0) ;; 1) return 0 ;; *) return 1 ;; esac
+  RESERVATIONS_RABBITMQ_CLUSTER_DRILL=1 pytest_with _rmqc "$1" -s "$RABBITMQ_CLUSTER_DRILL"
 }
 
 # run_lane LANE STEP:FUNCTION...: run the steps one after another in the background, beside the
@@ -385,8 +412,9 @@ PY
 # unless `-p randomly` is given): the real-worker modules share workers and brokers through
 # their fixtures, and a person's `bash scripts/test.sh ARGS` runs exactly as asked.
 # Then, in CI (or with RESERVATIONS_DRILLS=1), the drills: the production-stack drill (its own
-# servers in network namespaces), the chaos drills and the Sentinel failover drill (its own
-# servers; test database + _sentinel). A person's run leaves the drills out and
+# servers in network namespaces), the chaos drills, the Sentinel failover drill (its own
+# servers; test database + _sentinel) and the RabbitMQ cluster drill (its own three nodes;
+# test database + _rmqc). A person's run leaves the drills out and
 # says so at the end, with the command that runs them.
 GROUP_B=(tests/integration/test_beat.py tests/integration/test_autoscale.py
          tests/integration/test_metrics.py tests/integration/test_try_it.py)
@@ -404,13 +432,23 @@ pytest_sentinel() {
     *) sentinel_drill "$CELERY_BROKER_URL" ;;
   esac
 }
+# The test process's own broker (its workers and beat get the drill's cluster): lane C's, as
+# the Sentinel drill's, which is done with it by then.
+pytest_rabbitmq_cluster() {
+  case "$CELERY_BROKER_URL" in
+    redis://*) rabbitmq_cluster_drill "$(lane_redis_url C 2)" ;;
+    *) rabbitmq_cluster_drill "$CELERY_BROKER_URL" ;;
+  esac
+}
 if [ "$#" -gt 0 ]; then
   phase "pytest" .venv/bin/python -m pytest "$@"
   echo "RabbitMQ suites and drills not run: pytest arguments were given"
 else
   ignore_lanes=() ignore_drills=()
   for f in "${GROUP_B[@]}" "${GROUP_C[@]}"; do ignore_lanes+=("--ignore=$f"); done
-  for f in "${DRILLS[@]}" "$SENTINEL_DRILL"; do ignore_drills+=("--ignore=$f"); done
+  for f in "${DRILLS[@]}" "$SENTINEL_DRILL" "$RABBITMQ_CLUSTER_DRILL"; do
+    ignore_drills+=("--ignore=$f")
+  done
   case "$CELERY_BROKER_URL" in
     redis://*)
       run_lane "lane-2" "pytest-b:pytest_b" "library-suites:library_suites" "pytest-tls:tls_suites"
@@ -444,10 +482,12 @@ else
     phase "pytest-chaos" env RESERVATIONS_CHAOS=1 .venv/bin/python -m pytest -p no:cacheprovider \
       -s tests/integration/test_chaos.py
     phase "pytest-sentinel" pytest_sentinel
+    phase "pytest-rabbitmq-cluster" pytest_rabbitmq_cluster
   else
-    left_out "not run in a person's run: the production-stack, chaos and Sentinel failover drills" \
-      "and the PgBouncer phase (tests/integration/test_production_stack.py, test_chaos.py," \
-      "test_sentinel_failover.py; the delivery, sweep-kill, beat and burst suites behind" \
+    left_out "not run in a person's run: the production-stack, chaos, Sentinel failover and" \
+      "RabbitMQ cluster drills and the PgBouncer phase (tests/integration/" \
+      "test_production_stack.py, test_chaos.py, test_sentinel_failover.py," \
+      "test_rabbitmq_cluster.py; the delivery, sweep-kill, beat and burst suites behind" \
       "PgBouncer; CI runs them): make test-full"
   fi
 fi

@@ -29,6 +29,7 @@ from tests.wire import task_body as _body
 from . import fleet
 from .fleet import (
     blocked_backends,
+    broker_counts_redeliveries,
     broker_is_redis,
     create_eligible_holds,
     dedicated,
@@ -90,8 +91,10 @@ def test_a_pool_child_killed_mid_release_is_redelivered_and_released_once(
             wait_until(lambda: worker.children() and worker.children() != children, timeout=30)
         # then: reject_on_worker_lost puts the message back at once and a new child handles
         # it (its orphaned statement may have committed meanwhile: then already_handled)
-        # (a redelivery is counted; the first delivery was not)
-        wait_until(lambda: deliveries.current(key) >= 1, timeout=60, what="redelivery")
+        # (a redelivery is counted; the first delivery was not; from a quorum queue the
+        # broker counts it in the message itself, and no counter is written)
+        if not broker_counts_redeliveries():
+            wait_until(lambda: deliveries.current(key) >= 1, timeout=60, what="redelivery")
         wait_until(lambda: status_of(hold_id) == "released", timeout=60, what="released")
         recovery = time.monotonic() - killed_at
     print(f"\npool child SIGKILL: message redelivered and handled after {recovery:.2f}s")
@@ -99,7 +102,8 @@ def test_a_pool_child_killed_mid_release_is_redelivered_and_released_once(
     assert invariant_violations(expected_released=[hold_id]) == []
     receipt_attempt = scalar("SELECT attempt FROM cleanup_cleanupreceipt")
     assert receipt_attempt == 1  # a redelivery, not a Celery retry
-    assert deliveries.current(key) == 1  # one redelivery: two deliveries in all
+    # one redelivery: two deliveries in all
+    assert deliveries.current(key) == (0 if broker_counts_redeliveries() else 1)
 
 
 @pytest.mark.parametrize("orphan_statement", ["commits", "is_aborted"])
@@ -144,8 +148,10 @@ def test_a_worker_killed_whole_mid_release_is_recovered_by_another_worker(
             # then: after the visibility timeout another worker's restore scan brings the
             # message back, and it is handled (released, or already_handled)
             key = message["idempotency_key"]
-            # the restored message is marked redelivered, so it is counted
-            wait_until(lambda: deliveries.current(key) >= 1, timeout=90, what="redelivery")
+            # the restored message is marked redelivered, so it is counted (by the broker
+            # itself from a quorum queue)
+            if not broker_counts_redeliveries():
+                wait_until(lambda: deliveries.current(key) >= 1, timeout=90, what="redelivery")
             wait_until(lambda: status_of(hold_id) == "released", timeout=30, what="released")
             recovery = time.monotonic() - killed_at
             wait_until(lambda: queue_settled(cleanup_settings().release_queue), timeout=30)
