@@ -23,7 +23,7 @@ chaos:
 sentinel-drill:
 	RESERVATIONS_SENTINEL_DRILL=1 .venv/bin/python -m pytest tests/integration/test_sentinel_failover.py -s $(ARGS)
 
-# The RabbitMQ cluster drill (about two minutes; after the Sentinel drill in scripts/test.sh):
+# The RabbitMQ cluster drill (about a minute; after the Sentinel drill in scripts/test.sh):
 # three RabbitMQ nodes of its own in one cluster, the release queue's leader killed mid-drain,
 # with quorum queues and then with classic ones.
 rabbitmq-cluster-drill:

@@ -315,7 +315,7 @@ drill_server_ready() {
 # Debian's rabbitmq-server of the drill's own (node names, ports, data and logs in its temporary
 # directory; the machine's RabbitMQ is never touched), joined into a cluster, real workers and
 # beat; the release queue's leader is killed mid-drain, with quorum queues and then with classic
-# ones. About two minutes; with the drills, after the Sentinel drill, on a test database of its
+# ones. About a minute; with the drills, after the Sentinel drill, on a test database of its
 # own (+ _rmqc). Without rabbitmq-server a person's run skips it and says so; CI installs it,
 # and fails when it cannot.
 RABBITMQ_CLUSTER_DRILL=tests/integration/test_rabbitmq_cluster.py

@@ -174,6 +174,39 @@ def test_a_worker_killed_whole_mid_release_is_recovered_by_another_worker(
         assert recovery >= cleanup_settings().visibility_timeout - 1
 
 
+def test_a_retry_with_a_countdown_comes_back_when_due_and_releases_its_hold(
+    clean, exclusive_workers, tmp_path
+):
+    """A retry as the release tasks' backoff sends it (``retries`` above 0, a countdown): on
+    Redis and classic queues the worker holds it until it is due; with quorum queues it waits
+    in Celery's native delayed-delivery queues and comes back through their exchanges
+    (cleanup.broker.queues), which the routing checks must let through to the release queue."""
+    from celery import current_app
+
+    from cleanup.pipeline.messages import ReleaseMessage
+    from cleanup.wire import RELEASE_TASK
+
+    hold_id, _ = one_eligible_hold()
+    expires_at = scalar("SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id])
+    message = ReleaseMessage.for_hold(hold_id, 1, expires_at, 0, "retry-countdown").as_dict()
+    with dedicated(tmp_path, {"concurrency": 1}):
+        sent = time.monotonic()
+        current_app.send_task(
+            RELEASE_TASK,
+            args=(message,),
+            queue=cleanup_settings().release_queue,
+            countdown=2,
+            retries=1,
+        )
+        wait_until(lambda: status_of(hold_id) == "released", timeout=30, what="released")
+        took = time.monotonic() - sent
+    print(f"\nretry with a 2 s countdown released after {took:.2f}s")
+    assert took >= 1.0  # not at once (native delayed delivery counts whole seconds)
+    assert outcome_counts() == {"released": 1}
+    assert DeadLetter.objects.count() == 0
+    assert scalar("SELECT attempt FROM cleanup_cleanupreceipt") == 2  # the retry's attempt
+
+
 def test_a_terminated_database_connection_is_retried_then_released_once(
     clean, exclusive_workers, tmp_path
 ):

@@ -11,8 +11,10 @@ Workers and beat get the three nodes' URLs in one ``CELERY_BROKER_URL`` (``amqp:
 kombu's failover) and are never restarted.
 
 - Quorum queues: every queue has a replica on each node; the release queue's leader is killed
-  and the two others elect a new one. Nothing is lost: the unacknowledged messages come back
-  (redeliveries, counted by the broker), the workers carry on through the next node.
+  and the two others elect a new one. Nothing the queue held is lost: the unacknowledged
+  messages come back (redeliveries, counted by the broker), the workers carry on through the
+  next node. Publishes are not confirmed, so messages a sweep was sending through the killed
+  node at that moment may be lost: their holds come back through the lease.
 - Classic queues: a queue lives on the node it was declared on; killing that node stops
   everything that goes through the queue until the node is back (restarted at once here, as a
   supervisor would), and the messages it had not written to disk are lost with it: their holds
@@ -284,9 +286,9 @@ class Drained:
             f"one ({self.longest_gap_s:.1f}s) +{self.resumed_s:.1f}s (recovery time); holds "
             f"released after that stretch (each late by up to it) {self.delayed}; holds "
             f"re-claimed through the lease (their message lost) {self.reclaimed}; all released "
-            f"+{self.all_released_s:.1f}s; release attempts {self.attempts} "
-            f"({self.extra_attempts} beyond one per hold: redeliveries and retries); workers "
-            f"and beat up throughout: {self.alive}; {self.notes}"
+            f"+{self.all_released_s:.1f}s; release attempts logged {self.attempts} "
+            f"({self.extra_attempts} beyond one per hold: redeliveries, messages sent twice); "
+            f"workers and beat up throughout: {self.alive}; {self.notes}"
         )
 
 
@@ -416,7 +418,7 @@ def _drain(
 
 @pytest.mark.usefixtures("exclusive_workers", "clean")
 @pytest.mark.timeout(420)
-def test_a_lost_node_loses_nothing_with_quorum_queues_and_classic_queues_lose_its_messages(
+def test_a_lost_node_is_survived_without_restarts_and_every_hold_is_released_once(
     tmp_path: Path,
 ) -> None:
     # given: three RabbitMQ nodes of the test's own in one cluster; beat sweeping 2 shards
@@ -452,5 +454,3 @@ def test_a_lost_node_loses_nothing_with_quorum_queues_and_classic_queues_lose_it
     # with quorum queues nobody was restarted (with classic ones the drill restarted the
     # workers that stopped, as a supervisor would: printed above)
     assert quorum.alive, quorum.line()
-    # quorum queues lost nothing: no hold had to wait for its lease
-    assert quorum.reclaimed == 0, quorum.line()
