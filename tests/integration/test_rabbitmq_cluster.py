@@ -34,6 +34,7 @@ import secrets
 import signal
 import string
 import subprocess
+import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +48,7 @@ from cleanup.pipeline.schedule import install_schedule
 from tests.missing_tools import skip_for_missing
 
 from .fleet import (
+    ROOT,
     Worker,
     beats,
     claim_counts,
@@ -59,6 +61,7 @@ from .fleet import (
     released_count,
     released_times,
     scalar,
+    service_env,
     sql,
     wait_until,
 )
@@ -434,12 +437,29 @@ def test_a_lost_node_is_survived_without_restarts_and_every_hold_is_released_onc
         left = cluster.alive()
         classic, classic_ids = _drain(cluster, tmp_path, "classic", left, restart=True)
         took = time.time() - started_at
+        # and a worker told to use quorum queues on the classic ones' vhost refuses to start,
+        # naming the setting and the queues (RabbitMQ cannot change a queue's type)
+        refused = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "solo"],
+            cwd=ROOT,
+            env=service_env(
+                CELERY_BROKER_URL=cluster.url("drill_classic", cluster.alive()),
+                CLEANUP_RABBITMQ_QUEUE_TYPE="quorum",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
     finally:
         cluster.stop()
     print(  # the measurements, shown with -s (docs/TOPOLOGIES.md records them)
         f"\nRabbitMQ cluster drill ({HOLDS} holds per case, lease {LEASE_SECONDS}s, the cases "
         f"{took:.0f}s):\n  {quorum.line()}\n  {classic.line()}"
     )
+    assert refused.returncode == 1, refused.stderr[-2000:]
+    assert "refusing to start: CLEANUP_RABBITMQ_QUEUE_TYPE=quorum: " in refused.stderr
+    for queue in ("sweep", "cleanup", "maintenance"):
+        assert f"RabbitMQ refuses to declare queue {queue!r}" in refused.stderr, refused.stderr
     ids = quorum_ids + classic_ids
     # every hold released exactly once, seats conserved, none left held
     assert invariant_violations(expected_released=ids) == []
