@@ -17,6 +17,7 @@ from celery.signals import (
     worker_init,
     worker_process_shutdown,
 )
+from django.core.exceptions import ImproperlyConfigured
 
 from cleanup.broker import queues
 from cleanup.conf import cleanup_settings
@@ -60,12 +61,20 @@ def refuse_queues_of_another_type(**_: Any) -> None:
     try:
         if conn.transport.driver_type != "amqp":
             return
+        # RabbitMQ 3.x quorum queues have no priorities: whatever configured them is refused
+        queues.check_priorities(
+            cleanup_settings(),
+            current_app.amqp.queues.values(),
+            current_app.conf.task_queue_max_priority,
+        )
         conn.ensure_connection(max_retries=2, interval_start=1, interval_max=1)
         refusals = queues.declaration_refusals(
             conn.default_channel,
             [current_app.amqp.queues[name] for name in sorted(current_app.amqp.queues)],
             cleanup_settings().rabbitmq_queue_type,
         )
+    except ImproperlyConfigured as exc:
+        raise SystemExit(f"refusing to start: {exc}") from exc
     except Exception as exc:  # noqa: BLE001 - the broker's availability is Celery's to handle
         logger.warning("queue declarations not checked", extra={"error": repr(exc)[:300]})
         return

@@ -314,3 +314,20 @@ def test_a_failed_connection_switching_to_the_next_node_keeps_the_screened_trans
     # then: the URL's scheme selects the project's transport, not kombu's unscreened one
     assert conn.port == 2
     assert type(conn.transport) is getattr(amqp_transport, transport)
+
+
+def test_a_worker_refuses_to_start_with_priorities_on_quorum_queues(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery import current_app
+
+    from cleanup.worker.signals import refuse_queues_of_another_type
+
+    # given: a RabbitMQ connection (never opened: the refusal comes first) and quorum queues
+    conn = SimpleNamespace(transport=SimpleNamespace(driver_type="amqp"), release=lambda: None)
+    monkeypatch.setattr(current_app, "connection_for_write", lambda: conn)
+    monkeypatch.setitem(current_app.conf, "task_queue_max_priority", 9)
+    settings.CLEANUP_RABBITMQ_QUEUE_TYPE = "quorum"
+    # when/then: the worker's start-up stops, naming the setting
+    with pytest.raises(SystemExit, match="refusing to start: CLEANUP_RABBITMQ_QUEUE_TYPE=quorum"):
+        refuse_queues_of_another_type()
