@@ -1,4 +1,4 @@
-.PHONY: run test test-full lint lock bench flash-sale chaos sentinel-drill pg-failover-drill embedded-status embedded-stop
+.PHONY: run test test-full lint lock bench flash-sale chaos sentinel-drill pg-failover-drill rabbitmq-cluster-drill embedded-status embedded-stop
 
 # Run the system: web + worker + beat + Flower, on local or embedded PostgreSQL/Redis.
 run:
@@ -28,6 +28,12 @@ sentinel-drill:
 # the standby promoted, with synchronous and asynchronous replication.
 pg-failover-drill:
 	RESERVATIONS_PG_FAILOVER_DRILL=1 .venv/bin/python -m pytest tests/integration/test_postgres_failover.py -s $(ARGS)
+
+# The RabbitMQ cluster drill (about a minute; after the Sentinel drill in scripts/test.sh):
+# three RabbitMQ nodes of its own in one cluster, the release queue's leader killed mid-drain,
+# with quorum queues and then with classic ones.
+rabbitmq-cluster-drill:
+	RESERVATIONS_RABBITMQ_CLUSTER_DRILL=1 .venv/bin/python -m pytest tests/integration/test_rabbitmq_cluster.py -s $(ARGS)
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/mypy .

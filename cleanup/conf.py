@@ -30,6 +30,10 @@ MINIMUM = "minimum"
 DEFAULT_TEXT = "default_text"
 
 RELEASE_MODES = ("adaptive", "single", "batch")
+# RabbitMQ's queue types the project declares (cleanup.broker.queues) and the broker's fixed
+# delivery limit on a quorum queue, which the project's own cap must stay below.
+RABBITMQ_QUEUE_TYPES = ("classic", "quorum")
+QUORUM_DELIVERY_LIMIT = 100
 # The pools of `celery worker --pool` (celery.concurrency.ALIASES less "custom", "processes").
 WORKER_POOLS = ("prefork", "threads", "solo", "gevent", "eventlet")
 MAX_RELEASE_BATCH_SIZE = 1000  # items a worker accepts in one message (pipeline.messages)
@@ -77,6 +81,13 @@ class CleanupSettings:
     )
     events_queue: str = setting(
         "CLEANUP_EVENTS_QUEUE", "reservation-events", "queue the outbox events are relayed to"
+    )
+    # Quorum queues are replicated over a RabbitMQ cluster's nodes (docs/TOPOLOGIES.md,
+    # "RabbitMQ cluster"); RabbitMQ refuses to change the type of a queue that exists.
+    rabbitmq_queue_type: str = setting(
+        "CLEANUP_RABBITMQ_QUEUE_TYPE",
+        "classic",
+        "'classic' or 'quorum': the type of the RabbitMQ queues the project declares",
     )
     # A batch of 1,000 holds is about 170 KB. docs/HARDENING.md.
     max_message_bytes: int = setting(
@@ -379,6 +390,19 @@ class CleanupSettings:
             raise ImproperlyConfigured(
                 f"CLEANUP_RELEASE_MODE={self.release_mode!r}: expected one of "
                 f"{', '.join(repr(mode) for mode in RELEASE_MODES)}"
+            )
+        if self.rabbitmq_queue_type not in RABBITMQ_QUEUE_TYPES:
+            raise ImproperlyConfigured(
+                f"CLEANUP_RABBITMQ_QUEUE_TYPE={self.rabbitmq_queue_type!r}: expected one of "
+                f"{', '.join(repr(kind) for kind in RABBITMQ_QUEUE_TYPES)}"
+            )
+        if self.rabbitmq_queue_type == "quorum" and self.max_deliveries >= QUORUM_DELIVERY_LIMIT:
+            # The broker's limit is a backstop: the project's cap, which writes the dead letter
+            # with its reason, must act first.
+            raise ImproperlyConfigured(
+                f"CLEANUP_MAX_DELIVERIES={self.max_deliveries} must be below the quorum "
+                f"queues' x-delivery-limit ({QUORUM_DELIVERY_LIMIT}) with "
+                f"CLEANUP_RABBITMQ_QUEUE_TYPE=quorum"
             )
         unknown_pools = sorted(set(self.worker_pools) - set(WORKER_POOLS))
         if unknown_pools:

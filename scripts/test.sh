@@ -287,17 +287,44 @@ suites_on_private_server() {
 # redis-server a person's run skips it and says so; CI installs it, and fails when it cannot.
 SENTINEL_DRILL=tests/integration/test_sentinel_failover.py
 sentinel_drill() {
-  if ! command -v redis-server >/dev/null 2>&1; then
-    if in_ci; then
-      apt_install redis-server redis-sentinel \
-        || { echo "CI: redis-server could not be installed: the Sentinel drill cannot be skipped in CI"; return 1; }
-    else
-      echo "Sentinel failover drill SKIPPED: redis-server is not installed"
-      left_out "skipped because redis-server is missing: the Sentinel failover drill ($SENTINEL_DRILL)"
-      return 0
-    fi
-  fi
+  local rc=0
+  drill_server_ready redis-server "Sentinel failover drill" "$SENTINEL_DRILL" \
+    "command -v redis-server" redis-server redis-sentinel || rc=$?
+  case "$rc" in 0) ;; 1) return 0 ;; *) return 1 ;; esac
   RESERVATIONS_SENTINEL_DRILL=1 pytest_with _sentinel "$1" -s "$SENTINEL_DRILL"
+}
+
+# drill_server_ready SERVER LABEL DRILL CHECK PACKAGE...: 0 when CHECK (a command) finds SERVER;
+# otherwise CI installs PACKAGE... with apt (2 when it cannot: the drill cannot be skipped in
+# CI) and a person's run skips the drill, says so and lists it at the end (1).
+drill_server_ready() {
+  local server="$1" label="$2" drill="$3" check="$4"
+  shift 4
+  $check >/dev/null 2>&1 && return 0
+  if in_ci; then
+    apt_install "$@" && return 0
+    echo "CI: $server could not be installed: the $label cannot be skipped in CI"
+    return 2
+  fi
+  echo "$label SKIPPED: $server is not installed"
+  left_out "skipped because $server is missing: the $label ($drill)"
+  return 1
+}
+
+# The RabbitMQ cluster drill (tests/integration/test_rabbitmq_cluster.py): three nodes of
+# Debian's rabbitmq-server of the drill's own (node names, ports, data and logs in its temporary
+# directory; the machine's RabbitMQ is never touched), joined into a cluster, real workers and
+# beat; the release queue's leader is killed mid-drain, with quorum queues and then with classic
+# ones. About a minute; with the drills, after the Sentinel drill, on a test database of its
+# own (+ _rmqc). Without rabbitmq-server a person's run skips it and says so; CI installs it,
+# and fails when it cannot.
+RABBITMQ_CLUSTER_DRILL=tests/integration/test_rabbitmq_cluster.py
+rabbitmq_cluster_drill() {
+  local rc=0
+  drill_server_ready rabbitmq-server "RabbitMQ cluster drill" "$RABBITMQ_CLUSTER_DRILL" \
+    "test -x /usr/lib/rabbitmq/bin/rabbitmq-server" rabbitmq-server || rc=$?
+  case "$rc" in 0) ;; 1) return 0 ;; *) return 1 ;; esac
+  RESERVATIONS_RABBITMQ_CLUSTER_DRILL=1 pytest_with _rmqc "$1" -s "$RABBITMQ_CLUSTER_DRILL"
 }
 
 # The PostgreSQL failover drill (tests/integration/test_postgres_failover.py): Debian's
@@ -310,23 +337,11 @@ sentinel_drill() {
 # person's run skips it and says so; CI installs postgresql, and fails when it cannot.
 PG_FAILOVER_DRILL=tests/integration/test_postgres_failover.py
 pg_failover_drill() {
-  if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
-    if in_ci; then
-      apt_install postgresql \
-        || { echo "CI: postgresql could not be installed: the PostgreSQL failover drill cannot be skipped in CI"; return 1; }
-    else
-      echo "PostgreSQL failover drill SKIPPED: PostgreSQL's server binaries are not installed"
-      left_out "skipped because postgresql is missing: the PostgreSQL failover drill ($PG_FAILOVER_DRILL)"
-      return 0
-    fi
-  fi
+  local rc=0
+  drill_server_ready "PostgreSQL's server binaries" "PostgreSQL failover drill" \
+    "$PG_FAILOVER_DRILL" "ls /usr/lib/postgresql/*/bin/initdb" postgresql || rc=$?
+  case "$rc" in 0) ;; 1) return 0 ;; *) return 1 ;; esac
   RESERVATIONS_PG_FAILOVER_DRILL=1 pytest_with _pgfo "$1" -s "$PG_FAILOVER_DRILL"
-}
-pytest_pg_failover() {
-  case "$CELERY_BROKER_URL" in
-    redis://*) pg_failover_drill "$(lane_redis_url C 2)" ;;
-    *) pg_failover_drill "$CELERY_BROKER_URL" ;;
-  esac
 }
 
 # run_lane LANE STEP:FUNCTION...: run the steps one after another in the background, beside the
@@ -414,8 +429,9 @@ PY
 # unless `-p randomly` is given): the real-worker modules share workers and brokers through
 # their fixtures, and a person's `bash scripts/test.sh ARGS` runs exactly as asked.
 # Then, in CI (or with RESERVATIONS_DRILLS=1), the drills: the production-stack drill (its own
-# servers in network namespaces), the chaos drills and the Sentinel failover drill (its own
-# servers; test database + _sentinel). A person's run leaves the drills out and
+# servers in network namespaces), the chaos drills, the Sentinel failover drill (its own
+# servers; test database + _sentinel) and the RabbitMQ cluster drill (its own three nodes;
+# test database + _rmqc). A person's run leaves the drills out and
 # says so at the end, with the command that runs them.
 GROUP_B=(tests/integration/test_beat.py tests/integration/test_autoscale.py
          tests/integration/test_metrics.py tests/integration/test_try_it.py)
@@ -427,20 +443,27 @@ drills_wanted() { in_ci || [ "${RESERVATIONS_DRILLS:-}" = 1 ]; }
 pytest_b() { pytest_with _b "$(lane_redis_url B 1)" "${GROUP_B[@]}"; }
 pytest_c() { pytest_with _c "$(lane_redis_url C 2)" "${GROUP_C[@]}"; }
 pytest_pgbouncer() { pgbouncer_suites "$(lane_redis_url C 2)"; }
-pytest_sentinel() {
+# The drills after the lanes take lane C's Redis database (the lanes are done with it) for the
+# test process's own broker (their workers and beat get the drill's own servers where the drill
+# is about the broker), or the broker itself when it is not Redis.
+drill_broker() {
   case "$CELERY_BROKER_URL" in
-    redis://*) sentinel_drill "$(lane_redis_url C 2)" ;;
-    *) sentinel_drill "$CELERY_BROKER_URL" ;;
+    redis://*) lane_redis_url C 2 ;;
+    *) echo "$CELERY_BROKER_URL" ;;
   esac
 }
+pytest_sentinel() { sentinel_drill "$(drill_broker)"; }
+pytest_pg_failover() { pg_failover_drill "$(drill_broker)"; }
+pytest_rabbitmq_cluster() { rabbitmq_cluster_drill "$(drill_broker)"; }
 if [ "$#" -gt 0 ]; then
   phase "pytest" .venv/bin/python -m pytest "$@"
   echo "RabbitMQ suites and drills not run: pytest arguments were given"
 else
   ignore_lanes=() ignore_drills=()
   for f in "${GROUP_B[@]}" "${GROUP_C[@]}"; do ignore_lanes+=("--ignore=$f"); done
-  for f in "${DRILLS[@]}" "$SENTINEL_DRILL"; do ignore_drills+=("--ignore=$f"); done
-  ignore_drills+=("--ignore=$PG_FAILOVER_DRILL")
+  for f in "${DRILLS[@]}" "$SENTINEL_DRILL" "$RABBITMQ_CLUSTER_DRILL" "$PG_FAILOVER_DRILL"; do
+    ignore_drills+=("--ignore=$f")
+  done
   case "$CELERY_BROKER_URL" in
     redis://*)
       run_lane "lane-2" "pytest-b:pytest_b" "library-suites:library_suites" "pytest-tls:tls_suites"
@@ -475,13 +498,13 @@ else
       -s tests/integration/test_chaos.py
     phase "pytest-sentinel" pytest_sentinel
     phase "pytest-pg-failover" pytest_pg_failover
+    phase "pytest-rabbitmq-cluster" pytest_rabbitmq_cluster
   else
-    left_out "not run in a person's run: the production-stack, chaos and Sentinel failover drills" \
-      "and the PgBouncer phase (tests/integration/test_production_stack.py, test_chaos.py," \
-      "test_sentinel_failover.py; the delivery, sweep-kill, beat and burst suites behind" \
-      "PgBouncer; CI runs them): make test-full"
-    left_out "not run in a person's run: the PostgreSQL failover drill ($PG_FAILOVER_DRILL; CI" \
-      "runs it): make test-full, or alone make pg-failover-drill"
+    left_out "not run in a person's run: the production-stack, chaos, Sentinel failover," \
+      "PostgreSQL failover and RabbitMQ cluster drills and the PgBouncer phase" \
+      "(tests/integration/test_production_stack.py, test_chaos.py, test_sentinel_failover.py," \
+      "test_postgres_failover.py, test_rabbitmq_cluster.py; the delivery, sweep-kill, beat and" \
+      "burst suites behind PgBouncer; CI runs them): make test-full"
   fi
 fi
 

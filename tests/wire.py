@@ -9,6 +9,7 @@ import time
 import uuid
 from typing import Any
 
+from cleanup.broker import queues
 from cleanup.conf import cleanup_settings
 
 RELEASE_TASK = "cleanup.release_reservation"
@@ -106,7 +107,14 @@ def publish_task(
             exchange="",
             routing_key=queue,
             headers=headers,
-            declare=[Queue(queue, routing_key=queue)],
+            # declared as the deployment's workers declare it (quorum or classic)
+            declare=[
+                Queue(
+                    queue,
+                    routing_key=queue,
+                    queue_arguments=queues.task_queue_arguments(cleanup_settings()),
+                )
+            ],
             serializer="json",
             **properties,
         )

@@ -15,6 +15,9 @@ release, maintenance), whoever publishes it:
   delivery info names another destination (kombu's restore of an unacknowledged message, and
   Celery's retry, route by it).
 
+With quorum queues a retry's route through Celery's native delayed delivery counts as a route
+to the task queue its routing key ends in (``cleanup.broker.queues``).
+
 Docs: docs/HARDENING.md, "Routing".
 """
 
@@ -26,6 +29,7 @@ from typing import Any
 from celery.app.amqp import AMQP
 from kombu import Exchange, Queue
 
+from cleanup.broker import queues
 from cleanup.conf import cleanup_settings
 
 
@@ -59,8 +63,16 @@ def _name(value: Any) -> str | None:
 
 
 def route_problem(exchange: Any, routing_key: Any) -> str | None:
-    """Why a task message with this delivery info may not be delivered, or ``None``."""
+    """Why a task message with this delivery info may not be delivered, or ``None``. With
+    quorum queues a retry's countdown goes through Celery's native delayed delivery: published
+    to its delayed exchanges, delivered from them, with the delay's binary digits before the
+    queue's name in the routing key (``queues.delayed_queue``)."""
     exchange_name = _name(exchange) or ""
+    if queues.is_quorum(cleanup_settings()):
+        delayed = queues.delayed_queue(exchange_name, routing_key)
+        if delayed is not None:
+            # Celery's delayed-delivery exchanges lead to the queue named at the key's end.
+            exchange_name, routing_key = "", delayed
     if exchange_name not in task_exchanges():
         return f"exchange {exchange_name[:80]!r} is not one the project's task queues are bound to"
     if not isinstance(routing_key, str) or routing_key not in task_queues():

@@ -284,6 +284,7 @@ def check_publish_options(
     time_limits: tuple[float | None, float | None],
     eta_bound_seconds: float,
     now: datetime,
+    broker_headers: frozenset[str] = frozenset(),
 ) -> str | None:
     """A task message may ask for nothing the project's own publisher would not ask for.
 
@@ -293,9 +294,12 @@ def check_publish_options(
     later one is held in memory and, on Redis, redelivered to a second worker once the
     visibility timeout passes); ``timelimit`` no higher than the worker's own
     ``time_limits`` (hard, soft); an ``expires`` no earlier than the publish stamp (the
-    publisher never sends a message that is already expired).
+    publisher never sends a message that is already expired). ``broker_headers`` are the
+    headers the broker itself adds (a quorum queue's delivery count: ``cleanup.broker.queues``).
     """
-    unknown = sorted(name for name in headers if name not in PUBLISHER_HEADERS)
+    unknown = sorted(
+        name for name in headers if name not in PUBLISHER_HEADERS and name not in broker_headers
+    )
     if unknown:
         return f"header {_preview(unknown[0])} is not one the project's publisher sets"
     for name in _EMPTY_HEADERS:

@@ -21,6 +21,7 @@ from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
+from cleanup.broker import queues
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.pipeline import deadletters
@@ -94,13 +95,25 @@ class CleanupTask(Task):  # type: ignore[misc]
         (cleanup.telemetry.deliveries): kombu's Redis restore and the project's retry count as
         they send the message again, so here a message that says it is one only reads the
         count; RabbitMQ's ``redelivered`` is the broker's own word, in the delivery itself, and
-        is counted here. A first delivery costs no round trip. The count then includes the
-        first delivery, which was not counted."""
+        is counted here. A redelivery from a quorum queue carries the broker's count of the
+        message's earlier deliveries (``x-delivery-count``): that count is used as it is, with
+        no round trip for a message that was never retried (a retry's redelivery adds the
+        retries counted under its key). A first delivery costs no round trip. The count then
+        includes the first delivery, which was not counted."""
         redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
         if not redelivered and not self.request.retries:
             return 1
+        broker_count = (
+            queues.broker_delivery_count(vars(self.request), redelivered)
+            if queues.is_quorum(cleanup_settings())
+            else None  # a classic queue's header would be the publisher's
+        )
+        if broker_count is not None and not self.request.retries:
+            return broker_count + 1
         key = self.delivery_key(args, kwargs)
         try:
+            if broker_count is not None:
+                return deliveries.current(key) + broker_count + 1
             if redelivered and not settings.BROKER_IS_REDIS:
                 return deliveries.increment(key) + 1
             return deliveries.current(key) + 1

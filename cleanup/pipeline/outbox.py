@@ -17,9 +17,9 @@ from datetime import datetime, timedelta
 from celery import current_app as app
 from django.db import connection, transaction
 from django.utils import timezone
-from kombu import Exchange, Queue
 
 from cleanup import sql
+from cleanup.broker import queues
 from cleanup.conf import cleanup_settings
 from cleanup.pipeline import locks
 from reservations.models import OutboxEvent
@@ -31,12 +31,8 @@ def relay_batch(limit: int | None = None) -> int:
 
     conf = cleanup_settings()
     limit = limit or conf.relay_batch_size
-    queue = Queue(
-        conf.events_queue,
-        exchange=Exchange(""),
-        routing_key=conf.events_queue,
-        durable=True,
-    )
+    # A quorum queue with CLEANUP_RABBITMQ_QUEUE_TYPE=quorum (cleanup.broker.queues).
+    queue = queues.events_queue(conf)
     with transaction.atomic():
         if not locks.try_transaction_lock(locks.OUTBOX_RELAY):
             return 0

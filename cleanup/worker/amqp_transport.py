@@ -19,7 +19,8 @@ connection-level errors (frames out of order, a header too short to say how larg
 a failing socket) propagate, as they do with py-amqp's own handler.
 
 Selected by the ``broker_transport`` setting for ``amqp://``/``pyamqp://`` (``Transport``) and
-``amqps://`` (``SSLTransport``) broker URLs.
+``amqps://`` (``SSLTransport``) broker URLs, and by those schemes' aliases once this module is
+loaded, so a failover to the next URL of a cluster's list keeps it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from amqp import spec
 from amqp.exceptions import FrameSyntaxError, UnexpectedFrame
 from amqp.method_framing import frame_handler
 from amqp.serialization import dumps, loads
-from kombu.transport import pyamqp
+from kombu.transport import TRANSPORT_ALIASES, pyamqp
 
 from cleanup.broker.screening import MAX_NESTING, max_bytes
 from cleanup.telemetry import metrics
@@ -380,3 +381,16 @@ class Transport(pyamqp.Transport):
 
 class SSLTransport(pyamqp.SSLTransport):
     Connection = Connection
+
+
+# A RabbitMQ cluster's URL lists every node (``amqp://a;amqp://b;amqp://c``). kombu keeps each
+# entry as a failover alternate, and when a connection attempt fails it switches to the next by
+# parsing that URL, which sets the transport to the URL's scheme whatever the
+# ``broker_transport`` setting names: the worker would reconnect, after losing a node, on
+# kombu's own unscreened py-amqp transport. The schemes' aliases name these transports instead
+# (``librabbitmq`` too: kombu swaps ``amqp`` for it whenever that library is installed). The
+# first broker connection of a process loads this module (``broker_transport``), so the aliases
+# are in place before any switch can happen.
+for _scheme in ("amqp", "pyamqp", "librabbitmq"):
+    TRANSPORT_ALIASES[_scheme] = f"{__name__}:Transport"
+TRANSPORT_ALIASES["amqps"] = f"{__name__}:SSLTransport"

@@ -29,9 +29,10 @@ from django.core.exceptions import ImproperlyConfigured
 from kombu.exceptions import ContentDisallowed, DecodeError
 from vine import promise
 
-from cleanup.broker import routes, screening
+from cleanup.broker import queues, routes, screening
 from cleanup.conf import WORKER_POOLS, cleanup_settings
 from cleanup.models import DeadLetter
+from cleanup.worker.delayed_delivery import CELERY_STEP as CELERY_DELAYED_DELIVERY
 from cleanup.worker.signals import dead_letter_message, dead_letter_undecodable
 
 logger = logging.getLogger("cleanup.consumer")
@@ -82,11 +83,16 @@ _Consumer: Any = Consumer
 
 class DeadLetteringConsumer(_Consumer):
     class Blueprint(_Consumer.Blueprint):  # type: ignore[misc,name-defined]
-        # Remote control runs the screened pidbox (cleanup.worker.remote_control).
+        # Remote control runs the screened pidbox (cleanup.worker.remote_control); quorum
+        # queues' delayed delivery is set up through the node the consumer reached
+        # (cleanup.worker.delayed_delivery).
         default_steps = [
-            "cleanup.worker.remote_control:ScreenedControl"
-            if step == "celery.worker.consumer.control:Control"
-            else step
+            {
+                "celery.worker.consumer.control:Control": (
+                    "cleanup.worker.remote_control:ScreenedControl"
+                ),
+                CELERY_DELAYED_DELIVERY: "cleanup.worker.delayed_delivery:NodeDelayedDelivery",
+            }.get(step, step)
             for step in Consumer.Blueprint.default_steps
         ]
 
@@ -169,6 +175,7 @@ class DeadLetteringConsumer(_Consumer):
                 time_limits=(self.app.conf.task_time_limit, self.app.conf.task_soft_time_limit),
                 eta_bound_seconds=cleanup_settings().retry_backoff_max,
                 now=datetime.now(UTC),
+                broker_headers=queues.broker_headers(cleanup_settings()),
             )
         )
         if problem:

@@ -1,9 +1,11 @@
 """Celery signal handlers: stamp ``enqueued_at`` on every publish; dead-letter what never
 reaches task code (unknown task names, rejected content); refuse to start a worker or beat
-behind a transaction pooler that the settings do not declare (common.pooling)."""
+behind a transaction pooler that the settings do not declare (common.pooling), or on RabbitMQ
+queues of another type than CLEANUP_RABBITMQ_QUEUE_TYPE (cleanup.broker.queues)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -15,11 +17,16 @@ from celery.signals import (
     worker_init,
     worker_process_shutdown,
 )
+from django.core.exceptions import ImproperlyConfigured
 
+from cleanup.broker import queues
+from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.pipeline import deadletters
 from cleanup.telemetry import deliveries
 from common import pooling
+
+logger = logging.getLogger("cleanup.worker")
 
 
 @before_task_publish.connect
@@ -39,6 +46,42 @@ def refuse_a_transaction_pooler(**_: Any) -> None:
     problems = pooling.configured_refusals()
     if problems:
         raise SystemExit("refusing to start: " + "; ".join(problems))
+
+
+@worker_init.connect
+def refuse_queues_of_another_type(**_: Any) -> None:
+    """Before the worker consumes: declare the project's task queues on RabbitMQ, and refuse to
+    start, naming CLEANUP_RABBITMQ_QUEUE_TYPE and the queue, when RabbitMQ refuses one because
+    it exists as another type (or with another delivery limit). Celery's own declaration would
+    take the refusal for a lost channel and retry it for ever. A broker that cannot be reached
+    now is left to Celery's reconnection."""
+    from celery import current_app  # noqa: PLC0415 - the configured app, at call time
+
+    conn = current_app.connection_for_write()
+    try:
+        if conn.transport.driver_type != "amqp":
+            return
+        # RabbitMQ 3.x quorum queues have no priorities: whatever configured them is refused
+        queues.check_priorities(
+            cleanup_settings(),
+            current_app.amqp.queues.values(),
+            current_app.conf.task_queue_max_priority,
+        )
+        conn.ensure_connection(max_retries=2, interval_start=1, interval_max=1)
+        refusals = queues.declaration_refusals(
+            conn.default_channel,
+            [current_app.amqp.queues[name] for name in sorted(current_app.amqp.queues)],
+            cleanup_settings().rabbitmq_queue_type,
+        )
+    except ImproperlyConfigured as exc:
+        raise SystemExit(f"refusing to start: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - the broker's availability is Celery's to handle
+        logger.warning("queue declarations not checked", extra={"error": repr(exc)[:300]})
+        return
+    finally:
+        conn.release()
+    if refusals:
+        raise SystemExit("refusing to start: " + "; ".join(refusals))
 
 
 # A dead letter keeps the start of a body; the rest is never decoded or copied.

@@ -7,9 +7,9 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
-from kombu import Queue
 
 from cleanup import redis_sentinel, wire
+from cleanup.broker import queues
 from cleanup.conf import CleanupSettings
 from config import redis_tls
 from config.env import (
@@ -182,6 +182,15 @@ if not CELERY_BROKER_URL.startswith(
         f"CELERY_BROKER_URL: expected a redis://, rediss://, sentinel:// or amqp:// URL, not "
         f"{CELERY_BROKER_URL.partition('://')[0]!r}://"
     )
+# A RabbitMQ cluster: every node's URL, separated by ";" (kombu tries the next on a failed
+# connection). One scheme for all: the first entry's selects the (plain or TLS) transport.
+if CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
+    _schemes = {entry.strip().partition("://")[0] for entry in CELERY_BROKER_URL.split(";")}
+    if len(_schemes) > 1:
+        raise ImproperlyConfigured(
+            f"CELERY_BROKER_URL: every entry of a RabbitMQ URL list must have the same scheme, "
+            f"not {', '.join(sorted(repr(s + '://') for s in _schemes))}"
+        )
 # Redis Sentinel: the sentinels in the URL, the master's name here (cleanup.redis_sentinel).
 BROKER_IS_SENTINEL = redis_sentinel.is_sentinel(CELERY_BROKER_URL)
 CELERY_BROKER_SENTINEL_MASTER = env_str(redis_sentinel.MASTER_VARIABLE, "").strip()
@@ -199,6 +208,12 @@ _cleanup = CleanupSettings.from_environment(
     defaults={"CLEANUP_COUNTER_REDIS_URL": CELERY_BROKER_URL if BROKER_IS_REDIS else ""},
 )
 globals().update(_cleanup.as_django_settings())
+
+if BROKER_IS_REDIS and queues.is_quorum(_cleanup):
+    raise ImproperlyConfigured(
+        "CLEANUP_RABBITMQ_QUEUE_TYPE=quorum needs a RabbitMQ broker (an amqp:// "
+        "CELERY_BROKER_URL); with Redis leave it 'classic'"
+    )
 
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if BROKER_IS_REDIS:
@@ -265,11 +280,16 @@ CELERY_TASK_TIME_LIMIT = _cleanup.task_time_limit
 CELERY_TASK_SOFT_TIME_LIMIT = _cleanup.task_soft_time_limit
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_TASK_DEFAULT_QUEUE = _cleanup.release_queue
-CELERY_TASK_QUEUES = [
-    Queue(_cleanup.sweep_queue, routing_key=_cleanup.sweep_queue),
-    Queue(_cleanup.release_queue, routing_key=_cleanup.release_queue),
-    Queue(_cleanup.maintenance_queue, routing_key=_cleanup.maintenance_queue),
-]
+# Classic queues on Celery's default direct exchange, or (CLEANUP_RABBITMQ_QUEUE_TYPE=quorum)
+# replicated quorum queues on a topic exchange, which Celery's native delayed delivery of a
+# retry needs (cleanup.broker.queues; docs/TOPOLOGIES.md, "RabbitMQ cluster").
+CELERY_TASK_QUEUES = queues.task_queues(_cleanup)
+if queues.is_quorum(_cleanup):
+    CELERY_TASK_DEFAULT_EXCHANGE = queues.task_exchange_name(_cleanup)
+    CELERY_TASK_DEFAULT_EXCHANGE_TYPE = queues.task_exchange_type(_cleanup)
+# Celery's default, stated: with quorum queues (which have no global QoS) each consumer's
+# prefetch is set per consumer, prefetch multiplier x pool processes, as with classic queues.
+CELERY_WORKER_DETECT_QUORUM_QUEUES = True
 # A queue not declared above is refused, not created (cleanup.broker.routes checks the rest).
 CELERY_TASK_CREATE_MISSING_QUEUES = False
 # Sweeps to the sweep queue, releases to the release queue, the rest to maintenance

@@ -7,12 +7,14 @@ database or Redis database.
 
 from __future__ import annotations
 
+import ast
 import os
 import socket
 import subprocess
 import time
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -113,6 +115,12 @@ EXTRA_QUEUES = ("sweep-cap", "cleanup-cap", "maintenance-cap", "scenario-5-lost"
 
 def broker_is_redis() -> bool:
     return bool(settings.BROKER_IS_REDIS)
+
+
+def broker_counts_redeliveries() -> bool:
+    """Whether a redelivery is counted by the broker in the message (RabbitMQ's
+    ``x-delivery-count`` from a quorum queue) instead of in the delivery counters."""
+    return not broker_is_redis() and cleanup_settings().rabbitmq_queue_type == "quorum"
 
 
 def test_queues() -> list[str]:
@@ -416,6 +424,28 @@ def hold_messages(
         ReleaseMessage.for_hold(rid, version, expires_at, shard, trace_id)
         for rid, version, expires_at in rows
     ]
+
+
+def released_times(ids: list[int]) -> list[float]:
+    """When each of the released holds among ``ids`` was released (epoch seconds, in order)."""
+    return [
+        float(t)
+        for (t,) in sql(
+            "SELECT extract(epoch FROM released_at) FROM reservations_reservation "
+            "WHERE id = ANY(%s) AND status = 'released' ORDER BY released_at",
+            [ids],
+        )
+    ]
+
+
+def outcomes_logged(logs: list[Path]) -> Counter[str]:
+    """Release attempts the workers logged, by outcome (one line per batch of holds)."""
+    found: Counter[str] = Counter()
+    for line in log_lines(logs, "release attempt reservation_id="):
+        found[log_fields(line)["outcome"]] += 1
+    for line in log_lines(logs, "release batch attempt"):
+        found.update(ast.literal_eval(line.partition("outcomes=")[2].partition("} ")[0] + "}"))
+    return found
 
 
 def delivery_counts(keys: list[str]) -> list[int]:

@@ -17,7 +17,6 @@ It runs only in its own phase (RESERVATIONS_SENTINEL_DRILL=1: scripts/test.sh's
 
 from __future__ import annotations
 
-import ast
 import base64
 import json
 import os
@@ -26,7 +25,6 @@ import signal
 import subprocess
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -47,10 +45,11 @@ from .fleet import (
     create_eligible_holds,
     free_port,
     invariant_violations,
-    log_fields,
     log_lines,
     outcome_counts,
+    outcomes_logged,
     released_count,
+    released_times,
     scalar,
     sql,
     wait_until,
@@ -253,27 +252,6 @@ def _holds_in(envelope: dict[str, Any]) -> frozenset[int]:
     return frozenset(int(i["reservation_id"]) for i in items if "reservation_id" in i)
 
 
-def _released_times(ids: list[int]) -> list[float]:
-    return [
-        float(t)
-        for (t,) in sql(
-            "SELECT extract(epoch FROM released_at) FROM reservations_reservation "
-            "WHERE id = ANY(%s) AND status = 'released' ORDER BY released_at",
-            [ids],
-        )
-    ]
-
-
-def _outcomes_logged(logs: list[Path]) -> Counter[str]:
-    """Release attempts the workers logged, by outcome (one line per batch of holds)."""
-    found: Counter[str] = Counter()
-    for line in log_lines(logs, "release attempt reservation_id="):
-        found[log_fields(line)["outcome"]] += 1
-    for line in log_lines(logs, "release batch attempt"):
-        found.update(ast.literal_eval(line.partition("outcomes=")[2].partition("} ")[0] + "}"))
-    return found
-
-
 def _plant_broadcast(client: redis.Redis) -> int:
     """One ``PUBLISH`` of ``[]`` on the remote-control channel (it stopped every unscreened
     worker at once); how many subscribers it reached."""
@@ -404,9 +382,9 @@ def test_a_master_killed_mid_drain_is_followed_without_restarts_and_every_hold_r
         finally:
             for w in workers:
                 w.stop(timeout=30)
-    attempts = _outcomes_logged(logs)
+    attempts = outcomes_logged(logs)
 
-    times = _released_times(ids)
+    times = released_times(ids)
     first_after = next((t for t in times if t > promoted_at), None)
     claims = dict(
         sql(

@@ -138,6 +138,15 @@ VALID = CleanupSettings()
             "CLEANUP_RELEASE_BATCH_SIZE=1001 must be <= 1000",
         ),
         (
+            {"rabbitmq_queue_type": "stream"},
+            "CLEANUP_RABBITMQ_QUEUE_TYPE='stream': expected one of 'classic', 'quorum'",
+        ),
+        (
+            # the broker's fixed x-delivery-limit is a backstop: the project's cap acts first
+            {"rabbitmq_queue_type": "quorum", "max_deliveries": 100},
+            "CLEANUP_MAX_DELIVERIES=100 must be below the quorum queues' x-delivery-limit (100)",
+        ),
+        (
             {"worker_pools": ("prefork", "thread")},
             "CLEANUP_WORKER_POOLS names 'thread': expected among prefork, threads, solo, gevent",
         ),

@@ -1,0 +1,476 @@
+"""The RabbitMQ cluster drill: a drain through real workers and beat on a three-node RabbitMQ
+cluster, the node that leads the release queue SIGKILLed mid-drain; once with quorum queues
+(``CLEANUP_RABBITMQ_QUEUE_TYPE=quorum``), once with classic queues, side by side.
+
+The test starts its own nodes (Debian's ``rabbitmq-server``, run from /usr/lib/rabbitmq/bin as
+the user running the test, with the user's Erlang cookie), each with its own node name
+(``drillN-<random>@localhost``), AMQP and distribution ports, and data, log and configuration
+files in the test's temporary directory, no plugins; they are joined with ``rabbitmqctl -n ...
+stop_app / join_cluster / start_app``. The machine's own RabbitMQ (on 5672) is never touched.
+Workers and beat get the three nodes' URLs in one ``CELERY_BROKER_URL`` (``amqp://…;amqp://…``,
+kombu's failover) and are never restarted.
+
+- Quorum queues: every queue has a replica on each node; the release queue's leader is killed
+  and the two others elect a new one. Nothing the queue held is lost: the unacknowledged
+  messages come back (redeliveries, counted by the broker), the workers carry on through the
+  next node. Publishes are not confirmed, so messages a sweep was sending through the killed
+  node at that moment may be lost: their holds come back through the lease.
+- Classic queues: a queue lives on the node it was declared on; killing that node stops
+  everything that goes through the queue until the node is back (restarted at once here, as a
+  supervisor would), and the messages it had not written to disk are lost with it: their holds
+  come back only through the claim's lease.
+
+It prints the recovery time (kill to the first release after it), redeliveries, the holds
+released late, and what the classic queues lost; docs/TOPOLOGIES.md records them. It runs only
+in its own phase (RESERVATIONS_RABBITMQ_CLUSTER_DRILL=1: scripts/test.sh's
+``pytest-rabbitmq-cluster``, after ``pytest-sentinel``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import string
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cleanup.pipeline.schedule import install_schedule
+from tests.missing_tools import skip_for_missing
+
+from .fleet import (
+    ROOT,
+    Worker,
+    beats,
+    claim_counts,
+    create_eligible_holds,
+    free_port,
+    invariant_violations,
+    log_lines,
+    outcome_counts,
+    outcomes_logged,
+    released_count,
+    released_times,
+    scalar,
+    service_env,
+    sql,
+    wait_until,
+)
+
+pytestmark = [
+    pytest.mark.workers,
+    pytest.mark.slow,
+    pytest.mark.rabbitmq_cluster,
+    pytest.mark.skipif(
+        os.environ.get("RESERVATIONS_RABBITMQ_CLUSTER_DRILL") != "1",
+        reason="the RabbitMQ cluster drill runs in its own phase: make rabbitmq-cluster-drill",
+    ),
+]
+
+# Debian's scripts themselves: /usr/sbin's wrappers run everything as the rabbitmq user, with
+# its cookie and the machine node's environment file.
+BIN = Path("/usr/lib/rabbitmq/bin")
+HOLDS = 600
+LEASE_SECONDS = 5  # a hold whose message was lost comes back after this
+# One message per hold, up to 300 holds per sweep: the 2 shards' first sweeps (beat, every
+# second) publish every hold at once, faster than the two workers' four pool processes
+# release, so messages wait in the release queue when the kill comes (after a fifth of the
+# holds are released), in the middle of the drain.
+DRAIN = {
+    "CLEANUP_RELEASE_MODE": "single",
+    "CLEANUP_SWEEP_BATCH_SIZE": "150",
+    "CLEANUP_SWEEP_MAX_BATCHES": "2",
+    "CLEANUP_LEASE_SECONDS": str(LEASE_SECONDS),
+}
+RELEASE_QUEUE = "cleanup"
+# A node's pid as list_queues prints it: <node@host.1.2.3>
+PID_NODE = re.compile(r"<(?P<node>[^<>]+@[^.<>]+)\.")
+
+
+def _tool(name: str) -> str:
+    path = BIN / name
+    if not path.exists():
+        skip_for_missing("rabbitmq-server", "Debian's rabbitmq-server runs the cluster's nodes")
+    return str(path)
+
+
+def _erlang_cookie() -> None:
+    """The nodes and rabbitmqctl authenticate with the user's cookie: made the way Erlang
+    makes it when there is none yet, once, before three nodes start at the same time."""
+    cookie = Path.home() / ".erlang.cookie"
+    if not cookie.exists():
+        cookie.write_text("".join(secrets.choice(string.ascii_uppercase) for _ in range(20)))
+        cookie.chmod(0o400)
+
+
+@dataclass
+class Node:
+    name: str
+    root: Path
+    port: int = field(default_factory=free_port)
+    dist_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    def environment(self) -> dict[str, str]:
+        files = {
+            "RABBITMQ_CONFIG_FILE": self.root / "rabbitmq.conf",
+            "RABBITMQ_ADVANCED_CONFIG_FILE": self.root / "advanced.config",
+            "RABBITMQ_CONF_ENV_FILE": self.root / "rabbitmq-env.conf",
+            "RABBITMQ_ENABLED_PLUGINS_FILE": self.root / "enabled_plugins",
+            "RABBITMQ_MNESIA_BASE": self.root / "mnesia",
+            "RABBITMQ_LOG_BASE": self.root / "log",
+            "RABBITMQ_PID_FILE": self.root / "pid",
+        }
+        return {
+            **os.environ,
+            **{key: str(path) for key, path in files.items()},
+            "RABBITMQ_NODENAME": self.name,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+        }
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "rabbitmq.conf").write_text(
+            "log.file.level = info\nlog.console = false\n"
+            # a node that loses sight of the others' majority stops serving (no split brain)
+            "cluster_partition_handling = pause_minority\n"
+        )
+        (self.root / "rabbitmq-env.conf").write_text("")
+        (self.root / "enabled_plugins").write_text("[].\n")
+        self.proc = subprocess.Popen(
+            [_tool("rabbitmq-server")],
+            env=self.environment(),
+            cwd=self.root,
+            stdout=(self.root / "server.out").open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def kill(self) -> None:
+        """SIGKILL the node's whole process group (the script, the Erlang VM, its helpers)."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(15)
+
+    def url(self, vhost: str) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/{vhost}"
+
+
+class Cluster:
+    """Three RabbitMQ nodes of the test's own, joined into one cluster."""
+
+    def __init__(self, root: Path) -> None:
+        tag = uuid.uuid4().hex[:6]
+        self.nodes = [Node(f"drill{i}-{tag}@localhost", root / f"node{i}") for i in (1, 2, 3)]
+
+    def ctl(self, node: Node, *args: str, tool: str = "rabbitmqctl", timeout: float = 90) -> str:
+        out = subprocess.run(
+            [_tool(tool), "-q", "-n", node.name, *args],
+            env=node.environment(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"{tool} -n {node.name} {' '.join(args)}: {out.stderr[-600:]}")
+        return out.stdout
+
+    def await_startup(self, node: Node, timeout: float = 90) -> None:
+        """Until the node has booted; ``await_startup`` itself gives up at once on a node that
+        has not registered its name yet."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.ctl(
+                    node, "await_startup", "--timeout", str(int(timeout)), timeout=timeout + 30
+                )
+                return
+            except RuntimeError:
+                if time.monotonic() > deadline or node.proc is None or node.proc.poll() is not None:
+                    raise
+                time.sleep(0.5)
+
+    def start(self) -> Cluster:
+        _erlang_cookie()
+        for node in self.nodes:  # booted side by side; joined one after the other
+            node.start()
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(self.await_startup, self.nodes))
+        first = self.nodes[0]
+        for node in self.nodes[1:]:
+            self.ctl(node, "stop_app")
+            self.ctl(node, "join_cluster", first.name)
+            self.ctl(node, "start_app")
+        running = self.ctl(first, "cluster_status", "--formatter", "json")
+        assert all(node.name in running for node in self.nodes), running
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+    def alive(self) -> list[Node]:
+        return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
+
+    def add_vhost(self, vhost: str) -> None:
+        node = self.alive()[0]
+        self.ctl(node, "add_vhost", vhost)
+        self.ctl(node, "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+
+    def url(self, vhost: str, nodes: list[Node]) -> str:
+        """kombu's failover form: every node, the first tried first."""
+        return ";".join(n.url(vhost) for n in nodes)
+
+    def queues(self, vhost: str) -> dict[str, dict[str, str]]:
+        """Each queue of ``vhost`` as RabbitMQ lists it: type, the node that leads it (a classic
+        queue's: where it lives), messages waiting and unacknowledged."""
+        columns = [
+            "name", "type", "leader", "pid", "messages_ready", "messages_unacknowledged",
+            "consumers",
+        ]  # fmt: skip
+        out = self.ctl(self.alive()[0], "list_queues", "-p", vhost, *columns)
+        found = {}
+        for line in out.splitlines():
+            values = line.split("\t")
+            if len(values) == len(columns) and values[0] != "name":
+                row = dict(zip(columns, values, strict=True))
+                pid = PID_NODE.search(row["pid"])
+                if not row["leader"] and pid:
+                    row["leader"] = pid.group("node")
+                found[row["name"]] = row
+        return found
+
+    def node(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+
+@dataclass
+class Drained:
+    """What one case measured."""
+
+    queue_type: str
+    released_before: int
+    outstanding: int
+    killed: str
+    first_after_s: float
+    resumed_s: float
+    longest_gap_s: float
+    all_released_s: float
+    delayed: int
+    reclaimed: int
+    attempts: dict[str, int]
+    extra_attempts: int
+    alive: bool
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        return (
+            f"{self.queue_type}: killed {self.killed} (leading {RELEASE_QUEUE!r}) after "
+            f"{self.released_before}/{HOLDS} releases, {self.outstanding} holds claimed and "
+            f"not released (their messages queued or being worked); first release after the kill "
+            f"+{self.first_after_s:.1f}s; releases resumed after the longest stretch without "
+            f"one ({self.longest_gap_s:.1f}s) +{self.resumed_s:.1f}s (recovery time); holds "
+            f"released after that stretch (each late by up to it) {self.delayed}; holds "
+            f"re-claimed through the lease (their message lost) {self.reclaimed}; all released "
+            f"+{self.all_released_s:.1f}s; release attempts logged {self.attempts} "
+            f"({self.extra_attempts} beyond one per hold: redeliveries, messages sent twice); "
+            f"workers and beat up throughout: {self.alive}; {self.notes}"
+        )
+
+
+def _progress(ids: list[int]) -> tuple[int, int]:
+    """(released, claimed and not released) among ``ids``: a claimed hold's message is queued
+    or being worked."""
+    released, outstanding = sql(
+        "SELECT count(*) FILTER (WHERE status = 'released'), "
+        "count(*) FILTER (WHERE status = 'held' AND claim_count > 0) "
+        "FROM reservations_reservation WHERE id = ANY(%s)",
+        [ids],
+    )[0]
+    return int(released), int(outstanding)
+
+
+def _drain(
+    cluster: Cluster, tmp_path: Path, queue_type: str, nodes: list[Node], restart: bool
+) -> tuple[Drained, list[int]]:
+    """Drain HOLDS expired holds through ``nodes`` with ``queue_type`` queues in a vhost of
+    their own; kill the node that leads the release queue after a fifth of them (and start it
+    again at once when ``restart``)."""
+    vhost = f"drill_{queue_type}"
+    cluster.add_vhost(vhost)
+    ids = create_eligible_holds(HOLDS, offerings=6)
+    env = {
+        "CELERY_BROKER_URL": cluster.url(vhost, nodes),
+        "CLEANUP_RABBITMQ_QUEUE_TYPE": queue_type,
+        **DRAIN,
+    }
+    where = tmp_path / queue_type
+    where.mkdir()
+    logs: list[Path] = []
+
+    def worker(slot: int) -> Worker:
+        logs.append(where / f"worker{slot}-{len(logs)}.log")
+        return Worker(f"rq{slot}-{uuid.uuid4().hex[:6]}", 2, logs[-1], env_overrides=env)
+
+    workers = [worker(slot) for slot in range(2)]
+    restarted: list[str] = []
+
+    def released_all() -> bool:
+        """Every hold released; meanwhile a worker that exited is started again, as a
+        supervisor would (with classic queues a worker that reconnects while their node is
+        down finds them gone and stops: NOT_FOUND is fatal to Celery's consumer)."""
+        if restart:
+            for slot, w in enumerate(workers):
+                if not w.alive():
+                    restarted.append(f"+{time.time() - killed_at:.1f}s")
+                    workers[slot] = worker(slot)
+                    workers[slot].start()
+        return released_count(ids) == HOLDS
+
+    for w in workers:
+        w.start()
+    try:
+        for w in workers:
+            w.wait_ready()
+        # the workers declared the queues as they started: where the release queue lives
+        declared = cluster.queues(vhost)[RELEASE_QUEUE]
+        assert declared["type"] == queue_type, declared
+        victim = cluster.node(declared["leader"])
+        with beats(where, 1, env_overrides=env) as (beat,):
+            wait_until(
+                lambda: released_count(ids) >= HOLDS // 5,
+                timeout=60,
+                interval=0.05,
+                what="the drain under way",
+            )
+            # when: the node that leads the release queue (a classic queue's only node) dies
+            victim.kill()
+            killed_at = time.time()
+            released_before, outstanding = _progress(ids)
+            notes: dict[str, Any] = {}
+            if restart:
+                victim.start()
+                cluster.await_startup(victim)
+                notes["node back"] = f"+{time.time() - killed_at:.1f}s"
+            # then: every hold is released, without restarting a worker or beat
+            try:
+                wait_until(
+                    released_all,
+                    timeout=90,
+                    interval=0.25,
+                    what=f"every hold released after the kill ({queue_type} queues)",
+                )
+            except TimeoutError as exc:
+                raise TimeoutError(f"{exc}; the queues then: {cluster.queues(vhost)}") from exc
+            finished_at = time.time()
+            alive = beat.alive() and all(w.alive() for w in workers) and not restarted
+            notes["workers started again"] = restarted
+            # a quorum queue's two other replicas elected a leader among themselves
+            notes["leader after"] = cluster.queues(vhost).get(RELEASE_QUEUE, {}).get("leader")
+    finally:
+        for w in workers:
+            w.stop(timeout=30)
+    times = released_times(ids)
+    after = [t for t in times if t > killed_at]
+    # the outage: the longest stretch without a release from the kill on (a release that was
+    # already running when the node died may commit just after it)
+    stretch = [killed_at, *after]
+    gap_start, gap_end = max(zip(stretch, stretch[1:], strict=False), key=lambda p: p[1] - p[0])
+    claims = claim_counts(ids)
+    attempts = dict(outcomes_logged(logs))
+    notes["failovers logged"] = len(log_lines(logs, "Trying again in")) + len(
+        log_lines(logs, "Will retry using next failover")
+    )
+    return (
+        Drained(
+            queue_type=queue_type,
+            released_before=released_before,
+            outstanding=outstanding,
+            killed=victim.name.partition("-")[0],
+            first_after_s=after[0] - killed_at,
+            resumed_s=gap_end - killed_at,
+            longest_gap_s=gap_end - gap_start,
+            all_released_s=finished_at - killed_at,
+            delayed=sum(1 for t in after if t >= gap_end),
+            reclaimed=sum(1 for c in claims.values() if c >= 2),
+            attempts=attempts,
+            extra_attempts=sum(attempts.values()) - HOLDS,
+            alive=alive,
+            notes=notes,
+        ),
+        ids,
+    )
+
+
+@pytest.mark.usefixtures("exclusive_workers", "clean")
+@pytest.mark.timeout(420)
+def test_a_lost_node_is_survived_without_restarts_and_every_hold_is_released_once(
+    tmp_path: Path,
+) -> None:
+    # given: three RabbitMQ nodes of the test's own in one cluster; beat sweeping 2 shards
+    # every second
+    install_schedule(shards=2, every=1)
+    cluster = Cluster(tmp_path / "rabbitmq")
+    try:
+        cluster.start()
+        started_at = time.time()
+        # when/then: quorum queues, their leader killed; the workers know all three nodes
+        quorum, quorum_ids = _drain(cluster, tmp_path, "quorum", cluster.nodes, restart=False)
+        # classic queues on the two nodes left, the queues' node killed and started again
+        left = cluster.alive()
+        classic, classic_ids = _drain(cluster, tmp_path, "classic", left, restart=True)
+        took = time.time() - started_at
+        # and a worker told to use quorum queues on the classic ones' vhost refuses to start,
+        # naming the setting and the queues (RabbitMQ cannot change a queue's type)
+        refused = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "solo"],
+            cwd=ROOT,
+            env=service_env(
+                CELERY_BROKER_URL=cluster.url("drill_classic", cluster.alive()),
+                CLEANUP_RABBITMQ_QUEUE_TYPE="quorum",
+            ),
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+    finally:
+        cluster.stop()
+    print(  # the measurements, shown with -s (docs/TOPOLOGIES.md records them)
+        f"\nRabbitMQ cluster drill ({HOLDS} holds per case, lease {LEASE_SECONDS}s, the cases "
+        f"{took:.0f}s):\n  {quorum.line()}\n  {classic.line()}"
+    )
+    assert refused.returncode == 1, refused.stderr[-2000:]
+    assert "refusing to start: CLEANUP_RABBITMQ_QUEUE_TYPE=quorum: " in refused.stderr
+    for queue in ("sweep", "cleanup", "maintenance"):
+        assert f"RabbitMQ refuses to declare queue {queue!r}" in refused.stderr, refused.stderr
+    ids = quorum_ids + classic_ids
+    # every hold released exactly once, seats conserved, none left held
+    assert invariant_violations(expected_released=ids) == []
+    assert outcome_counts().get("released") == len(ids)
+    assert (
+        scalar(
+            "SELECT count(*) FROM reservations_reservation WHERE id = ANY(%s) AND status = 'held'",
+            [ids],
+        )
+        == 0
+    )
+    # with quorum queues nobody was restarted (with classic ones the drill restarted the
+    # workers that stopped, as a supervisor would: printed above)
+    assert quorum.alive, quorum.line()
