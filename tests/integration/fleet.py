@@ -516,6 +516,32 @@ class Beat(CeleryProcess):
 
 
 @contextmanager
+def drill_workers(
+    tmp_dir: Path, prefix: str, env: dict[str, str], count: int = 2, concurrency: int = 2
+) -> Iterator[list[Worker]]:
+    """``count`` workers of a drill's own (logs ``tmp_dir/worker<i>.log``), started and ready;
+    stopped when the block ends, each given 30 s to finish its task."""
+    workers = [
+        Worker(
+            f"{prefix}{i}-{uuid.uuid4().hex[:6]}",
+            concurrency,
+            tmp_dir / f"worker{i}.log",
+            env_overrides=env,
+        )
+        for i in range(count)
+    ]
+    for w in workers:
+        w.start()
+    try:
+        for w in workers:
+            w.wait_ready()
+        yield workers
+    finally:
+        for w in workers:
+            w.stop(timeout=30)
+
+
+@contextmanager
 def beats(tmp_dir: Path, count: int = 1, **kwargs: Any) -> Iterator[list[Beat]]:
     """``count`` beat processes, stopped (SIGTERM, then SIGKILL) on exit."""
     started = [

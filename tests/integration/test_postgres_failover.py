@@ -31,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -50,9 +49,9 @@ from tests.missing_tools import skip_for_missing
 from .fleet import (
     ROOT,
     Beat,
-    Worker,
     beats,
     create_eligible_holds,
+    drill_workers,
     free_port,
     invariant_violations,
     log_lines,
@@ -445,14 +444,7 @@ def test_a_primary_stopped_mid_drain_is_followed_to_the_promoted_standby_each_ho
         install_schedule(shards=2, every=1)
         env = {"DATABASE_URL": pair.url, **DRAIN}
         logs = [tmp_path / f"worker{i}.log" for i in range(2)]
-        workers = [
-            Worker(f"pg{i}-{uuid.uuid4().hex[:6]}", 2, logs[i], env_overrides=env) for i in range(2)
-        ]
-        for w in workers:
-            w.start()
-        try:
-            for w in workers:
-                w.wait_ready()
+        with drill_workers(tmp_path, "pg", env) as workers:
             with (
                 beats(tmp_path, 2, env_overrides=env) as two,
                 gunicorn(tmp_path, workers=1, threads=2, **env) as web,
@@ -523,9 +515,6 @@ def test_a_primary_stopped_mid_drain_is_followed_to_the_promoted_standby_each_ho
                 lease_failures = [b.lines("beat cannot take its lease") for b in two]
                 switches = _sender_switches(two)
             alive = [w.alive() for w in workers]
-        finally:
-            for w in workers:
-                w.stop(timeout=30)
         old = Committed.on(pair.old_primary_alone())
         times = [
             float(t)

@@ -24,7 +24,6 @@ import shutil
 import signal
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,10 +38,10 @@ from cleanup.telemetry import deliveries
 from tests.missing_tools import skip_for_missing
 
 from .fleet import (
-    Worker,
     beats,
     claim_counts,
     create_eligible_holds,
+    drill_workers,
     free_port,
     invariant_violations,
     log_lines,
@@ -289,14 +288,7 @@ def test_a_master_killed_mid_drain_is_followed_without_restarts_and_every_hold_r
 
         reader = readers.redis_client()
         logs = [tmp_path / f"worker{i}.log" for i in range(2)]
-        workers = [
-            Worker(f"sw{i}-{uuid.uuid4().hex[:6]}", 2, logs[i], env_overrides=env) for i in range(2)
-        ]
-        for w in workers:
-            w.start()
-        try:
-            for w in workers:
-                w.wait_ready()
+        with drill_workers(tmp_path, "sw", env) as workers:
             with beats(tmp_path, 1, env_overrides=env) as (beat,):
                 wait_until(
                     lambda: released_count(ids) >= HOLDS // 5,
@@ -379,9 +371,6 @@ def test_a_master_killed_mid_drain_is_followed_without_restarts_and_every_hold_r
             stats_after = readers.queue_stats("cleanup")
             reader_port = reader.connection_pool.get_master_address()[1]  # type: ignore[attr-defined]
             drops = log_lines(logs, "broadcast dropped")
-        finally:
-            for w in workers:
-                w.stop(timeout=30)
     attempts = outcomes_logged(logs)
 
     times = released_times(ids)
