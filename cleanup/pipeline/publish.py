@@ -13,6 +13,7 @@ from typing import Any
 
 from celery import current_app as app
 
+from cleanup.broker.confirms import confirmed_channel, confirms_available
 from cleanup.conf import cleanup_settings
 from cleanup.pipeline.messages import BatchMessage, ReleaseMessage
 from cleanup.wire import RELEASE_BATCH_TASK, RELEASE_TASK, SWEEP_TASK
@@ -31,21 +32,35 @@ def publish_release_messages(messages: Sequence[ReleaseMessage | BatchMessage]) 
     """Publish release messages on one producer connection (the sweep's fan-out), each as its
     ``as_dict()`` to the task of its type: a ``BatchMessage`` to the batched task.
 
-    Pipelined: kombu's ``Producer.batch`` (kombu 5.7) buffers the Redis commands and sends them
-    in one round trip per ``PUBLISH_PIPELINE`` commands, instead of one LPUSH round trip (and
-    one client) per message. Transports without batch support (py-amqp) publish at once, as
-    before; AMQP publishing does not wait for a reply anyway. If this raises, messages not yet
-    flushed are dropped; the sweep publishes inside its claim's transaction, so the claim rolls
-    back and those holds are due again at once.
+    On Redis, pipelined: kombu's ``Producer.batch`` (kombu 5.7) buffers the commands and sends
+    them in one round trip per ``PUBLISH_PIPELINE`` commands, instead of one LPUSH round trip
+    (and one client) per message; every push is answered. On RabbitMQ, confirmed: the messages
+    go out on a channel in confirm mode and this returns once the broker has taken every one
+    (``cleanup.broker.confirms``). If this raises, messages not yet flushed or confirmed may be
+    lost; the sweep publishes inside its claim's transaction, so the claim rolls back and those
+    holds are due again at once.
     """
     if not messages:
         return
     queue = cleanup_settings().release_queue
-    with app.producer_or_acquire() as producer, producer.batch(max_size=PUBLISH_PIPELINE):
-        for message in messages:
-            app.send_task(
-                TASK_OF[type(message)], args=(message.as_dict(),), queue=queue, producer=producer
-            )
+    with app.producer_or_acquire() as producer:
+        if confirms_available(producer.channel):
+            with confirmed_channel(producer.connection) as batch:
+                confirming = app.amqp.Producer(batch.channel)
+                for message in messages:
+                    _send(message, queue, confirming, retry=False)
+            return
+        with producer.batch(max_size=PUBLISH_PIPELINE):
+            for message in messages:
+                _send(message, queue, producer)
+
+
+def _send(
+    message: ReleaseMessage | BatchMessage, queue: str, producer: Any, **options: Any
+) -> None:
+    app.send_task(
+        TASK_OF[type(message)], args=(message.as_dict(),), queue=queue, producer=producer, **options
+    )
 
 
 def send_sweep(shard: int, shards: int, **options: Any) -> None:
