@@ -193,6 +193,32 @@ def unacked(queue: str) -> int | None:
     return 0
 
 
+@contextmanager
+def rabbitmq_policy(name: str, queue: str, definition: dict[str, object]) -> Iterator[None]:
+    """A RabbitMQ policy on ``queue`` of the tests' own vhost while the block runs (as an
+    operator sets one with ``rabbitmqctl set_policy``), cleared afterwards."""
+    import json
+    import re
+    import shutil
+
+    ctl = shutil.which("rabbitmqctl")
+    if not ctl:
+        raise RuntimeError("rabbitmqctl is needed to set a policy on the tests' vhost")
+    vhost = amqp_vhost()
+    subprocess.run(
+        [ctl, "-q", "set_policy", "-p", vhost, "--apply-to", "queues", name,
+         f"^{re.escape(queue)}$", json.dumps(definition)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    try:
+        yield
+    finally:
+        subprocess.run(
+            [ctl, "-q", "clear_policy", "-p", vhost, name],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+
+
 def queue_settled(queue: str) -> bool:
     """Nothing waiting in ``queue`` and nothing delivered and unacknowledged."""
     from cleanup.broker.readers import queue_depth

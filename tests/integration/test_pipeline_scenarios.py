@@ -6,7 +6,8 @@ Each test asserts from SQL (the invariants of docs/PIPELINE.md, receipts) and ne
 3. holds renewed, confirmed or cancelled after their message was made → never released;
 5. a lost message → after the lease a later sweep claims the hold again and releases it;
 10. a 20,000-hold burst under a small queue-depth cap → the cap holds, nothing enqueued twice;
-11. the shard count changes while holds wait → none stranded.
+11. the shard count changes while holds wait → none stranded;
+and, on RabbitMQ, a fan-out the broker refuses → the claim rolls back, the holds due at once.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import pytest
 from django.db import connection, transaction
 
 from cleanup.broker import readers as broker
+from cleanup.broker.confirms import PublishNotConfirmed
+from cleanup.conf import cleanup_settings
 from cleanup.pipeline.messages import ReleaseMessage
 from cleanup.pipeline.publish import publish_release_messages
 from cleanup.pipeline.schedule import install_schedule, installed_shards
@@ -32,6 +35,7 @@ from tests.wire import publish_task
 
 from .fleet import (
     Worker,
+    broker_is_redis,
     claim_counts,
     create_eligible_holds,
     delivery_counts,
@@ -43,6 +47,7 @@ from .fleet import (
     log_lines,
     outcome_counts,
     queue_settled,
+    rabbitmq_policy,
     released_count,
     run_sweeps,
     scalar,
@@ -323,6 +328,30 @@ def test_a_hold_whose_message_is_lost_is_claimed_again_after_the_lease(workers, 
         "SELECT count(*) FROM reservations_reservation WHERE id = ANY(%s) AND last_trace_id <> %s",
         [ids, lost_trace],
     ) == len(ids)
+
+
+@pytest.mark.skipif(broker_is_redis(), reason="publisher confirms are RabbitMQ's")
+def test_a_fan_out_rabbitmq_refuses_leaves_its_holds_due_at_once_not_leased(clean):
+    # given: expired holds, and a release queue RabbitMQ refuses to take anything into (an
+    # operator's length limit that rejects publishes once the queue is full)
+    ids = create_eligible_holds(40, offerings=2)
+    queue = cleanup_settings().release_queue
+    with rabbitmq_policy("drill-full", queue, {"max-length": 0, "overflow": "reject-publish"}):
+        # when: a sweep claims them and publishes their messages
+        with pytest.raises(PublishNotConfirmed, match="refused"):
+            sweep_shard(0, 1)
+        # then: the broker answered no (basic.nack), so the claim rolled back: no hold is
+        # leased without a message, all are due for the next sweep at once
+        assert set(claim_counts(ids).values()) == {0}
+        # (a quorum queue applies its limit once it is exceeded: it may have taken one)
+        taken = broker.queue_depth(queue)
+        assert taken <= 1
+    # and once the queue takes messages again, the next sweep publishes every hold, once
+    result = sweep_shard(0, 1)
+    assert result.published == len(ids)
+    assert result.messages > 1
+    assert set(claim_counts(ids).values()) == {1}
+    assert broker.queue_depth(queue) == taken + result.messages
 
 
 def test_a_message_deleted_from_the_broker_is_recovered_by_a_later_sweep(workers, clean):
