@@ -331,7 +331,7 @@ def test_a_hold_whose_message_is_lost_is_claimed_again_after_the_lease(workers, 
 
 
 @pytest.mark.skipif(broker_is_redis(), reason="publisher confirms are RabbitMQ's")
-def test_a_fan_out_rabbitmq_refuses_leaves_its_holds_due_at_once_not_leased(clean):
+def test_a_fan_out_rabbitmq_refuses_leaves_its_holds_due_at_once_not_leased(workers, clean):
     # given: expired holds, and a release queue RabbitMQ refuses to take anything into (an
     # operator's length limit that rejects publishes once the queue is full)
     ids = create_eligible_holds(40, offerings=2)
@@ -343,15 +343,15 @@ def test_a_fan_out_rabbitmq_refuses_leaves_its_holds_due_at_once_not_leased(clea
         # then: the broker answered no (basic.nack), so the claim rolled back: no hold is
         # leased without a message, all are due for the next sweep at once
         assert set(claim_counts(ids).values()) == {0}
-        # (a quorum queue applies its limit once it is exceeded: it may have taken one)
-        taken = broker.queue_depth(queue)
-        assert taken <= 1
-    # and once the queue takes messages again, the next sweep publishes every hold, once
+    # and once the queue takes messages again, the next sweep sends them and each is released
+    # once (a quorum queue applies its limit once it is exceeded: it may have taken one
+    # message, whose hold may be released before the sweep)
     result = sweep_shard(0, 1)
-    assert result.published == len(ids)
+    assert len(ids) - 1 <= result.published <= len(ids)
     assert result.messages > 1
-    assert set(claim_counts(ids).values()) == {1}
-    assert broker.queue_depth(queue) == taken + result.messages
+    wait_until(lambda: released_count(ids) == len(ids), timeout=90, what="all released")
+    assert invariant_violations(expected_released=ids) == []
+    assert outcome_counts().get("released") == len(ids)
 
 
 def test_a_message_deleted_from_the_broker_is_recovered_by_a_later_sweep(workers, clean):
