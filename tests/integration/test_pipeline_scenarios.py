@@ -343,15 +343,15 @@ def test_a_fan_out_rabbitmq_refuses_leaves_its_holds_due_at_once_not_leased(work
         # then: the broker answered no (basic.nack), so the claim rolled back: no hold is
         # leased without a message, all are due for the next sweep at once
         assert set(claim_counts(ids).values()) == {0}
-    # and once the queue takes messages again, the next sweep sends them and each is released
-    # once (a quorum queue applies its limit once it is exceeded: it may have taken one
-    # message, whose hold may be released before the sweep)
-    result = sweep_shard(0, 1)
-    assert len(ids) - 1 <= result.published <= len(ids)
-    assert result.messages > 1
+    # and once the queue takes messages again, the next sweep sends them and each hold is
+    # released once, none after a second claim (a quorum queue applies its limit once it is
+    # exceeded: with workers emptying it, it took some of the refused batch's messages, whose
+    # holds were released unclaimed)
+    assert sweep_shard(0, 1).published > 0
     wait_until(lambda: released_count(ids) == len(ids), timeout=90, what="all released")
     assert invariant_violations(expected_released=ids) == []
     assert outcome_counts().get("released") == len(ids)
+    assert set(claim_counts(ids).values()) <= {0, 1}
 
 
 def test_a_message_deleted_from_the_broker_is_recovered_by_a_later_sweep(workers, clean):
