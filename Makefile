@@ -53,7 +53,7 @@ embedded-stop:
 bench:
 	.venv/bin/python bench/run.py $(ARGS)
 
-# Publisher confirms on RabbitMQ (a few minutes): one sweep batch through the confirmed fan-out
+# Publisher confirms on RabbitMQ (under two minutes): one sweep batch through the confirmed fan-out
 # and the old unconfirmed one, side by side, on the machine's RabbitMQ (vhosts of its own,
 # classic and quorum queues) and on a three-node cluster of its own; ARGS="--quick" to smoke-test.
 bench-confirms:
