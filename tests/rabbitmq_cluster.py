@@ -22,11 +22,9 @@ import string
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
 
 BIN = Path("/usr/lib/rabbitmq/bin")
 # A node's pid as list_queues prints it: <node@host.1.2.3>
@@ -35,15 +33,6 @@ PID_NODE = re.compile(r"<(?P<node>[^<>]+@[^.<>]+)\.")
 
 class MissingTool(RuntimeError):
     """Debian's rabbitmq-server is not installed here."""
-
-
-def _raise_missing(tool: str, why: str) -> NoReturn:
-    raise MissingTool(f"{tool} is missing: {why}")
-
-
-# What a missing rabbitmq-server does: raise MissingTool. The drill makes it a pytest skip
-# (tests.missing_tools: a failure in CI).
-on_missing: Callable[[str, str], NoReturn] = _raise_missing
 
 
 def free_port() -> int:
@@ -55,7 +44,7 @@ def free_port() -> int:
 def _tool(name: str) -> str:
     path = BIN / name
     if not path.exists():
-        on_missing("rabbitmq-server", "Debian's rabbitmq-server runs the cluster's nodes")
+        raise MissingTool("rabbitmq-server is missing: Debian's rabbitmq-server runs the nodes")
     return str(path)
 
 
