@@ -1,4 +1,4 @@
-.PHONY: run test test-full lint lock bench flash-sale chaos sentinel-drill pg-failover-drill rabbitmq-cluster-drill embedded-status embedded-stop
+.PHONY: run test test-full lint lock bench bench-confirms flash-sale chaos sentinel-drill pg-failover-drill rabbitmq-cluster-drill embedded-status embedded-stop
 
 # Run the system: web + worker + beat + Flower, on local or embedded PostgreSQL/Redis.
 run:
@@ -52,6 +52,12 @@ embedded-stop:
 # Benchmarks (private DB reservations_bench, Redis DB 5): prints a table, writes reports/bench/.
 bench:
 	.venv/bin/python bench/run.py $(ARGS)
+
+# Publisher confirms on RabbitMQ (under two minutes): one sweep batch through the confirmed fan-out
+# and the old unconfirmed one, side by side, on the machine's RabbitMQ (vhosts of its own,
+# classic and quorum queues) and on a three-node cluster of its own; ARGS="--quick" to smoke-test.
+bench-confirms:
+	.venv/bin/python bench/publish_confirms.py $(ARGS)
 
 # The flash-sale drill (own DB reservations_drill, Redis DB 6): make flash-sale MODE=default|single|batch
 flash-sale:
