@@ -109,13 +109,14 @@ def _refuse_weak_flower_auth(name: str, value: str) -> None:
 
 
 def _entries(url: str) -> list[str]:
-    """A Sentinel URL lists one entry per sentinel, separated by ``;``; any other URL is one."""
-    return url.split(";") if redis_sentinel.is_sentinel(url) else [url]
+    """The entries of a URL separated by ``;``: a Sentinel URL's sentinels, or a failover
+    list's brokers (``amqp://…;amqp://…``); any other URL is one."""
+    return url.split(";")
 
 
 def _url_passwords(url: str) -> list[str]:
-    """The non-empty passwords a URL carries: in its user part, or as ``?password=``. For a
-    Sentinel URL only the first entry's counts: it is the only one kombu reads."""
+    """The non-empty passwords a URL carries: in its user part, or as ``?password=``. Of a URL
+    with several entries, the first's (for a Sentinel URL the only one kombu reads)."""
     parts = urlsplit(_entries(url)[0])
     found = [unquote(parts.password)] if parts.password else []
     found += [v for k, v in parse_qsl(parts.query) if k.lower() == "password" and v]
@@ -123,7 +124,8 @@ def _url_passwords(url: str) -> list[str]:
 
 
 def _all_passwords(url: str) -> list[str]:
-    """Every password written anywhere in the URL (each entry of a Sentinel URL)."""
+    """Every password written anywhere in the URL (each entry of a Sentinel URL or of a
+    failover list)."""
     return [p for entry in _entries(url) for p in _url_passwords(entry)]
 
 
@@ -150,7 +152,17 @@ def _refuse_example_url_password(name: str, url: str) -> None:
 
 
 def _refuse_unauthenticated_remote(name: str, url: str) -> None:
-    if not _url_passwords(url) and not _is_local_host(url):
+    # A Sentinel URL's first entry carries the password for every sentinel (kombu reads only
+    # that one); each broker of a failover list is a connection of its own, with its own.
+    if redis_sentinel.is_sentinel(url):
+        _refuse_unauthenticated_entry(name, url, _url_passwords(url), _is_local_host(url))
+        return
+    for entry in _entries(url):
+        _refuse_unauthenticated_entry(name, entry, _url_passwords(entry), _is_local_entry(entry))
+
+
+def _refuse_unauthenticated_entry(name: str, url: str, passwords: list[str], local: bool) -> None:
+    if not passwords and not local:
         raise ImproperlyConfigured(
             f"{name} has no password and its host ({urlsplit(url).hostname}) is not local: "
             "anyone who reaches that server could publish messages the workers run. Put the "

@@ -120,6 +120,8 @@ EXAMPLE_PASSWORD_URLS = [
      "broker-env-example-percent-encoded"),
     ("CELERY_BROKER_URL", "amqp://guest:guest@rabbit.internal:5672//", "guest",
      "broker-rabbitmq-guest"),
+    ("CELERY_BROKER_URL", "amqp://app:Rb7-Qx2-Lm9@n1.internal/r;amqp://app:change-me-x@n2.internal/r",
+     "change-me-x", "broker-cluster-second-node-example"),
     ("CLEANUP_COUNTER_REDIS_URL", "redis://:change-me-redis@counters.internal:6379/1",
      "change-me-redis", "counter-redis-env-example"),
 ]  # fmt: skip
@@ -130,6 +132,8 @@ UNAUTHENTICATED_REMOTE_URLS = [
     ("CELERY_BROKER_URL", "amqp://rabbit.internal:5672//", "rabbit.internal",
      "broker-amqp-no-credentials-remote"),
     ("CELERY_BROKER_URL", "redis://:@10.0.0.7:6379/0", "10.0.0.7", "broker-empty-password-remote"),
+    ("CELERY_BROKER_URL", "amqp://app:Rb7-Qx2-Lm9@n1.internal/r;amqp://n2.internal/r",
+     "n2.internal", "broker-cluster-second-node-no-credentials"),
     ("CLEANUP_COUNTER_REDIS_URL", "redis://counters.internal:6379/1", "counters.internal",
      "counter-redis-unauthenticated-remote"),
 ]  # fmt: skip
@@ -173,6 +177,10 @@ def test_production_refuses_example_weak_and_unauthenticated_credentials(
         ("CELERY_BROKER_URL", "redis://localhost:6379/0"),
         ("CELERY_BROKER_URL", "redis://[::1]:6379/0"),
         ("CELERY_BROKER_URL", "amqp://app:Rb7-Qx2-Lm9@rabbit.internal:5672/reservations"),
+        (
+            "CELERY_BROKER_URL",
+            "amqp://app:Rb7-Qx2-Lm9@n1.internal:5672/r;amqp://app:Rb7-Qx2-Lm9@n2.internal:5672/r",
+        ),
         ("DATABASE_URL", "postgres://app@db.internal:5432/reservations"),
     ],
 )
