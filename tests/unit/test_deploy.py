@@ -1143,11 +1143,14 @@ POOLED_COMPOSE = ROOT / "docker-compose.pgbouncer.yml"
 POOLED_K8S = ROOT / "deploy" / "k8s-pgbouncer"
 
 
-def _merged_compose_env(dotenv: dict[str, str]) -> dict[str, dict[str, str]]:
-    """Each service's `environment` after docker-compose.yml and the pooled override file, as
-    compose merges them (the override's mapping wins per name), interpolated with ``dotenv``."""
+def _merged_compose_env(
+    dotenv: dict[str, str], override_file: Path = POOLED_COMPOSE
+) -> dict[str, dict[str, str]]:
+    """Each service's `environment` after docker-compose.yml and an override file (the pooled
+    one unless told), as compose merges them (the override's mapping wins per name),
+    interpolated with ``dotenv``."""
     base = compose()["services"]
-    override = yaml.safe_load(POOLED_COMPOSE.read_text())["services"]
+    override = yaml.safe_load(override_file.read_text())["services"]
     merged: dict[str, dict[str, str]] = {}
     for name in set(base) | set(override):
         env = {**base.get(name, {}).get("environment", {})}
@@ -1324,6 +1327,343 @@ def test_the_pooled_kubernetes_variant_validates_and_kustomize_agrees() -> None:
         pytest.skip("kubectl is not installed; the Python rendering is what the other tests read")
     done = subprocess.run(
         ["kubectl", "kustomize", str(POOLED_K8S)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    theirs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
+    assert sorted(map(key, theirs)) == sorted(map(key, ours))
+    by_key = {key(d): d for d in ours}
+    for doc in theirs:
+        doc["metadata"].get("labels", {}).pop("app.kubernetes.io/part-of", None)
+        mine = by_key[key(doc)]
+        mine["metadata"].get("labels", {}).pop("app.kubernetes.io/part-of", None)
+        assert doc == mine, key(doc)
+
+
+# --- the RabbitMQ cluster variant: three nodes, quorum queues, opt in --------------------------
+
+RABBITMQ_COMPOSE = ROOT / "docker-compose.rabbitmq.yml"
+RABBITMQ_K8S = ROOT / "deploy" / "k8s-rabbitmq"
+RABBITMQ_NODES = ("rabbitmq1", "rabbitmq2", "rabbitmq3")
+# A pinned tag of a RabbitMQ that grows quorum queues as nodes join (3.13 and later).
+RABBITMQ_IMAGE = re.compile(r"rabbitmq:(3\.13|4\.\d+)\.\d+(-management)?")
+
+
+def _rabbitmq_override() -> dict[str, Any]:
+    return dict(yaml.safe_load(RABBITMQ_COMPOSE.read_text())["services"])
+
+
+def _broker_entries(url: str) -> list[Any]:
+    from urllib.parse import urlsplit
+
+    return [urlsplit(entry) for entry in url.split(";")]
+
+
+def test_the_rabbitmq_compose_variant_points_every_broker_reader_at_the_three_nodes() -> None:
+    """Every service of docker-compose.yml that reads CELERY_BROKER_URL gets, with the override,
+    one failover URL naming the three nodes with the nodes' own user, password and vhost, and
+    quorum queues; no service is left on Redis."""
+    dotenv = quick_start_env()
+    envs = _merged_compose_env(dotenv, RABBITMQ_COMPOSE)
+    override = _rabbitmq_override()
+    base = compose()["services"]
+    readers = [name for name, s in base.items() if "CELERY_BROKER_URL" in s.get("environment", {})]
+    assert {"migrate", "web", "worker", "beat", "flower"} <= set(readers)
+    node_env = envs["rabbitmq1"]
+    for name in readers:
+        env = envs[name]
+        assert env["CLEANUP_RABBITMQ_QUEUE_TYPE"] == "quorum", name
+        assert "redis" not in env["CELERY_BROKER_URL"], name
+        entries = _broker_entries(env["CELERY_BROKER_URL"])
+        assert [(e.scheme, e.hostname, e.port) for e in entries] == [
+            ("amqp", node, 5672) for node in RABBITMQ_NODES
+        ], name
+        for entry in entries:
+            assert entry.username == node_env["RABBITMQ_DEFAULT_USER"], name
+            assert (
+                entry.password == node_env["RABBITMQ_DEFAULT_PASS"] == dotenv["RABBITMQ_PASSWORD"]
+            )
+            assert entry.path == "/" + node_env["RABBITMQ_DEFAULT_VHOST"], name
+        # the base's other settings are kept
+        assert env["SECRET_KEY"] and env["DJANGO_SETTINGS_MODULE"], name
+    # the long-running ones start once every node is healthy (migrate sends nothing)
+    for name in ("web", "worker", "beat", "flower"):
+        deps = override[name]["depends_on"]
+        assert {n: deps[n]["condition"] for n in RABBITMQ_NODES} == dict.fromkeys(
+            RABBITMQ_NODES, "service_healthy"
+        ), name
+    # the base itself stays on Redis, without the setting
+    for name in readers:
+        assert base[name]["environment"]["CELERY_BROKER_URL"].startswith("redis://"), name
+        assert "CLEANUP_RABBITMQ_QUEUE_TYPE" not in base[name]["environment"], name
+
+
+def test_the_rabbitmq_compose_nodes_form_one_cluster() -> None:
+    """Three nodes of a pinned official image, each with a fixed hostname and a volume of its
+    own, one Erlang cookie and user from .env, a health check, and the cluster configuration
+    listing exactly those nodes."""
+    override = _rabbitmq_override()
+    dotenv = quick_start_env()
+    envs = _merged_compose_env(dotenv, RABBITMQ_COMPOSE)
+    text = RABBITMQ_COMPOSE.read_text()
+    assert "${RABBITMQ_ERLANG_COOKIE:?" in text and "${RABBITMQ_PASSWORD:?" in text
+    volumes = set()
+    conf_mounts = set()
+    for node in RABBITMQ_NODES:
+        service = override[node]
+        assert RABBITMQ_IMAGE.fullmatch(service["image"]), service["image"]
+        assert service["hostname"] == node
+        assert "rabbitmq-diagnostics" in healthcheck(service)
+        data = [v for v in service["volumes"] if v.endswith(":/var/lib/rabbitmq")]
+        assert len(data) == 1, node
+        volumes.add(data[0].split(":")[0])
+        (conf,) = [v for v in service["volumes"] if "/etc/rabbitmq/" in v]
+        conf_mounts.add(conf)
+        assert conf.endswith(":ro")
+        env = envs[node]
+        assert env["RABBITMQ_ERLANG_COOKIE"] == dotenv["RABBITMQ_ERLANG_COOKIE"]
+        assert env["RABBITMQ_DEFAULT_VHOST"] == "reservations"
+        assert "ports" not in service, node  # only the app containers reach the nodes
+    assert len(volumes) == 3
+    assert volumes <= set(yaml.safe_load(text)["volumes"])
+    (conf,) = conf_mounts
+    source = ROOT / conf.split(":")[0]
+    settings = dict(
+        line.split(" = ", 1)
+        for line in source.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    )
+    assert settings["cluster_formation.peer_discovery_backend"] == "classic_config"
+    listed = {
+        v for k, v in settings.items() if k.startswith("cluster_formation.classic_config.nodes.")
+    }
+    assert listed == {f"rabbit@{node}" for node in RABBITMQ_NODES}
+    assert settings["quorum_queue.continuous_membership_reconciliation.enabled"] == "true"
+
+
+def test_the_rabbitmq_compose_variant_loads_under_the_production_settings() -> None:
+    """The web's environment of the variant passes config.settings.production (a quorum queue
+    type with a Redis URL, or an example password, would be refused), with the screened AMQP
+    transport and the delivery counters in PostgreSQL."""
+    import os
+    import subprocess
+    import sys
+
+    def start(dotenv: dict[str, str]) -> Any:
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG")}
+        env.update(dotenv)
+        env.update(_merged_compose_env(dotenv, RABBITMQ_COMPOSE)["web"])
+        probe = (
+            "import django; django.setup(); from django.conf import settings as s; "
+            "print(s.BROKER_IS_REDIS, s.CLEANUP_RABBITMQ_QUEUE_TYPE, s.CELERY_BROKER_TRANSPORT, "
+            "repr(s.CLEANUP_COUNTER_REDIS_URL), len(s.CELERY_BROKER_URL.split(';')))"
+        )
+        return subprocess.run(
+            [sys.executable, "-c", probe],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    done = start(quick_start_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [
+        "False",
+        "quorum",
+        "cleanup.worker.amqp_transport:Transport",
+        "''",
+        "3",
+    ]
+    example = _example_env()["RABBITMQ_PASSWORD"]
+    refused = start({**quick_start_env(), "RABBITMQ_PASSWORD": example})
+    assert refused.returncode != 0
+    message = refused.stderr.strip().splitlines()[-1]
+    assert message.startswith("django.core.exceptions.ImproperlyConfigured: CELERY_BROKER_URL")
+    assert example not in message
+
+
+def test_env_example_lists_every_variable_the_rabbitmq_variant_reads() -> None:
+    used = set(COMPOSE_VAR.findall(RABBITMQ_COMPOSE.read_text()))
+    example = _example_env()
+    assert {"RABBITMQ_PASSWORD", "RABBITMQ_ERLANG_COOKIE"} <= used
+    assert sorted(used - set(example)) == []
+    # placeholders, so that scripts/make_env.py generates them
+    assert "change-me" in example["RABBITMQ_PASSWORD"]
+    assert "change-me" in example["RABBITMQ_ERLANG_COOKIE"]
+
+
+def test_docker_compose_accepts_the_rabbitmq_variant() -> None:
+    import shutil
+    import subprocess
+    import tempfile
+
+    from tests.missing_tools import skip_for_missing
+
+    if not shutil.which("docker-compose"):
+        skip_for_missing("docker-compose", "not installed (scripts/test.sh installs it in CI)")
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(ROOT / "docker-compose.yml", tmp)
+        shutil.copy(RABBITMQ_COMPOSE, tmp)
+        shutil.copytree(ROOT / "deploy" / "rabbitmq", Path(tmp, "deploy", "rabbitmq"))
+        shutil.copy(ROOT / ".env.example", Path(tmp, ".env"))
+        done = subprocess.run(
+            ["docker-compose", "-f", "docker-compose.yml", "-f", RABBITMQ_COMPOSE.name, "config"],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    for name in ("migrate", "web", "worker", "beat", "flower"):
+        env = services[name]["environment"]
+        assert env["CLEANUP_RABBITMQ_QUEUE_TYPE"] == "quorum", name
+        hosts = [e.hostname for e in _broker_entries(env["CELERY_BROKER_URL"])]
+        assert hosts == list(RABBITMQ_NODES), name
+        assert env["FLOWER_BASIC_AUTH"], name  # the base file's environment is kept
+    for node in RABBITMQ_NODES:
+        assert services[node]["hostname"] == node
+
+
+def _rabbitmq_k8s_documents() -> list[dict[str, Any]]:
+    """What `kubectl apply -k deploy/k8s-rabbitmq/` applies, rendered in Python: the base, the
+    overlay's resources and its patches (env entries prepended to the named containers and
+    init containers, ConfigMap data merged, the ScaledObject's JSON patch)."""
+    kustomization = _kustomization(RABBITMQ_K8S)
+    assert kustomization["resources"][0] == "../k8s"
+    docs = k8s_documents()
+    for name in kustomization["resources"][1:]:
+        docs.extend(d for d in yaml.safe_load_all((RABBITMQ_K8S / name).read_text()) if d)
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    for patch in kustomization["patches"]:
+        body = yaml.safe_load(patch["patch"])
+        target = by_name[(patch["target"]["kind"], patch["target"]["name"])]
+        if isinstance(body, list):  # JSON 6902: test, then remove
+            for op in body:
+                *parents, last = op["path"].strip("/").split("/")
+                node: Any = target
+                for part in parents:
+                    node = node[int(part)] if isinstance(node, list) else node[part]
+                key: Any = int(last) if isinstance(node, list) else last
+                if op["op"] == "test":
+                    assert node[key] == op["value"], op
+                else:
+                    assert op["op"] == "remove", op
+                    del node[key]
+        elif body["kind"] == "ConfigMap":
+            target["data"].update(body["data"])
+        else:
+            for field in ("initContainers", "containers"):
+                for wanted in body["spec"]["template"]["spec"].get(field, []):
+                    (container,) = [
+                        c
+                        for c in target["spec"]["template"]["spec"][field]
+                        if c["name"] == wanted["name"]
+                    ]
+                    names = {e["name"] for e in wanted["env"]}
+                    kept = [e for e in container.get("env", []) if e["name"] not in names]
+                    container["env"] = [*wanted["env"], *kept]
+    return docs
+
+
+def test_the_rabbitmq_kubernetes_variant_gives_every_container_the_cluster_and_quorum() -> None:
+    """Every container that loads the settings (Deployments and the Job, init containers
+    included) reads CELERY_BROKER_URL from the Secret's RABBITMQ_BROKER_URL and the ConfigMap
+    that sets quorum; the URL the header documents names the operator's three pods."""
+    docs = _rabbitmq_k8s_documents()
+    config = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert config["data"]["CLEANUP_RABBITMQ_QUEUE_TYPE"] == "quorum"
+    checked = []
+    for doc in docs:
+        for container in _containers_of(doc):
+            where = (doc["metadata"]["name"], container["name"])
+            if container["image"].split(":")[0] != "reservation-cleanup":
+                continue
+            env = {e["name"]: e for e in container.get("env", [])}
+            assert env["CELERY_BROKER_URL"]["valueFrom"]["secretKeyRef"] == {
+                "name": "reservation-cleanup",
+                "key": "RABBITMQ_BROKER_URL",
+            }, where
+            assert "CLEANUP_RABBITMQ_QUEUE_TYPE" not in env, where  # the ConfigMap's, not another
+            assert {"configMapRef": {"name": "reservation-cleanup"}} in container["envFrom"], where
+            checked.append(where)
+    assert len(checked) == 9  # four Deployments x (container + init container) + the Job
+    # the cluster: three replicas of a pinned image, its pods as the documented URL names them
+    (cluster,) = [d for d in docs if d["kind"] == "RabbitmqCluster"]
+    assert cluster["spec"]["replicas"] == 3
+    assert RABBITMQ_IMAGE.fullmatch(cluster["spec"]["image"]), cluster["spec"]["image"]
+    assert "default_vhost = reservations" in cluster["spec"]["rabbitmq"]["additionalConfig"]
+    name = cluster["metadata"]["name"]
+    header = (RABBITMQ_K8S / "kustomization.yaml").read_text()
+    documented = next(line for line in header.splitlines() if "amqp://" in line).strip("# ")
+    entries = _broker_entries(documented)
+    assert [(e.hostname, e.port, e.path) for e in entries] == [
+        (f"{name}-server-{i}.{name}-nodes", 5672, "/reservations") for i in range(3)
+    ]
+    (pdb,) = [
+        d for d in docs if d["kind"] == "PodDisruptionBudget" and d["metadata"]["name"] == name
+    ]
+    assert pdb["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": name}
+    # KEDA: the Redis-only queue-age trigger goes, the broker-independent ones stay
+    scaled = next(d for d in docs if d["kind"] == "ScaledObject")
+    assert [t["name"] for t in scaled["spec"]["triggers"]] == [
+        "desired-consumers",
+        "oldest-eligible-age",
+    ]
+    # the base itself is untouched
+    assert (
+        "CLEANUP_RABBITMQ_QUEUE_TYPE"
+        not in next(d for d in k8s_documents() if d["kind"] == "ConfigMap")["data"]
+    )
+    assert (
+        len(next(d for d in k8s_documents() if d["kind"] == "ScaledObject")["spec"]["triggers"])
+        == 3
+    )
+
+
+def test_the_rabbitmq_kubernetes_variant_validates_and_kustomize_agrees() -> None:
+    """Built-in kinds against the Kubernetes schemas (strict, offline), the RabbitmqCluster
+    against the schema in tests/unit/schemas (its affinity and resources against the Pod's own
+    schema), the trimmed ScaledObject against KEDA's; where kubectl is installed, its kustomize
+    renders what the Python rendering above reads."""
+    import shutil
+    import subprocess
+
+    import jsonschema
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version()
+    ours = _rabbitmq_k8s_documents()
+    for doc in ours:
+        if doc["kind"] == "RabbitmqCluster":
+            jsonschema.validate(doc, _schema("rabbitmq-cluster.schema.json"))
+            spec = doc["spec"]
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "rabbitmq-fields"},
+                "spec": {
+                    "affinity": spec["affinity"],
+                    "containers": [
+                        {"name": "rabbitmq", "image": spec["image"], "resources": spec["resources"]}
+                    ],
+                },
+            }
+            kubernetes_validate.validate(pod, version, strict=True)
+        elif doc["kind"] == "ScaledObject":
+            jsonschema.validate(doc, _schema("keda-scaledobject.schema.json"))
+        else:
+            kubernetes_validate.validate(doc, version, strict=True)
+    broken = json.loads(json.dumps(next(d for d in ours if d["kind"] == "RabbitmqCluster")))
+    broken["spec"]["replica"] = 3
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, _schema("rabbitmq-cluster.schema.json"))
+    if not shutil.which("kubectl"):
+        pytest.skip("kubectl is not installed; the Python rendering is what the other tests read")
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(RABBITMQ_K8S)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
     theirs = [d for d in yaml.safe_load_all(done.stdout) if d]
