@@ -101,7 +101,9 @@ phase "services" services_up
 #   browser tests (tests/integration/browser): Debian's chromium, never a downloaded browser;
 #   production-stack drill (test_production_stack.py, marker prodstack): Debian's servers in
 #     network namespaces (prometheus, alertmanager, redis-server, postgresql, docker-compose);
-#   chaos drills (test_chaos.py): iptables for the partitions (docs/CHAOS.md).
+#   chaos drills (test_chaos.py): iptables for the partitions (docs/CHAOS.md);
+#   the pooling probe's tests (tests/unit/test_pooling.py) and the PgBouncer phase: pgbouncer
+#     (installed here, before the unit phase, which needs it first).
 tools_check() {
   local missing=()
   command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
@@ -114,6 +116,7 @@ tools_check() {
   ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing+=(postgresql)
   command -v iptables >/dev/null 2>&1 || missing+=(iptables)
   command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # the TLS suites' certificates
+  command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
   [ "${#missing[@]}" = 0 ] && return 0
   if ! in_ci; then
     echo "not installed here: ${missing[*]} (the tests that need them will skip)"
