@@ -221,8 +221,9 @@ rabbitmq_suites() {
 
 # The delivery and hostile-input suites again on a TLS Redis (rediss://, how managed Redis
 # runs): a private redis-server with a throwaway certificate authority (scripts/tls_redis.py),
-# certificate and host-name checks on, a test database of its own (+ _tls). Without a
-# redis-server that has TLS, a person's run skips them and says so; CI fails.
+# certificate and host-name checks on, a test database of its own (+ _tls). About two minutes;
+# in CI and `make test-full`, not in a person's run (which lists it at the end). Without a
+# redis-server that has TLS, make test-full skips them and says so; CI fails.
 TLS_SUITES=(tests/integration/test_delivery.py tests/integration/test_hostile_input.py)
 tls_suites() {
   suites_on_private_server TLS scripts/tls_redis.py _tls "" "TLS redis-server" "${TLS_SUITES[@]}"
@@ -421,8 +422,9 @@ PY
 #      database, the test database);
 #   lane 2, pytest-b: the slow waiting real-worker modules (beat, autoscaler, metrics, try-it)
 #      on the tests' Redis database + 1 and the test database + _b, then library-suites (the
-#      libraries' own tests, CPU-bound, about 30 s; when the lanes' start-up is over), then
-#      pytest-tls: the delivery and hostile-input suites on a private TLS Redis (+ _tls);
+#      libraries' own tests, CPU-bound, about 30 s; when the lanes' start-up is over), then, in
+#      CI (or with RESERVATIONS_DRILLS=1), pytest-tls: the delivery and hostile-input suites on
+#      a private TLS Redis (+ _tls);
 #   lane 3, pytest-c: the browser tests and the failure-path modules (tests' Redis database + 2,
 #      test database + _c), then pytest-rabbitmq: the correctness suites again on RabbitMQ
 #      (test database + _amqp), then, in CI (or with RESERVATIONS_DRILLS=1), pytest-pgbouncer:
@@ -469,7 +471,9 @@ else
   done
   case "$CELERY_BROKER_URL" in
     redis://*)
-      run_lane "lane-2" "pytest-b:pytest_b" "library-suites:library_suites" "pytest-tls:tls_suites"
+      lane2_steps=("pytest-b:pytest_b" "library-suites:library_suites")
+      if drills_wanted; then lane2_steps+=("pytest-tls:tls_suites"); fi
+      run_lane "lane-2" "${lane2_steps[@]}"
       lane3_steps=("pytest-c:pytest_c" "pytest-rabbitmq:rabbitmq_suites")
       if drills_wanted; then lane3_steps+=("pytest-pgbouncer:pytest_pgbouncer"); fi
       run_lane "lane-3" "${lane3_steps[@]}"
@@ -489,8 +493,10 @@ else
       run_phase "pytest-unit" .venv/bin/python -m pytest -p randomly tests/unit || unit_rc=$?
       phase "pytest-a" .venv/bin/python -m pytest tests/integration "${ignore_drills[@]}"
       phase "pytest-rabbitmq" rabbitmq_suites
-      phase "pytest-tls" tls_suites
-      if drills_wanted; then phase "pytest-pgbouncer" pgbouncer_suites "$CELERY_BROKER_URL"; fi
+      if drills_wanted; then
+        phase "pytest-tls" tls_suites
+        phase "pytest-pgbouncer" pgbouncer_suites "$CELERY_BROKER_URL"
+      fi
       [ "$unit_rc" = 0 ] || fail_run "$unit_rc"
       ;;
   esac
@@ -504,9 +510,10 @@ else
     phase "pytest-rabbitmq-cluster" pytest_rabbitmq_cluster
   else
     left_out "not run in a person's run: the production-stack, chaos, Sentinel failover," \
-      "PostgreSQL failover and RabbitMQ cluster drills and the PgBouncer phase" \
-      "(tests/integration/test_production_stack.py, test_chaos.py, test_sentinel_failover.py," \
-      "test_postgres_failover.py, test_rabbitmq_cluster.py; the delivery, sweep-kill, beat and" \
+      "PostgreSQL failover and RabbitMQ cluster drills, the TLS Redis phase and the PgBouncer" \
+      "phase (tests/integration/test_production_stack.py, test_chaos.py," \
+      "test_sentinel_failover.py, test_postgres_failover.py, test_rabbitmq_cluster.py; the" \
+      "delivery and hostile-input suites on TLS Redis; the delivery, sweep-kill, beat and" \
       "burst suites behind PgBouncer; CI runs them): make test-full"
   fi
 fi
