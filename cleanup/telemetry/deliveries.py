@@ -83,7 +83,7 @@ def envelope_key(envelope: Any) -> str | None:
 
 
 def count_restored(envelope: Any) -> None:
-    """Count one redelivery of a message kombu's Redis transport has just restored; never
+    """Count one redelivery of a message kombu's Redis transport is restoring; never
     raises (a counter that cannot be written only weakens the loop bound for this message)."""
     key = envelope_key(envelope)
     if key is None:

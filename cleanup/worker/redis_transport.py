@@ -234,12 +234,11 @@ class ScreenedQoS(_RedisQoS):
 
     def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
         refused: list[tuple[bytes | str, str]] = []
-
-        restored: list[Any] = []
+        counted = False
 
         def restore_transaction(pipe: Any) -> None:
+            nonlocal counted
             refused.clear()  # the transaction runs again when the hash changed meanwhile
-            restored.clear()
             p = pipe.hget(self.unacked_key, tag)
             entry, problem = parse_unacked(p) if p else (None, None)
             if entry is not None:
@@ -247,6 +246,14 @@ class ScreenedQoS(_RedisQoS):
                 # destination key of the wrong type would fail only the push and lose the
                 # message, so such a key is set aside before the transaction starts.
                 self.channel.set_aside_restore_targets(entry[1], entry[2])
+                # The redelivery is counted here, where it is made, and before the message is
+                # back in its queue: counted after the push, another worker could pop it and
+                # read the count without it, and run a poison message once past the cap. (If
+                # the transaction then finds the entry gone, restored by another worker, the
+                # count is one too high: the cap acts a delivery early, never late.)
+                if not counted:
+                    _count_redelivery(entry[0])
+                    counted = True
             pipe.multi()
             self._remove_from_indices(tag, pipe)
             if p:
@@ -255,25 +262,28 @@ class ScreenedQoS(_RedisQoS):
                     return
                 M, EX, RK = entry
                 self.channel._do_restore_message(M, EX, RK, pipe, leftmost)
-                restored.append(M)
 
         def restore() -> None:
             with self.channel.conn_or_acquire(client) as conn:
                 conn.transaction(restore_transaction, self.unacked_key)
 
         retry_after_set_aside(restore, self._set_aside_ack_keys, "restoring a message")
-        if restored:
-            # The redelivery is counted here, where it is made: the message's own
-            # "redelivered" mark is only read (cleanup.telemetry.deliveries).
-            try:
-                from cleanup.telemetry import deliveries  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
-            except Exception:  # noqa: BLE001 - without the app (kombu's own suite), nothing to count in
-                logger.warning("restored messages not counted: the project's apps are not loaded")
-            else:
-                for envelope in restored:
-                    deliveries.count_restored(envelope)
         for raw, problem in refused:
             set_aside_unacked(raw, str(self.unacked_key), problem)
+
+
+def _count_redelivery(envelope: Any) -> None:
+    """Count one redelivery of a message about to be restored (the message's own "redelivered"
+    mark is only read: cleanup.telemetry.deliveries); never raises."""
+    try:
+        from cleanup.telemetry import deliveries  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
+    except Exception:  # noqa: BLE001 - without the app (kombu's own suite), nothing to count in
+        logger.warning("restored messages not counted: the project's apps are not loaded")
+        return
+    try:
+        deliveries.count_restored(envelope)
+    except Exception:  # counting must never keep a message from its queue
+        logger.exception("restored message not counted")
 
 
 # Every binding this process made, by exchange: put back when the exchange's binding set had to

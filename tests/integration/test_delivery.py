@@ -296,16 +296,8 @@ MALFORMED: dict[str, tuple[dict[str, Any], str, str]] = {
 def test_malformed_messages_are_dead_lettered_with_a_reason_and_valid_ones_keep_flowing(
     clean, exclusive_workers, tmp_path
 ):
-    # given: two workers that cap deliveries at 3 and can run the poison task; a visibility
-    # timeout far beyond the test's deadlines, so that the poison comes back only through its
-    # worker requeueing it (reject_on_worker_lost), once per death. (With the tests' 15 s, a
-    # count of 5 was seen once on a busy machine: the visibility scan is the only other path
-    # that restores, and counts, a delivered message.)
-    env = {
-        "CLEANUP_MAX_DELIVERIES": "3",
-        "CLEANUP_MAX_RETRIES": "2",
-        "CLEANUP_VISIBILITY_TIMEOUT": "3600",
-    }
+    # given: two workers that cap deliveries at 3 and can run the poison task
+    env = {"CLEANUP_MAX_DELIVERIES": "3", "CLEANUP_MAX_RETRIES": "2"}
     holds = create_eligible_holds(50, offerings=2)
     with dedicated(
         tmp_path,

@@ -24,6 +24,7 @@ from cleanup.console import health
 from cleanup.console.gauges import BacklogCollector
 from cleanup.models import DeadLetter
 from cleanup.scaling.autoscale import Reader
+from cleanup.telemetry import deliveries
 from cleanup.worker.redis_transport import ScreenedQoS
 from config.celery_app import app
 from tests.wire import GOOD, RELEASE_TASK, task_body
@@ -262,3 +263,27 @@ def test_a_requeue_of_a_bad_unacked_entry_sets_it_aside(broker: redis.Redis) -> 
     # then
     assert broker.llen(QUEUE) == 0 and broker.hlen("unacked") == 0
     assert DeadLetter.objects.filter(reason=DeadLetter.Reason.REJECTED).count() == 1
+
+
+@pytest.mark.django_db
+def test_a_requeued_message_is_counted_before_it_is_back_in_its_queue(
+    broker: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given: a message this worker holds
+    broker.hset("unacked", "tag", unacked_entry())
+    broker.zadd("unacked_index", {"tag": time.time()})
+    queued_when_counted: list[int] = []
+    monkeypatch.setattr(
+        deliveries,
+        "count_restored",
+        lambda _envelope: queued_when_counted.append(broker.llen(QUEUE)),
+    )
+    # when: the worker requeues it (a pool process was lost, reject_on_worker_lost)
+    with app.connection_for_write() as conn:
+        channel: Any = conn.default_channel
+        channel.qos.restore_by_tag("tag", leftmost=True)
+    # then: the redelivery was counted once, before the message was back in its queue: no other
+    # worker can pop it and read its count without this delivery (a poison message would run
+    # once past the cap)
+    assert queued_when_counted == [0]
+    assert broker.llen(QUEUE) == 1 and broker.hlen("unacked") == 0
