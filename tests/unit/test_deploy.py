@@ -1215,7 +1215,9 @@ def test_the_pooled_compose_variant_loads_under_the_production_settings() -> Non
     assert done.stdout.split() == ["transaction", "pgbouncer", "postgres", "False"]
 
 
-def test_docker_compose_accepts_the_pooled_variant() -> None:
+def _compose_config(override: Path, *directories: str) -> dict[str, Any]:
+    """The services `docker-compose config` makes of docker-compose.yml with ``override`` (and
+    the repository's ``directories`` it mounts), .env.example as the .env."""
     import shutil
     import subprocess
     import tempfile
@@ -1226,17 +1228,24 @@ def test_docker_compose_accepts_the_pooled_variant() -> None:
         skip_for_missing("docker-compose", "not installed (scripts/test.sh installs it in CI)")
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copy(ROOT / "docker-compose.yml", tmp)
-        shutil.copy(POOLED_COMPOSE, tmp)
+        shutil.copy(override, tmp)
+        for directory in directories:
+            shutil.copytree(ROOT / directory, Path(tmp, directory))
         shutil.copy(ROOT / ".env.example", Path(tmp, ".env"))
         done = subprocess.run(
-            ["docker-compose", "-f", "docker-compose.yml", "-f", POOLED_COMPOSE.name, "config"],
+            ["docker-compose", "-f", "docker-compose.yml", "-f", override.name, "config"],
             cwd=tmp,
             capture_output=True,
             text=True,
             timeout=60,
         )
     assert done.returncode == 0, done.stderr
-    services = yaml.safe_load(done.stdout)["services"]
+    services: dict[str, Any] = yaml.safe_load(done.stdout)["services"]
+    return services
+
+
+def test_docker_compose_accepts_the_pooled_variant() -> None:
+    services = _compose_config(POOLED_COMPOSE)
     for name in POOLED_SERVICES:
         env = services[name]["environment"]
         assert env["DATABASE_POOLING"] == "transaction", name
@@ -1310,8 +1319,6 @@ def test_the_pooled_kubernetes_variant_sets_the_three_database_variables_consist
 def test_the_pooled_kubernetes_variant_validates_and_kustomize_agrees() -> None:
     """The overlay's own manifests against the Kubernetes schemas (strict, offline), and, where
     kubectl is installed, its kustomize renders what the Python rendering above reads."""
-    import shutil
-    import subprocess
 
     import kubernetes_validate
 
@@ -1323,10 +1330,19 @@ def test_the_pooled_kubernetes_variant_validates_and_kustomize_agrees() -> None:
     for doc in ours:
         if doc["kind"] == "Deployment":
             kubernetes_validate.validate(doc, version, strict=True)
+    _assert_kubectl_renders(POOLED_K8S, ours)
+
+
+def _assert_kubectl_renders(directory: Path, ours: list[dict[str, Any]]) -> None:
+    """Where kubectl is installed, its own kustomize renders ``directory`` as the tests'
+    Python rendering ``ours`` does (the part-of label aside)."""
+    import shutil
+    import subprocess
+
     if not shutil.which("kubectl"):
         pytest.skip("kubectl is not installed; the Python rendering is what the other tests read")
     done = subprocess.run(
-        ["kubectl", "kustomize", str(POOLED_K8S)], capture_output=True, text=True, timeout=60
+        ["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
     theirs = [d for d in yaml.safe_load_all(done.stdout) if d]
@@ -1495,28 +1511,7 @@ def test_env_example_lists_every_variable_the_rabbitmq_variant_reads() -> None:
 
 
 def test_docker_compose_accepts_the_rabbitmq_variant() -> None:
-    import shutil
-    import subprocess
-    import tempfile
-
-    from tests.missing_tools import skip_for_missing
-
-    if not shutil.which("docker-compose"):
-        skip_for_missing("docker-compose", "not installed (scripts/test.sh installs it in CI)")
-    with tempfile.TemporaryDirectory() as tmp:
-        shutil.copy(ROOT / "docker-compose.yml", tmp)
-        shutil.copy(RABBITMQ_COMPOSE, tmp)
-        shutil.copytree(ROOT / "deploy" / "rabbitmq", Path(tmp, "deploy", "rabbitmq"))
-        shutil.copy(ROOT / ".env.example", Path(tmp, ".env"))
-        done = subprocess.run(
-            ["docker-compose", "-f", "docker-compose.yml", "-f", RABBITMQ_COMPOSE.name, "config"],
-            cwd=tmp,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    assert done.returncode == 0, done.stderr
-    services = yaml.safe_load(done.stdout)["services"]
+    services = _compose_config(RABBITMQ_COMPOSE, "deploy/rabbitmq")
     for name in ("migrate", "web", "worker", "beat", "flower"):
         env = services[name]["environment"]
         assert env["CLEANUP_RABBITMQ_QUEUE_TYPE"] == "quorum", name
@@ -1628,8 +1623,6 @@ def test_the_rabbitmq_kubernetes_variant_validates_and_kustomize_agrees() -> Non
     against the schema in tests/unit/schemas (its affinity and resources against the Pod's own
     schema), the trimmed ScaledObject against KEDA's; where kubectl is installed, its kustomize
     renders what the Python rendering above reads."""
-    import shutil
-    import subprocess
 
     import jsonschema
     import kubernetes_validate
@@ -1660,18 +1653,4 @@ def test_the_rabbitmq_kubernetes_variant_validates_and_kustomize_agrees() -> Non
     broken["spec"]["replica"] = 3
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, _schema("rabbitmq-cluster.schema.json"))
-    if not shutil.which("kubectl"):
-        pytest.skip("kubectl is not installed; the Python rendering is what the other tests read")
-    done = subprocess.run(
-        ["kubectl", "kustomize", str(RABBITMQ_K8S)], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    theirs = [d for d in yaml.safe_load_all(done.stdout) if d]
-    key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
-    assert sorted(map(key, theirs)) == sorted(map(key, ours))
-    by_key = {key(d): d for d in ours}
-    for doc in theirs:
-        doc["metadata"].get("labels", {}).pop("app.kubernetes.io/part-of", None)
-        mine = by_key[key(doc)]
-        mine["metadata"].get("labels", {}).pop("app.kubernetes.io/part-of", None)
-        assert doc == mine, key(doc)
+    _assert_kubectl_renders(RABBITMQ_K8S, ours)
