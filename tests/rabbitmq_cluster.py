@@ -203,5 +203,26 @@ class Cluster:
                 found[row["name"]] = row
         return found
 
+    def diagnosis(self, vhost: str) -> str:
+        """What a stalled drain leaves to read: the vhost's consumers, channels, exchanges and
+        bindings as a live node lists them (each listing's failure in its place)."""
+        listings = {
+            "consumers": ("list_consumers", "-p", vhost),
+            "channels": (
+                "list_channels", "name", "vhost", "consumer_count", "messages_unacknowledged",
+                "prefetch_count", "confirm",
+            ),
+            "exchanges": ("list_exchanges", "-p", vhost, "name", "type", "durable", "auto_delete"),
+            "bindings": ("list_bindings", "-p", vhost, "source_name", "destination_name",
+                         "routing_key"),
+        }  # fmt: skip
+        parts = []
+        for title, args in listings.items():
+            try:
+                parts.append(f"{title}:\n{self.ctl(self.alive()[0], *args, timeout=30)}")
+            except Exception as exc:  # noqa: BLE001 - a diagnosis must not hide the failure
+                parts.append(f"{title}: {exc!r}")
+        return "\n".join(parts)
+
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
