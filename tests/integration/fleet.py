@@ -350,9 +350,11 @@ def run_sweeps(shards: int, expires: float | None = None) -> None:
 
 
 @contextmanager
-def running(workers: list[Worker], *, kill: bool = False) -> Iterator[list[Worker]]:
+def running(
+    workers: list[Worker], *, kill: bool = False, grace: float = 20
+) -> Iterator[list[Worker]]:
     """Start the workers and wait until each is ready; at the end stop them (SIGTERM, SIGKILL
-    after 20 s), or with ``kill`` SIGKILL them at once."""
+    after ``grace`` seconds), or with ``kill`` SIGKILL them at once."""
     for w in workers:
         w.start()
     try:
@@ -364,7 +366,7 @@ def running(workers: list[Worker], *, kill: bool = False) -> Iterator[list[Worke
             if kill:
                 w.kill()
             else:
-                w.stop(timeout=20)
+                w.stop(timeout=grace)
 
 
 def fleet(
@@ -556,15 +558,22 @@ def drill_workers(
         )
         for i in range(count)
     ]
-    for w in workers:
-        w.start()
-    try:
-        for w in workers:
-            w.wait_ready()
-        yield workers
-    finally:
-        for w in workers:
-            w.stop(timeout=30)
+    with running(workers, grace=30) as started:
+        yield started
+
+
+def assert_each_released_once(ids: list[int]) -> None:
+    """A drill's end: every hold of ``ids`` released exactly once, seats conserved, none left
+    held."""
+    assert invariant_violations(expected_released=ids) == []
+    assert outcome_counts().get("released") == len(ids)
+    assert (
+        scalar(
+            "SELECT count(*) FROM reservations_reservation WHERE id = ANY(%s) AND status = 'held'",
+            [ids],
+        )
+        == 0
+    )
 
 
 @contextmanager
