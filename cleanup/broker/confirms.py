@@ -19,6 +19,18 @@ batch (measured: docs/PERFORMANCE.md).
 
 Publishes through this channel are made without kombu's retry: a connection lost mid-batch
 raises instead of reconnecting and going on, unconfirmed, on a channel of the new connection.
+
+The other publishers into the project's queues use a new confirm-mode channel too, for the same
+reason and one more: beat's sends (``cleanup.pipeline.schedule``) and the outbox relay's batches
+(``cleanup.pipeline.outbox``). RabbitMQ 3.10 keeps, per channel and quorum queue, the queue
+leader it found at that channel's first publish to the queue. A channel whose first publish
+comes while the queue's leader has just died (between the node's death and the election of a
+new leader, a fraction of a second) keeps the dead leader: it refuses every later publish to
+that queue (``basic.nack``), or without confirm mode drops it without a word, until that node
+is back; a new channel publishes normally (docs/TOPOLOGIES.md, "A channel that keeps a dead
+leader"). A long-lived channel was how beat lost every sweep after a failover while the
+workers, the queues and the other queues were fine. A channel per send costs beat three round
+trips (open, confirm.select, close) a few times a second.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import amqp
+from kombu import Producer
 
 # How long a batch may wait for its acknowledgements. A quorum queue that has lost its majority
 # neither acknowledges nor refuses; the claim's row locks are held meanwhile.
@@ -37,6 +50,12 @@ CONFIRM_TIMEOUT_SECONDS = 10.0
 
 class PublishNotConfirmed(Exception):
     """The broker did not take every message of a batch: refused some, or did not answer."""
+
+
+def speaks_amqp(connection: Any) -> bool:
+    """Whether ``connection`` (a kombu connection) goes to RabbitMQ, without opening a channel
+    (its transport's driver: the project's screened transport derives from kombu's py-amqp)."""
+    return getattr(connection.transport, "driver_type", None) == "amqp"
 
 
 def confirms_available(channel: object) -> bool:
@@ -133,3 +152,16 @@ def confirmed_channel(connection: Any) -> Iterator[ConfirmedBatch]:
             channel.close()
         except Exception:  # noqa: BLE001 - a channel of a lost connection is gone already
             pass
+
+
+@contextmanager
+def confirmed_producer(producer: Any) -> Iterator[Any]:
+    """On RabbitMQ, a producer on a new confirm-mode channel of ``producer``'s connection
+    (``confirmed_channel``): every publish made through it is confirmed when the block ends, or
+    ``PublishNotConfirmed`` is raised. Publish through it with ``retry=False``. Elsewhere
+    (Redis answers every push) ``producer`` itself."""
+    if not speaks_amqp(producer.connection):
+        yield producer
+        return
+    with confirmed_channel(producer.connection) as batch:
+        yield Producer(batch.channel)

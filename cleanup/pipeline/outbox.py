@@ -1,7 +1,8 @@
 """Outbox relay and retention.
 
 The relay publishes unpublished domain events in id order to ``CLEANUP_EVENTS_QUEUE`` (a plain
-JSON message per event) and marks them published in the same transaction; a transaction-level
+JSON message per event) and marks them published in the same transaction, on RabbitMQ once the
+broker has confirmed every one of them; a transaction-level
 advisory lock keeps a single relay at a time, so order holds. Delivery is at-least-once:
 consumers dedupe by ``event_id``.
 
@@ -20,6 +21,7 @@ from django.utils import timezone
 
 from cleanup import sql
 from cleanup.broker import queues
+from cleanup.broker.confirms import confirmed_producer
 from cleanup.conf import cleanup_settings
 from cleanup.pipeline import locks
 from reservations.models import OutboxEvent
@@ -43,7 +45,11 @@ def relay_batch(limit: int | None = None) -> int:
         )
         if not events:
             return 0
-        with app.producer_or_acquire() as producer:
+        # On RabbitMQ on a new channel, confirmed before the events are marked published
+        # (cleanup.broker.confirms): an event the broker refused or never answered for rolls
+        # the marks back and is relayed again, never lost.
+        with app.producer_or_acquire() as pooled, confirmed_producer(pooled) as producer:
+            confirmed = producer is not pooled
             for event in events:
                 producer.publish(
                     {
@@ -58,7 +64,7 @@ def relay_batch(limit: int | None = None) -> int:
                     routing_key=queue.routing_key,
                     declare=[queue],
                     serializer="json",
-                    retry=True,
+                    retry=not confirmed,
                 )
         OutboxEvent.objects.filter(id__in=[e["id"] for e in events]).update(
             published_at=timezone.now()
