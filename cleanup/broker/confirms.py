@@ -52,12 +52,6 @@ class PublishNotConfirmed(Exception):
     """The broker did not take every message of a batch: refused some, or did not answer."""
 
 
-def speaks_amqp(connection: Any) -> bool:
-    """Whether ``connection`` (a kombu connection) goes to RabbitMQ, without opening a channel
-    (its transport's driver: the project's screened transport derives from kombu's py-amqp)."""
-    return getattr(connection.transport, "driver_type", None) == "amqp"
-
-
 def confirms_available(channel: object) -> bool:
     """Whether ``channel`` speaks AMQP 0-9-1 (RabbitMQ): publisher confirms exist there only.
     Redis answers every push anyway (the pipeline's replies)."""
@@ -159,8 +153,12 @@ def confirmed_producer(producer: Any) -> Iterator[Any]:
     """On RabbitMQ, a producer on a new confirm-mode channel of ``producer``'s connection
     (``confirmed_channel``): every publish made through it is confirmed when the block ends, or
     ``PublishNotConfirmed`` is raised. Publish through it with ``retry=False``. Elsewhere
-    (Redis answers every push) ``producer`` itself."""
-    if not speaks_amqp(producer.connection):
+    (Redis answers every push) ``producer`` itself.
+
+    (Reading ``producer.channel`` connects a pooled connection not yet connected; a connection
+    known to be lost connects again, through the next URL of a failover list, when the new
+    channel is opened; one lost without a word yet fails there and is found lost.)"""
+    if not confirms_available(producer.channel):
         yield producer
         return
     with confirmed_channel(producer.connection) as batch:

@@ -13,7 +13,7 @@ from typing import Any
 
 from celery import current_app as app
 
-from cleanup.broker.confirms import confirmed_producer, speaks_amqp
+from cleanup.broker.confirms import confirmed_producer, confirms_available
 from cleanup.conf import cleanup_settings
 from cleanup.pipeline.messages import BatchMessage, ReleaseMessage
 from cleanup.wire import RELEASE_BATCH_TASK, RELEASE_TASK, SWEEP_TASK
@@ -44,7 +44,7 @@ def publish_release_messages(messages: Sequence[ReleaseMessage | BatchMessage]) 
         return
     queue = cleanup_settings().release_queue
     with app.producer_or_acquire() as producer:
-        if speaks_amqp(producer.connection):
+        if confirms_available(producer.channel):
             with confirmed_producer(producer) as confirming:
                 for message in messages:
                     _send(message, queue, confirming, retry=False)

@@ -14,7 +14,6 @@ just sent.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -28,7 +27,7 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from django_celery_beat.schedulers import DatabaseScheduler, ModelEntry
 
 from cleanup import sql
-from cleanup.broker.confirms import confirmed_producer, speaks_amqp
+from cleanup.broker.confirms import confirmed_producer, confirms_available
 from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupSchedule
 from cleanup.pipeline import locks
@@ -388,7 +387,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
             logger.warning("beat lease lost before a send; not sent", extra={"entry": entry.name})
             return
         producer = producer or self.producer
-        if not speaks_amqp(producer.connection):
+        if not confirms_available(producer.channel):
             super().apply_entry(entry, producer=producer)
             return
         # RabbitMQ: each send on a new channel, confirmed (cleanup.broker.confirms says why: a
@@ -396,16 +395,18 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
         # loses every later send to it). Without kombu's retry, which would go on unconfirmed
         # on a channel of a new connection; a send that fails is logged, and the entry is due
         # again at its next run (a sweep: the next second).
-        unretried = copy.copy(entry)
-        unretried.options = {**entry.options, "retry": False}
+        options = entry.options
+        entry.options = {**options, "retry": False}  # (an entry cannot be copied: its pickling)
         try:
             with confirmed_producer(producer) as confirming:
-                super().apply_entry(unretried, producer=confirming)
+                super().apply_entry(entry, producer=confirming)
         except Exception as exc:  # noqa: BLE001 - beat goes on with its next entry and tick
             logger.error(
                 "beat send not confirmed by the broker; the entry is sent again at its next run",
                 extra={"entry": entry.name, "error": " ".join(repr(exc).split())[:300]},
             )
+        finally:
+            entry.options = options
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         if not self._hold_lease():

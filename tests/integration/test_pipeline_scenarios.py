@@ -12,7 +12,9 @@ and, on RabbitMQ, a fan-out the broker refuses → the claim rolls back, the hol
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -20,17 +22,21 @@ from collections.abc import Iterator
 
 import pytest
 from django.db import connection, transaction
+from kombu import Producer
 
+from cleanup.broker import queues
 from cleanup.broker import readers as broker
 from cleanup.broker.confirms import PublishNotConfirmed
 from cleanup.conf import cleanup_settings
+from cleanup.pipeline import outbox
 from cleanup.pipeline.messages import ReleaseMessage
 from cleanup.pipeline.publish import publish_release_messages
-from cleanup.pipeline.schedule import install_schedule, installed_shards
+from cleanup.pipeline.schedule import LeaderDatabaseScheduler, install_schedule, installed_shards
 from cleanup.pipeline.sweep import SweepResult, sweep_shard
 from cleanup.tasks import sweep_shard_task
 from cleanup.wire import RELEASE_TASK, SWEEP_TASK
 from reservations import services
+from reservations.models import OutboxEvent
 from tests.wire import publish_task
 
 from .fleet import (
@@ -352,6 +358,79 @@ def test_a_fan_out_rabbitmq_refuses_leaves_its_holds_due_at_once_not_leased(work
     assert invariant_violations(expected_released=ids) == []
     assert outcome_counts().get("released") == len(ids)
     assert set(claim_counts(ids).values()) <= {0, 1}
+
+
+@pytest.mark.skipif(broker_is_redis(), reason="publisher confirms are RabbitMQ's")
+@pytest.mark.usefixtures("exclusive_workers", "clean")
+def test_a_beat_send_rabbitmq_refuses_is_logged_and_the_next_one_arrives(caplog):
+    # given: beat's scheduler holding its lease, the schedule's sweep entry, no worker
+    # consuming, and a sweep queue RabbitMQ refuses to take anything into
+    install_schedule(shards=1, every=1)
+    queue = cleanup_settings().sweep_queue
+    with sweep_shard_task.app.connection_for_write() as conn:
+        sweeps = sweep_shard_task.app.amqp.queues[queue](conn.default_channel)
+        sweeps.declare()
+        sweeps.purge()
+    scheduler = LeaderDatabaseScheduler(app=sweep_shard_task.app)
+    try:
+        assert scheduler._hold_lease()
+        entry = next(e for e in scheduler.schedule.values() if e.task == SWEEP_TASK)
+        with (
+            caplog.at_level(logging.ERROR, logger="cleanup.schedule"),
+            rabbitmq_policy("beat-full", queue, {"max-length": 0, "overflow": "reject-publish"}),
+        ):
+            # when: beat sends it (a quorum queue applies the limit once it is exceeded, so it
+            # may take the first send)
+            for _ in range(3):
+                scheduler.apply_entry(entry)
+                if "beat send not confirmed" in caplog.text:
+                    break
+        # then: the refusal (basic.nack) was seen and logged, not dropped without a word
+        refusals = [r for r in caplog.records if r.getMessage().startswith("beat send not")]
+        assert refusals, caplog.text
+        # (the sweep, and Celery's task-sent event with it, on the same channel)
+        assert re.search(r"RabbitMQ refused [12] of 2 messages \(basic.nack\)", refusals[-1].error)
+        # and when the queue takes messages again, the next send arrives: on a new channel (a
+        # channel once refused for a queue can stay refused, docs/TOPOLOGIES.md)
+        with sweep_shard_task.app.connection_for_write() as conn:
+            sweep_shard_task.app.amqp.queues[queue](conn.default_channel).purge()
+        scheduler.apply_entry(entry)
+        wait_until(lambda: broker.queue_depth(queue) == 1, timeout=10, what="the sweep queued")
+        assert entry.options.get("retry") is None  # the entry's own options are as they were
+    finally:
+        scheduler.close()
+
+
+@pytest.mark.skipif(broker_is_redis(), reason="publisher confirms are RabbitMQ's")
+@pytest.mark.usefixtures("clean")
+def test_outbox_events_rabbitmq_refuses_stay_unpublished_and_are_relayed_again():
+    # given: three domain events waiting in the outbox, and an events queue RabbitMQ refuses
+    # to take anything more into (one message in it already: a quorum queue applies the limit
+    # once it is exceeded)
+    offering = services.create_offering("relay", 5)
+    hold = services.hold_seat(offering.pk, "a", 60)
+    services.renew(hold.pk, 1, 120)
+    services.cancel(hold.pk, 2)
+    events = queues.events_queue(cleanup_settings())
+    with sweep_shard_task.app.connection_for_write() as conn:
+        bound = events(conn.default_channel)
+        bound.declare()
+        bound.purge()
+        Producer(conn.default_channel).publish({"filler": True}, routing_key=events.name)
+    wait_until(lambda: broker.queue_depth(events.name) == 1, timeout=10, what="the filler")
+    full = {"max-length": 0, "overflow": "reject-publish"}
+    with rabbitmq_policy("events-full", events.name, full):
+        # when: the relay publishes them
+        with pytest.raises(PublishNotConfirmed, match="refused"):
+            outbox.relay_batch()
+    # then: none is marked published (the marks rolled back with the refusal)
+    assert OutboxEvent.objects.filter(published_at__isnull=True).count() == 3
+    # and once the queue takes messages again, the next relay publishes all three, marked
+    with sweep_shard_task.app.connection_for_write() as conn:
+        events(conn.default_channel).purge()
+    assert outbox.relay_batch() == 3
+    assert not OutboxEvent.objects.filter(published_at__isnull=True).exists()
+    wait_until(lambda: broker.queue_depth(events.name) == 3, timeout=10, what="3 events queued")
 
 
 def test_a_message_deleted_from_the_broker_is_recovered_by_a_later_sweep(workers, clean):
