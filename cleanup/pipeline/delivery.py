@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from cleanup.broker import queues
+from cleanup.broker.confirms import PublishNotConfirmed, confirmed_producer, confirms_available
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.pipeline import deadletters
@@ -51,6 +52,10 @@ def queue_age(request: Any) -> float | None:
         return max(0.0, time.time() - float(stamp)) if stamp is not None else None
     except (TypeError, ValueError):
         return None
+
+
+class RetryNotSent(Exception):
+    """Celery could not send a retry's message (it says so with ``Reject(requeue=False)``)."""
 
 
 class CleanupTask(Task):  # type: ignore[misc]
@@ -130,7 +135,41 @@ class CleanupTask(Task):  # type: ignore[misc]
                 deliveries.increment(key)
             except Exception:  # the counter is a guard, not a dependency
                 logger.exception("delivery counter unavailable", extra={"key": key})
+        if (
+            settings.BROKER_IS_REDIS
+            or self.request.called_directly
+            or self.request.is_eager
+            or "producer" in kwargs
+        ):
+            return super().retry(*args, **kwargs)
+        with self.app.producer_or_acquire() as pooled:
+            if confirms_available(pooled.channel):
+                return self._confirmed_retry(pooled, args, kwargs)
         return super().retry(*args, **kwargs)
+
+    def _confirmed_retry(self, pooled: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """On RabbitMQ, the retry's message is sent on a new channel in confirm mode and this
+        delivery is let go only once the broker has it (cleanup.broker.confirms says why a
+        pooled channel is not enough: after a node's death it can lose every retry). A retry
+        the broker refused, did not answer for, or that could not be sent, requeues this
+        delivery instead (Celery would drop it: ``Reject(requeue=False)``); the delivery cap
+        still ends a message that can never be retried."""
+        sent: Retry | None = None
+        try:
+            with confirmed_producer(pooled) as producer:
+                try:
+                    return super().retry(*args, producer=producer, retry=False, **kwargs)
+                except Retry as retry:
+                    sent = retry  # the retry's message is out: waited for when the block ends
+                except Reject as reject:  # Celery's word for a retry it could not send
+                    raise RetryNotSent(repr(reject.args[:1])) from reject
+        except (PublishNotConfirmed, RetryNotSent, *pooled.connection.connection_errors) as exc:
+            logger.warning(
+                "retry not confirmed by the broker; the delivery is requeued",
+                extra={"task": self.name, "task_id": self.request.id, "error": repr(exc)[:300]},
+            )
+            raise Reject(f"retry not confirmed: {exc!r}", requeue=True) from exc
+        raise sent
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.request.called_directly:

@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from django.conf import settings
 
+from cleanup.broker import queues
 from cleanup.broker import readers as broker
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
@@ -39,6 +40,7 @@ from .fleet import (
     outcome_counts,
     publish_for,
     queue_settled,
+    rabbitmq_policy,
     scalar,
     status_of,
     wait_until,
@@ -225,6 +227,42 @@ def test_a_terminated_database_connection_is_retried_then_released_once(
     assert scalar("SELECT attempt FROM cleanup_cleanupreceipt") == 2
     assert invariant_violations(expected_released=[hold_id]) == []
     assert DeadLetter.objects.count() == 0
+
+
+@pytest.mark.skipif(broker_is_redis(), reason="publisher confirms are RabbitMQ's")
+def test_a_retry_rabbitmq_refuses_requeues_the_delivery_and_the_hold_is_released_once(
+    clean, exclusive_workers, tmp_path
+):
+    # given: a release waiting on a locked offering, and the queue its retry goes to refusing
+    # everything
+    if queues.is_quorum(cleanup_settings()):
+        pytest.skip(
+            "a quorum queue takes the first message past its length limit, and a retry's first "
+            "stop (a delayed-delivery queue) is empty: the broker cannot be made to refuse it"
+        )
+    hold_id, offering_id = one_eligible_hold()
+    full = {"max-length": 0, "overflow": "reject-publish"}
+    with dedicated(tmp_path, {"concurrency": 1}) as (worker,):
+        with offering_locked(offering_id):
+            publish_for(hold_id)
+            backends = wait_until(blocked_backends, timeout=30, what="release waiting")
+            with rabbitmq_policy("retry-refused", cleanup_settings().release_queue, full):
+                # when: a transient error makes the release retry, and the broker refuses it
+                assert scalar("SELECT pg_terminate_backend(%s)", [backends[0]]) is True
+                refused = wait_until(
+                    lambda: fleet.log_lines([worker.log_path], "retry not confirmed"),
+                    timeout=30,
+                    what="the refused retry logged",
+                )
+            # then: the delivery was requeued, not dropped: it is back, waiting on the lock
+            wait_until(blocked_backends, timeout=30, what="the requeued release waiting")
+        # and released once the offering is free, once, without a lease or a dead letter
+        wait_until(lambda: status_of(hold_id) == "released", timeout=60, what="released")
+    assert "basic.nack" in refused[0], refused
+    assert outcome_counts() == {"released": 1}
+    assert invariant_violations(expected_released=[hold_id]) == []
+    assert DeadLetter.objects.count() == 0
+    assert scalar("SELECT claim_count FROM reservations_reservation WHERE id = %s", [hold_id]) <= 1
 
 
 # --- malformed input ----------------------------------------------------------------------
