@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from cleanup.broker import queues
-from cleanup.broker.confirms import PublishNotConfirmed, confirmed_producer, confirms_available
+from cleanup.broker.confirms import PublishNotConfirmed, confirmed_producer
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.pipeline import deadletters
@@ -143,9 +143,7 @@ class CleanupTask(Task):  # type: ignore[misc]
         ):
             return super().retry(*args, **kwargs)
         with self.app.producer_or_acquire() as pooled:
-            if confirms_available(pooled.channel):
-                return self._confirmed_retry(pooled, args, kwargs)
-        return super().retry(*args, **kwargs)
+            return self._confirmed_retry(pooled, args, kwargs)
 
     def _confirmed_retry(self, pooled: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """On RabbitMQ, the retry's message is sent on a new channel in confirm mode and this
