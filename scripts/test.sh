@@ -103,7 +103,8 @@ phase "services" services_up
 #     network namespaces (prometheus, alertmanager, redis-server, postgresql, docker-compose);
 #   chaos drills (test_chaos.py): iptables for the partitions (docs/CHAOS.md);
 #   the pooling probe's tests (tests/unit/test_pooling.py) and the PgBouncer phase: pgbouncer
-#     (installed here, before the unit phase, which needs it first).
+#     (installed here, before the unit phase, which needs it first);
+#   the kustomize comparisons (tests/unit/test_deploy.py): kubectl (Debian's kubernetes-client).
 tools_check() {
   local missing=()
   command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
@@ -117,6 +118,7 @@ tools_check() {
   command -v iptables >/dev/null 2>&1 || missing+=(iptables)
   command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # the TLS suites' certificates
   command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
+  command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)  # kustomize renders
   [ "${#missing[@]}" = 0 ] && return 0
   if ! in_ci; then
     echo "not installed here: ${missing[*]} (the tests that need them will skip)"
@@ -417,7 +419,7 @@ PY
 # own test database and broker space, because most of the real-worker tests wait on workers
 # rather than use the CPU (docs/TESTING.md, "How the suite runs"):
 #   lane 1, pytest-unit then pytest-a: the unit tests in a random order (pytest-randomly; the
-#      seed is printed at the top, to replay a failure with `-p randomly --randomly-seed=N`),
+#      seed is in the phase's name, to replay a failure with `-p randomly --randomly-seed=N`),
 #      then the real-worker modules in neither B nor C in file order (the tests' Redis
 #      database, the test database);
 #   lane 2, pytest-b: the slow waiting real-worker modules (beat, autoscaler, metrics, try-it)
@@ -460,6 +462,9 @@ drill_broker() {
 pytest_sentinel() { sentinel_drill "$(drill_broker)"; }
 pytest_pg_failover() { pg_failover_drill "$(drill_broker)"; }
 pytest_rabbitmq_cluster() { rabbitmq_cluster_drill "$(drill_broker)"; }
+# The unit tests run in a new random order each run; the seed is in the timings at the end, and
+# `bash scripts/test.sh -p randomly --randomly-seed=N tests/unit` replays that order.
+unit_seed=$(( (RANDOM << 15 | RANDOM) % 4294967296 ))
 if [ "$#" -gt 0 ]; then
   phase "pytest" .venv/bin/python -m pytest "$@"
   echo "RabbitMQ suites and drills not run: pytest arguments were given"
@@ -479,7 +484,8 @@ else
       run_lane "lane-3" "${lane3_steps[@]}"
       # lane 1's second phase runs even when the first failed, as in the other lanes
       unit_rc=0
-      run_phase "pytest-unit" .venv/bin/python -m pytest -p randomly tests/unit || unit_rc=$?
+      run_phase "pytest-unit (seed $unit_seed)" .venv/bin/python -m pytest -p randomly \
+        --randomly-seed="$unit_seed" tests/unit || unit_rc=$?
       phase "pytest-a" .venv/bin/python -m pytest tests/integration \
         "${ignore_lanes[@]}" "${ignore_drills[@]}"
       finish_lane "lane-2" || fail_run $?
@@ -490,7 +496,8 @@ else
       echo "the broker is not Redis: the pytest phases one after another (no second broker database)"
       phase "library-suites" library_suites
       unit_rc=0
-      run_phase "pytest-unit" .venv/bin/python -m pytest -p randomly tests/unit || unit_rc=$?
+      run_phase "pytest-unit (seed $unit_seed)" .venv/bin/python -m pytest -p randomly \
+        --randomly-seed="$unit_seed" tests/unit || unit_rc=$?
       phase "pytest-a" .venv/bin/python -m pytest tests/integration "${ignore_drills[@]}"
       phase "pytest-rabbitmq" rabbitmq_suites
       if drills_wanted; then

@@ -9,8 +9,12 @@ phase, so a partial run is never mistaken for a full one. With ``CI`` set the sa
 failure: CI installs what the suite needs, and a tool it failed to install must fail the run,
 not shrink it.
 
-Skips for any other reason (a Redis-only test on RabbitMQ, the chaos drills outside CI) are plain
-``pytest.skip`` calls and are not affected.
+A test that cannot show its behaviour on this run's broker or queue type (a refusal only a
+classic queue can be made to give, say) calls ``leave_out(what, why)``: a skip in every run, CI
+included, listed at the end beside the missing tools, so the run says what it did not prove.
+
+Skips for any other reason (a Redis-only test module on RabbitMQ, the chaos drills outside CI)
+are plain ``pytest.skip`` calls and are not affected.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import NoReturn
 import pytest
 
 PREFIX = "missing tool: "
+LEFT_OUT_PREFIX = "left out here: "
 
 
 def in_ci() -> bool:
@@ -33,6 +38,20 @@ def skip_for_missing(tool: str, why: str) -> NoReturn:
     pytest.skip(f"{PREFIX}{tool}: {why}")
 
 
+def leave_out(what: str, why: str) -> NoReturn:
+    """Skip the running test because ``what`` (this run's broker, queue type, …) cannot show
+    its behaviour; listed at the end of the run, never a failure."""
+    pytest.skip(f"{LEFT_OUT_PREFIX}{what}: {why}")
+
+
+def left_out_because(reason: str) -> str | None:
+    """The ``what`` of a skip reason written by ``leave_out``, else None."""
+    reason = reason.removeprefix("Skipped: ")
+    if not reason.startswith(LEFT_OUT_PREFIX):
+        return None
+    return reason[len(LEFT_OUT_PREFIX) :].partition(": ")[0]
+
+
 def missing_tool_of(reason: str) -> str | None:
     """The tool named by a skip reason written by ``skip_for_missing``, else None."""
     reason = reason.removeprefix("Skipped: ")
@@ -41,9 +60,11 @@ def missing_tool_of(reason: str) -> str | None:
     return reason[len(PREFIX) :].partition(": ")[0]
 
 
-# Tests skipped in this run because a tool is missing: {tool: [node ids]}. Filled from the
-# reports the controlling process receives, so it is complete under pytest-xdist too.
+# Tests skipped in this run because a tool is missing: {tool: [node ids]}, and those left out
+# for what this run cannot show: {what: [node ids]}. Filled from the reports the controlling
+# process receives, so they are complete under pytest-xdist too.
 _missing: dict[str, list[str]] = {}
+_left_out: dict[str, list[str]] = {}
 
 
 def _skip_reason(report: pytest.TestReport) -> str:
@@ -72,21 +93,29 @@ def pytest_runtest_makereport(
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.skipped:
-        tool = missing_tool_of(_skip_reason(report))
+        reason = _skip_reason(report)
+        tool = missing_tool_of(reason)
         if tool is not None:
             _missing.setdefault(tool, []).append(report.nodeid)
+        what = left_out_because(reason)
+        if what is not None:
+            _left_out.setdefault(what, []).append(report.nodeid)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Name every test this run left out for a missing tool, at the end of pytest's output and
-    in the file named by RESERVATIONS_MISSING_TOOLS_FILE (appended: one file per test.sh run)."""
-    if not _missing:
-        return
+    """Name every test this run left out (a missing tool, a broker or queue type that cannot
+    show it), at the end of pytest's output and in the file named by
+    RESERVATIONS_MISSING_TOOLS_FILE (appended: one file per test.sh run)."""
     lines = [
         f"skipped because {tool} is missing: {len(ids)} test(s): {', '.join(sorted(ids))}"
         for tool, ids in sorted(_missing.items())
+    ] + [
+        f"not shown with {what}: {len(ids)} test(s): {', '.join(sorted(ids))}"
+        for what, ids in sorted(_left_out.items())
     ]
-    terminalreporter.section("left out: tests whose tools are missing (a partial run)")
+    if not lines:
+        return
+    terminalreporter.section("left out: tests this run could not run (a partial run)")
     for line in lines:
         terminalreporter.line(line)
     report_file = os.environ.get("RESERVATIONS_MISSING_TOOLS_FILE")

@@ -7,8 +7,8 @@ They take minutes (the node-loss drill waits out the default 75 s visibility tim
 run with RESERVATIONS_CHAOS=1: ``make test-full`` (phase ``pytest-chaos`` of
 ``scripts/test.sh``, which CI runs) and ``make chaos``; a person's ``bash scripts/test.sh``
 leaves them out and says so at its end. The Redis
-drills start a private ``redis-server`` on a port of their own (CHAOS_REDIS_PORT, default 16401)
-in the test's temporary directory; the machine's shared servers are never stopped or
+drills start a private ``redis-server`` on a free port the kernel hands out, in the test's
+temporary directory; the machine's shared servers are never stopped or
 reconfigured, and only the test database's own backends are terminated.
 """
 
@@ -42,6 +42,7 @@ from .fleet import (
     broker_is_redis,
     create_eligible_holds,
     delivery_totals,
+    free_port,
     invariant_violations,
     log_fields,
     log_lines,
@@ -212,8 +213,18 @@ class PrivateRedis:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        wait_until(lambda: not _free(self.port), timeout=20, what="private redis up")
+        self.wait_up()
         return self
+
+    def wait_up(self) -> None:
+        """Until this server listens; its own exit (a port taken meanwhile) fails at once."""
+        proc, log = self.proc, self.directory / "redis.log"
+
+        def listening() -> bool:
+            assert proc is not None and proc.poll() is None, log.read_text()[-2000:]
+            return not _free(self.port)
+
+        wait_until(listening, timeout=20, what="private redis up")
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -228,10 +239,8 @@ class PrivateRedis:
 
 @contextmanager
 def private_redis(tmp_path: Path, persistent: bool) -> Iterator[PrivateRedis]:
-    port = int(os.environ.get("CHAOS_REDIS_PORT", "16401"))
-    if not _free(port):
-        pytest.skip(f"port {port} is in use (set CHAOS_REDIS_PORT to a free one)")
-    server = PrivateRedis(tmp_path / "redis", port, persistent).start()
+    # A port the kernel just handed out: the drill restarts its server on the same one.
+    server = PrivateRedis(tmp_path / "redis", free_port(), persistent).start()
     try:
         yield server
     finally:
@@ -442,6 +451,7 @@ class Relay:
 
         self.listen, self.target = listen, target
         self.server = socket.create_server(listen, reuse_port=False)
+        self.port = int(self.server.getsockname()[1])
         self.server.settimeout(0.5)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -510,8 +520,7 @@ class NetnsWorker(Worker):
 def partition_rig(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """Namespace, private Redis (host address + loopback), PostgreSQL relay, and the two
     environments: the partitioned node's and the host node's."""
-    redis_port = int(os.environ.get("CHAOS_REDIS_PORT", "16401")) + 1
-    pg_port = redis_port + 1
+    redis_port = free_port()
     netns = Netns().create()
     server: PrivateRedis | None = None
     relay: Relay | None = None
@@ -541,9 +550,12 @@ def partition_rig(tmp_path: Path) -> Iterator[dict[str, Any]]:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        wait_until(lambda: not _free(redis_port), timeout=20, what="private redis up")
+        server.wait_up()
         db = settings_db()
-        relay = Relay((NS_HOST_IP, pg_port), (db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)))
+        # port 0: the relay listens on a port the kernel gives it on the namespace's link, so
+        # it never collides with a socket an earlier drill left behind
+        relay = Relay((NS_HOST_IP, 0), (db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)))
+        pg_port = relay.port
         host_env = {"CELERY_BROKER_URL": f"redis://127.0.0.1:{redis_port}/0"}
         ns_db_url = service_env()["DATABASE_URL"].replace(
             f"@{db['HOST']}:{db['PORT']}/", f"@{NS_HOST_IP}:{pg_port}/"
@@ -569,7 +581,7 @@ def settings_db() -> dict[str, Any]:
 
     db = dict(settings.DATABASES["default"])
     if str(db.get("HOST") or "").startswith("/") or not db.get("HOST"):
-        pytest.skip("the partition drill needs PostgreSQL over TCP")
+        skip_for_missing("PostgreSQL over TCP", "the partition drill relays it into its namespace")
     db["PORT"] = db.get("PORT") or 5432
     return db
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.missing_tools import skip_for_missing
 from tests.quick_start import quick_start_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -361,8 +362,6 @@ def test_docker_compose_itself_passes_dotenv_to_the_app() -> None:
     import subprocess
     import tempfile
 
-    from tests.missing_tools import skip_for_missing
-
     if not shutil.which("docker-compose"):
         skip_for_missing("docker-compose", "not installed (scripts/test.sh installs it in CI)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -528,7 +527,6 @@ def test_every_panel_query_names_exported_families_and_parses(tmp_path: Path) ->
     import subprocess
 
     from tests.integration.prodstack import grafana_interpolate
-    from tests.missing_tools import skip_for_missing
 
     exported = exported_metrics()
     rules = []
@@ -821,7 +819,7 @@ def test_kubectl_kustomize_renders_the_same_resources_the_tests_read() -> None:
     import subprocess
 
     if not shutil.which("kubectl"):
-        pytest.skip("kubectl is not installed; the Python rendering is what the other tests read")
+        skip_for_missing("kubectl", "its kustomize checks the Python rendering the tests read")
     for directory, ours in ((K8S, k8s_documents()), (K8S / "prometheus-operator", None)):
         done = subprocess.run(
             ["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=60
@@ -1039,8 +1037,6 @@ def test_promtool_accepts_the_rules_the_kubernetes_files_carry(tmp_path: Path) -
     import shutil
     import subprocess
 
-    from tests.missing_tools import skip_for_missing
-
     if not shutil.which("promtool"):
         skip_for_missing("promtool", "Debian package prometheus")
     rule = next(
@@ -1222,8 +1218,6 @@ def _compose_config(override: Path, *directories: str) -> dict[str, Any]:
     import subprocess
     import tempfile
 
-    from tests.missing_tools import skip_for_missing
-
     if not shutil.which("docker-compose"):
         skip_for_missing("docker-compose", "not installed (scripts/test.sh installs it in CI)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -1340,7 +1334,7 @@ def _assert_kubectl_renders(directory: Path, ours: list[dict[str, Any]]) -> None
     import subprocess
 
     if not shutil.which("kubectl"):
-        pytest.skip("kubectl is not installed; the Python rendering is what the other tests read")
+        skip_for_missing("kubectl", "its kustomize checks the Python rendering the tests read")
     done = subprocess.run(
         ["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=60
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 NEEDS_A_TOOL = """
-from tests.missing_tools import skip_for_missing
+from tests.missing_tools import leave_out, skip_for_missing
 import pytest
 
 def test_needs_frobnicate():
@@ -26,6 +26,9 @@ def test_needs_frobnicate_through_a_fixture(frob):
 
 def test_skipped_for_another_reason():
     pytest.skip("Redis only")
+
+def test_this_queue_type_cannot_show():
+    leave_out("quorum queues", "a quorum queue cannot be made to refuse it")
 
 def test_runs():
     assert True
@@ -52,21 +55,26 @@ def test_in_ci_a_skip_for_a_missing_tool_fails_the_run(tmp_path: Path) -> None:
     done, _ = _pytest(tmp_path, ci="true")
     assert done.returncode == 1, done.stdout
     # the test body's skip is a failure, the fixture's an error; other skips stay skips
-    assert "1 failed, 1 passed, 1 skipped, 1 error" in done.stdout, done.stdout
+    assert "1 failed, 1 passed, 2 skipped, 1 error" in done.stdout, done.stdout
     assert "FAILED test_tools.py::test_needs_frobnicate " in done.stdout
     assert "ERROR test_tools.py::test_needs_frobnicate_through_a_fixture" in done.stdout
     assert "CI is set, so a missing tool fails the test" in done.stdout
     assert "SKIPPED [1] test_tools.py:" in done.stdout and "Redis only" in done.stdout
+    # what this run's queue type cannot show is left out in CI too, and said so at the end
+    assert "not shown with quorum queues: 1 test(s): test_tools.py::test_this_queue_type" in (
+        done.stdout
+    )
 
 
 def test_in_a_persons_run_it_skips_and_the_run_says_what_was_left_out(tmp_path: Path) -> None:
     done, listed = _pytest(tmp_path, ci=None)
     assert done.returncode == 0, done.stdout
-    assert "1 passed, 3 skipped" in done.stdout, done.stdout
-    line = (
+    assert "1 passed, 4 skipped" in done.stdout, done.stdout
+    lines = [
         "skipped because frobnicate is missing: 2 test(s): "
         "test_tools.py::test_needs_frobnicate, "
-        "test_tools.py::test_needs_frobnicate_through_a_fixture"
-    )
-    assert line in done.stdout
-    assert listed == line + "\n"  # the test that skipped for another reason is not listed
+        "test_tools.py::test_needs_frobnicate_through_a_fixture",
+        "not shown with quorum queues: 1 test(s): test_tools.py::test_this_queue_type_cannot_show",
+    ]
+    assert all(line in done.stdout for line in lines)
+    assert listed == "".join(line + "\n" for line in lines)  # "Redis only" is not listed
