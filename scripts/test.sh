@@ -104,7 +104,9 @@ phase "services" services_up
 #   chaos drills (test_chaos.py): iptables for the partitions (docs/CHAOS.md);
 #   the pooling probe's tests (tests/unit/test_pooling.py) and the PgBouncer phase: pgbouncer
 #     (installed here, before the unit phase, which needs it first);
-#   the kustomize comparisons (tests/unit/test_deploy.py): kubectl (Debian's kubernetes-client).
+#   the kustomize comparisons (tests/unit/test_deploy.py): kubectl (Debian's kubernetes-client);
+#   the confirmed-publishing unit tests (tests/unit/test_publish_confirms.py) and the RabbitMQ
+#     phase: rabbitmq-server (started below, before the unit phase, when installed but stopped).
 tools_check() {
   local missing=()
   command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
@@ -119,6 +121,8 @@ tools_check() {
   command -v openssl >/dev/null 2>&1 || missing+=(openssl)  # the TLS suites' certificates
   command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
   command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)  # kustomize renders
+  command -v rabbitmq-server >/dev/null 2>&1 || [ -x /usr/sbin/rabbitmq-server ] \
+    || missing+=(rabbitmq-server)
   [ "${#missing[@]}" = 0 ] && return 0
   if ! in_ci; then
     echo "not installed here: ${missing[*]} (the tests that need them will skip)"
@@ -129,6 +133,15 @@ tools_check() {
   return 0
 }
 phase "tools" tools_check
+# RabbitMQ up before the unit phase (scripts/rabbitmq.py starts it with CI=true when it is
+# installed but stopped); without one, a person's run lists the tests that need it at the end.
+rabbitmq_up() {
+  local rc=0
+  .venv/bin/python scripts/rabbitmq.py >/dev/null || rc=$?
+  if [ "$rc" = 3 ] && ! in_ci; then return 0; fi
+  return "$rc"
+}
+phase "rabbitmq" rabbitmq_up
 # The partition drills run iptables inside a network namespace. Debian's iptables defaults to
 # the nf_tables backend (iptables-nft); where the kernel lacks nf_tables the legacy one is used.
 iptables_backend() {

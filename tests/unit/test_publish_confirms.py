@@ -1,18 +1,48 @@
 """Publisher confirms' bookkeeping (cleanup.broker.confirms): every publish of the batch's channel
 counted, RabbitMQ's answers (one by one, out of order, or ``multiple``) matched against them, a
-refusal or silence raised. On a real RabbitMQ refusing a sweep's batch:
-tests/integration/test_pipeline_scenarios.py (the RabbitMQ phase); a leader killed mid-drain:
+refusal or silence raised; then each publisher into the project's queues (the sweep's fan-out,
+beat's send, the outbox relay, a release's retry) in process, on the machine's RabbitMQ in vhosts
+of this module's own, refused and accepted. With real workers: tests/integration/
+test_pipeline_scenarios.py and test_delivery.py (the RabbitMQ phase); a leader killed mid-drain:
 tests/integration/test_rabbitmq_cluster.py."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import subprocess
+import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
+from urllib.parse import quote
 
+import kombu
 import pytest
+from celery.exceptions import Reject, Retry
+from django.db.models.functions import Now
+from django.utils import timezone
+from kombu import Producer
 
 from cleanup.broker.confirms import ConfirmedBatch, PublishNotConfirmed, confirms_available
+from cleanup.conf import cleanup_settings
+from cleanup.pipeline import outbox
+from cleanup.pipeline.messages import ReleaseMessage
+from cleanup.pipeline.schedule import LeaderDatabaseScheduler, install_schedule
+from cleanup.pipeline.sweep import sweep_shard
+from cleanup.wire import RELEASE_TASK, SWEEP_TASK
+from config.celery_app import app as celery_app
+from reservations import services
+from reservations.models import OutboxEvent, Reservation
+from tests.integration.fleet import wait_until
+from tests.missing_tools import skip_for_missing
 
 
 class Connection:
@@ -111,3 +141,282 @@ def test_only_an_amqp_channel_has_confirms() -> None:
     assert not confirms_available(Channel())
     assert not confirms_available(object())
     assert confirms_available(AmqpChannel.__new__(AmqpChannel))
+
+
+# --- On a real RabbitMQ: every publisher into the project's queues waits for its confirms ----
+#
+# The bookkeeping above passes with publishers that never use it. Below, each publisher (the
+# sweep's fan-out, beat's send, the outbox relay, a release's retry) runs in process against a
+# RabbitMQ of its own: two vhosts of this module, one whose queues take everything and one whose
+# queues refuse every publish (an operator's length limit, as the RabbitMQ integration tests set
+# it). Only a publish made on a confirm-mode channel and waited for learns of the refusal, so a
+# publisher that skips its confirms passes the refusing vhost without a word and fails here.
+
+AMQP_HOST, AMQP_PORT = "127.0.0.1", 5672
+VHOST_PREFIX = f"reservations-unit-confirms-{os.getpid()}"
+REFUSE_EVERYTHING = {"max-length": 0, "overflow": "reject-publish"}
+REFUSED = r"RabbitMQ refused \d+ of \d+ messages \(basic.nack\)"
+
+
+@dataclass
+class Vhosts:
+    accepting: str
+    refusing: str
+
+    def url(self, vhost: str) -> str:
+        return f"amqp://guest:guest@{AMQP_HOST}:{AMQP_PORT}/{quote(vhost, safe='')}"
+
+
+def _rabbitmqctl(*commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
+    """Run ``rabbitmqctl`` once per command, all at once (each call is mostly the start of an
+    Erlang VM, a second or so): the results in order."""
+    ctl = shutil.which("rabbitmqctl")
+    assert ctl is not None
+    running = [
+        subprocess.Popen(
+            [ctl, "-q", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for command in commands
+    ]
+    done = []
+    for command, process in zip(commands, running, strict=True):
+        out, err = process.communicate(timeout=60)
+        done.append(subprocess.CompletedProcess(command, process.returncode, out, err))
+    return done
+
+
+def _failures(results: list[subprocess.CompletedProcess[str]]) -> str:
+    return "; ".join(
+        f"rabbitmqctl {' '.join(r.args)}: {r.stderr.strip()[:200]}" for r in results if r.returncode
+    )
+
+
+@pytest.fixture(scope="module")
+def vhosts() -> Iterator[Vhosts]:
+    """Two vhosts of this module on the machine's RabbitMQ (its own names, deleted afterwards):
+    one as it comes, one with a policy that makes every queue in it refuse every publish."""
+    if not shutil.which("rabbitmqctl"):
+        skip_for_missing("rabbitmq-server", "rabbitmqctl is needed to make this module's vhosts")
+    try:
+        socket.create_connection((AMQP_HOST, AMQP_PORT), timeout=2).close()
+    except OSError as exc:
+        skip_for_missing("rabbitmq-server", f"no RabbitMQ at {AMQP_HOST}:{AMQP_PORT}: {exc}")
+    hosts = Vhosts(accepting=f"{VHOST_PREFIX}-accepting", refusing=f"{VHOST_PREFIX}-refusing")
+    names = [hosts.accepting, hosts.refusing]
+    added = _rabbitmqctl(*(["add_vhost", name] for name in names))
+    # (one left by an earlier run of the same pid is this module's too)
+    made = [
+        n for n, r in zip(names, added, strict=True) if not r.returncode or "already" in r.stderr
+    ]
+    try:
+        if made != names:
+            skip_for_missing("rabbitmq-server", f"cannot make a vhost: {_failures(added)}")
+        ready = _rabbitmqctl(
+            *(["set_permissions", "-p", name, "guest", ".*", ".*", ".*"] for name in names),
+            ["set_policy", "-p", hosts.refusing, "--apply-to", "queues", "refuse-everything",
+             ".*", json.dumps(REFUSE_EVERYTHING)],
+        )  # fmt: skip
+        assert not _failures(ready), _failures(ready)
+        yield hosts
+    finally:
+        if made:
+            deleted = _rabbitmqctl(*(["delete_vhost", name] for name in made))
+            assert not _failures(deleted), _failures(deleted)
+
+
+def _channel(connection: kombu.Connection) -> Any:
+    """A new channel of ``connection``: py-amqp's, whose queue methods kombu's stubs lack."""
+    return connection.channel()
+
+
+@dataclass
+class Broker:
+    """A connection to each vhost; ``use`` makes it the one the Celery app publishes on."""
+
+    accepting: kombu.Connection
+    refusing: kombu.Connection
+    monkeypatch: pytest.MonkeyPatch
+
+    def use(self, connection: kombu.Connection) -> Producer:
+        """Make the app's pooled producer (``producer_or_acquire``, where the sweep, the relay
+        and a retry take theirs) a producer of ``connection``; returned for beat, which is
+        handed its producer."""
+        pooled = Producer(connection)
+
+        @contextmanager
+        def producer_or_acquire(producer: Any = None) -> Iterator[Any]:
+            yield producer if producer is not None else pooled
+
+        self.monkeypatch.setattr(celery_app, "producer_or_acquire", producer_or_acquire)
+        return pooled
+
+    def queued(self, queue: str) -> int:
+        """Messages waiting in ``queue`` of the accepting vhost."""
+        with _channel(self.accepting) as channel:
+            return int(channel.queue_declare(queue, passive=True).message_count)
+
+
+@pytest.fixture
+def rabbitmq(vhosts: Vhosts, monkeypatch: pytest.MonkeyPatch) -> Iterator[Broker]:
+    """New connections to the module's vhosts (so kombu declares each queue again), the
+    project's queues deleted from both first (each test starts from none)."""
+    conf = cleanup_settings()
+    with (
+        kombu.Connection(vhosts.url(vhosts.accepting)) as accepting,
+        kombu.Connection(vhosts.url(vhosts.refusing)) as refusing,
+    ):
+        for connection in (accepting, refusing):
+            with _channel(connection) as channel:
+                for queue in (conf.sweep_queue, conf.release_queue, conf.events_queue):
+                    channel.queue_delete(queue)
+        yield Broker(accepting, refusing, monkeypatch)
+
+
+def expired_holds(count: int) -> list[int]:
+    offering = services.create_offering("confirms", capacity=count)
+    ids = [services.hold_seat(offering.pk, f"c{i}", ttl_seconds=60).pk for i in range(count)]
+    a_minute_ago = Now() - timedelta(minutes=1)
+    Reservation.objects.filter(pk__in=ids).update(
+        expires_at=a_minute_ago, next_attempt_at=a_minute_ago
+    )
+    return ids
+
+
+def claim_counts(ids: list[int]) -> set[int]:
+    return set(Reservation.objects.filter(pk__in=ids).values_list("claim_count", flat=True))
+
+
+def due_now(ids: list[int]) -> set[int]:
+    due = Reservation.objects.eligible().filter(pk__in=ids, next_attempt_at__lte=Now())
+    return set(due.values_list("pk", flat=True))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("broker")
+def test_a_fan_out_rabbitmq_refuses_fails_the_sweep_and_leaves_its_holds_due(rabbitmq):
+    # given: expired holds, and a release queue that refuses every publish
+    ids = expired_holds(5)
+    rabbitmq.use(rabbitmq.refusing)
+    # when: a sweep claims them and publishes their messages
+    with pytest.raises(PublishNotConfirmed, match=REFUSED):
+        sweep_shard(0, 1)
+    # then: the claim rolled back with the refusal: no hold is leased without a message
+    assert claim_counts(ids) == {0}
+    assert due_now(ids) == set(ids)
+    # and on a queue that takes them, the next sweep publishes them all, and they are there
+    rabbitmq.use(rabbitmq.accepting)
+    swept = sweep_shard(0, 1)
+    assert (swept.claimed, swept.published) == (5, 5)
+    assert claim_counts(ids) == {1}
+    release_queue = cleanup_settings().release_queue
+    wait_until(lambda: rabbitmq.queued(release_queue) == swept.messages, timeout=10)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_beat_send_rabbitmq_refuses_is_logged_and_the_next_one_arrives(
+    rabbitmq, settings, caplog
+):
+    # given: beat holding its lease (a lock of this test's own), the schedule's sweep entry
+    settings.CLEANUP_BEAT_LOCK_ID = 900_000 + os.getpid() % 100_000
+    install_schedule(shards=1, every=1)
+    scheduler = LeaderDatabaseScheduler(app=celery_app)
+    try:
+        assert scheduler._hold_lease()
+        entry = next(e for e in scheduler.schedule.values() if e.task == SWEEP_TASK)
+        options = dict(entry.options)
+        # when: beat sends it to a sweep queue that refuses every publish
+        with caplog.at_level(logging.ERROR, logger="cleanup.schedule"):
+            scheduler.apply_entry(entry, producer=rabbitmq.use(rabbitmq.refusing))
+        # then: the refusal is logged, not dropped without a word
+        refusals = [r for r in caplog.records if r.getMessage().startswith("beat send not")]
+        assert len(refusals) == 1, f"no 'beat send not confirmed' logged; logged: {caplog.text}"
+        assert re.search(REFUSED, refusals[0].error), refusals[0].error
+        assert entry.options == options  # the entry's own options as they were
+        # and when beat sends it to a queue that takes it, it arrives, with nothing logged
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="cleanup.schedule"):
+            scheduler.apply_entry(entry, producer=rabbitmq.use(rabbitmq.accepting))
+        assert caplog.records == []
+        sweep_queue = cleanup_settings().sweep_queue
+        wait_until(lambda: rabbitmq.queued(sweep_queue) == 1, timeout=10)
+        assert entry.options == options
+    finally:
+        scheduler.close()
+
+
+@pytest.mark.usefixtures("db")
+def test_outbox_events_rabbitmq_refuses_stay_unpublished_and_the_next_relay_sends_them(
+    rabbitmq,
+):
+    # given: three domain events waiting in the outbox, and an events queue that refuses all
+    offering = services.create_offering("relay", 5)
+    hold = services.hold_seat(offering.pk, "a", 60)
+    services.renew(hold.pk, 1, 120)
+    services.cancel(hold.pk, 2)
+    unpublished = OutboxEvent.objects.filter(published_at__isnull=True)
+    assert unpublished.count() == 3
+    rabbitmq.use(rabbitmq.refusing)
+    # when: the relay publishes them
+    with pytest.raises(PublishNotConfirmed, match=REFUSED):
+        outbox.relay_batch()
+    # then: none is marked published (the marks rolled back with the refusal)
+    assert unpublished.count() == 3
+    # and to a queue that takes them, the next relay sends all three and marks them
+    rabbitmq.use(rabbitmq.accepting)
+    assert outbox.relay_batch() == 3
+    assert unpublished.count() == 0
+    events_queue = cleanup_settings().events_queue
+    wait_until(lambda: rabbitmq.queued(events_queue) == 3, timeout=10)
+
+
+@pytest.fixture
+def release_delivery(settings: Any) -> Iterator[Any]:
+    """The release task as a worker runs it on RabbitMQ: its request is a delivery of the
+    release queue (so its retry goes there)."""
+    import cleanup.tasks  # noqa: F401  (registers the project's tasks with the app)
+
+    settings.BROKER_IS_REDIS = False
+    task = celery_app.tasks[RELEASE_TASK]
+    message = ReleaseMessage.for_hold(1, 1, timezone.now(), 0, "confirms").as_dict()
+    task.push_request(
+        id=f"retry-{uuid.uuid4().hex[:8]}",
+        args=[message],
+        kwargs={},
+        retries=0,
+        called_directly=False,
+        is_eager=False,
+        delivery_info={"exchange": "", "routing_key": cleanup_settings().release_queue},
+    )
+    try:
+        yield task
+    finally:
+        task.pop_request()
+
+
+@pytest.mark.usefixtures("broker")
+def test_a_retry_rabbitmq_refuses_requeues_the_delivery_and_a_taken_one_arrives(
+    rabbitmq, release_delivery, caplog
+):
+    # given: a release being delivered, whose retry goes to a queue that refuses every publish
+    rabbitmq.use(rabbitmq.refusing)
+    # when: it retries
+    with (
+        caplog.at_level(logging.WARNING, logger="cleanup.tasks"),
+        pytest.raises(Reject) as rejected,
+    ):
+        release_delivery.retry(countdown=0)
+    # then: the delivery is requeued (Celery would drop it), the refusal said
+    reject: Any = rejected.value  # (Celery's stubs lack its attributes)
+    assert reject.requeue is True
+    assert re.search(REFUSED, str(reject.reason)), reject.reason
+    assert "retry not confirmed" in caplog.text
+    # and when the queue takes it, the retry is sent: Celery's Retry, the message queued
+    rabbitmq.use(rabbitmq.accepting)
+    with pytest.raises(Retry):
+        release_delivery.retry(countdown=0)
+    release_queue = cleanup_settings().release_queue
+    wait_until(lambda: rabbitmq.queued(release_queue) == 1, timeout=10)
+    with _channel(rabbitmq.accepting) as channel:
+        sent = channel.basic_get(release_queue, no_ack=True)
+    assert sent.headers["id"] == release_delivery.request.id
+    assert sent.headers["retries"] == 1
