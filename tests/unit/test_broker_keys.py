@@ -17,6 +17,7 @@ import pytest
 import redis
 from celery.exceptions import QueueNotFound
 from django.conf import settings
+from kombu import Exchange, Queue
 from prometheus_client import REGISTRY
 
 from cleanup.broker import keys, readers, routes
@@ -272,6 +273,40 @@ def test_a_task_routed_anywhere_but_the_projects_queues_is_refused_before_publis
         app.send_task("cleanup.release_reservation", args=({},), **options)
     # then: nothing was written anywhere
     assert [k for k in broker.scan_iter() if not k.startswith(b"_kombu")] == []
+
+
+def as_options(queue: Queue) -> dict[str, Any]:
+    """``send_task``'s ``queue`` takes a queue object too (celery-types declares a name only)."""
+    return {"queue": queue}
+
+
+@pytest.mark.parametrize(
+    "queue",
+    [
+        Queue(QUEUE, exchange=Exchange("somewhere-else"), routing_key=QUEUE),
+        Queue(QUEUE, exchange=Exchange("somewhere-else")),
+        Queue(
+            QUEUE,
+            exchange=Exchange(app.conf.task_default_exchange or app.conf.task_default_queue),
+            routing_key="unacked",
+        ),
+    ],
+    ids=["foreign exchange", "foreign exchange, no routing key", "foreign routing key"],
+)
+def test_a_queue_object_named_like_a_task_queue_but_routed_elsewhere_is_refused(
+    broker: redis.Redis, queue: Queue
+) -> None:
+    # when: a caller passes a queue object that has a task queue's name but its own exchange or
+    # routing key (the message would be delivered by those, not by the name)
+    with pytest.raises(routes.RoutingRefused):
+        app.send_task("cleanup.release_reservation", args=({},), **as_options(queue))
+    # then: nothing was written anywhere, not even a binding to the foreign exchange
+    assert list(broker.scan_iter()) == []
+
+
+def test_the_projects_own_queue_object_passes_the_routing_check(broker: redis.Redis) -> None:
+    app.send_task("cleanup.release_reservation", args=({},), **as_options(app.amqp.queues[QUEUE]))
+    assert broker.llen(QUEUE) == 1
 
 
 def test_the_projects_own_publishes_pass_the_routing_check(broker: redis.Redis) -> None:

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from io import StringIO
+from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 from django.utils import timezone
+from kombu import Producer
 
 from cleanup.broker.readers import priority_keys, queue_depth
 from cleanup.models import CleanupReceipt, DeadLetter
@@ -56,6 +61,53 @@ def test_the_relay_publishes_unpublished_events_in_order_and_marks_them(db, brok
     assert [e["event_id"] for e in events] == sorted(e["event_id"] for e in events)
     assert not OutboxEvent.objects.filter(published_at__isnull=True).exists()
     assert outbox.relay_batch() == 0  # nothing twice
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_second_relay_while_the_first_is_publishing_relays_nothing(broker, settings, monkeypatch):
+    # given: three unpublished events, and a relay stopped after publishing the first of them
+    # (its transaction, and the relay lock with it, still open)
+    offering = services.create_offering("relay-lock", 5)
+    hold = services.hold_seat(offering.pk, "a", 60)
+    services.renew(hold.pk, 1, 120)
+    services.cancel(hold.pk, 2)
+    published_one, go_on = threading.Event(), threading.Event()
+    publish = Producer.publish
+
+    def held_in_the_first_relay(self: Producer, *args: Any, **kwargs: Any) -> Any:
+        result = publish(self, *args, **kwargs)
+        if threading.current_thread().name.startswith("first-relay"):
+            published_one.set()
+            go_on.wait(timeout=30)
+        return result
+
+    monkeypatch.setattr(Producer, "publish", held_in_the_first_relay)
+
+    def first_relay() -> int:
+        try:
+            return outbox.relay_batch()
+        finally:
+            connection.close()  # this thread's own connection
+
+    with ThreadPoolExecutor(1, thread_name_prefix="first-relay") as pool:
+        first = pool.submit(first_relay)
+        try:
+            assert published_one.wait(timeout=30), "the first relay never published"
+            # when: another relay runs meanwhile
+            second = outbox.relay_batch()
+        finally:
+            go_on.set()
+        # then: it relays nothing; the first relays every event, each once and in order
+        assert second == 0
+        assert first.result(timeout=30) == 3
+    events = _events_in_queue(broker, settings.CLEANUP_EVENTS_QUEUE)
+    assert [e["kind"] for e in events] == [
+        "reservation.held",
+        "reservation.renewed",
+        "reservation.cancelled",
+    ]
+    assert [e["event_id"] for e in events] == sorted(e["event_id"] for e in events)
+    assert not OutboxEvent.objects.filter(published_at__isnull=True).exists()
 
 
 def test_retention_prunes_only_finished_rows_older_than_the_cutoff(db, broker):
