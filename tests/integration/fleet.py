@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import socket
 import subprocess
 import time
@@ -18,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -413,6 +415,37 @@ def sweep_until(
     raise TimeoutError(f"sweeps did not finish the work in {timeout}s")
 
 
+def sweep_until_each_worker_swept(
+    workers: list[Worker], *, shards: int, span: float, timeout: float = 60, every: float = 1.0
+) -> None:
+    """Send sweeps (as beat would) until each worker has finished sweeps, after this call,
+    whose log stamps are at least ``span`` seconds apart: each worker's consumer went on
+    fetching from the broker for that long, and the timers of its main process, which run in
+    the same loop (the pause switch's poll, the restore scan), went on firing."""
+    already = [len(log_lines([w.log_path], SWEEP_DONE)) for w in workers]
+
+    def spanned() -> bool:
+        for worker, skip in zip(workers, already, strict=True):
+            stamps = [log_stamp(line) for line in log_lines([worker.log_path], SWEEP_DONE)[skip:]]
+            if len(stamps) < 2 or stamps[-1] - stamps[0] < span:
+                return False
+        return True
+
+    # A burst of one round per worker: Redis hands a message to the consumer that has waited
+    # longest, and the worker that took the last one asks again at once, so single rounds a
+    # second apart can all go to the same worker.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for _ in workers:
+            run_sweeps(shards, expires=every)
+        step_end = time.monotonic() + every
+        while time.monotonic() < step_end:
+            if spanned():
+                return
+            time.sleep(0.25)
+    raise TimeoutError(f"not every worker went on sweeping for {span}s within {timeout}s")
+
+
 # --- Helpers for the scenario and beat tests (appended) ------------------------------------
 
 
@@ -426,6 +459,20 @@ def log_lines(paths: list[Path], needle: str) -> list[str]:
             continue
         found.extend(line for line in text.splitlines() if needle in line)
     return found
+
+
+SWEEP_DONE = "sweep done shard="
+_LOG_STAMP = re.compile(r"(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)[.,](\d{3})")
+
+
+def log_stamp(line: str) -> float:
+    """The time a log line was written, in seconds, by the writer's clock (UTC or local: only
+    differences between one process's lines mean anything)."""
+    found = _LOG_STAMP.search(line)
+    if found is None:
+        raise ValueError(f"no time stamp in log line {line!r}")
+    when = datetime.fromisoformat(f"{found[1]}T{found[2]}.{found[3]}")
+    return when.replace(tzinfo=UTC).timestamp()
 
 
 def log_fields(line: str) -> dict[str, str]:
@@ -534,6 +581,18 @@ class Beat(CeleryProcess):
 
     def is_leader(self) -> bool:
         return bool(self.lines("beat lease acquired"))
+
+    def lease_pinged_at(self) -> datetime | None:
+        """When this beat's lease session last ran a statement, by PostgreSQL's clock
+        (``pg_stat_activity.query_start``): a leading beat pings it at every tick, before it
+        sends what is due."""
+        from cleanup.pipeline.schedule import LEASE_APP_PREFIX
+
+        pinged: datetime | None = scalar(
+            "SELECT max(query_start) FROM pg_stat_activity WHERE application_name LIKE %s",
+            [f"{LEASE_APP_PREFIX}%:{self.pid}"],
+        )
+        return pinged
 
     def sends(self, entry_prefix: str = "cleanup: sweep shard ") -> int:
         """Sends logged so far ("Scheduler: Sending due task <name> (...)")."""

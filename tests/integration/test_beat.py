@@ -20,26 +20,28 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
+from django.db.models import Max
 from django.test import Client
 from django.urls import reverse
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from cleanup.broker import readers as broker
 from cleanup.conf import cleanup_settings
-from cleanup.models import CleanupSchedule
+from cleanup.models import CleanupSchedule, HealthSample
 from cleanup.pipeline.schedule import (
     RELAY_NAME,
     SWEEP_PREFIX,
     install_schedule,
     sweep_entry_name,
 )
+from cleanup.tasks import sample_health_task
 
 from .fleet import (
     Beat,
@@ -81,6 +83,29 @@ def _leader(bs: list[Beat]) -> Beat | None:
     return leaders[0] if len(leaders) == 1 else None
 
 
+def _health_samples_through_the_sweep_queue(span: float) -> list[HealthSample]:
+    """Send the health sample task to the sweep queue (where beat sends sweeps), each once the
+    workers have recorded the previous one, until the samples they took span ``span`` seconds
+    by their own clock; those samples."""
+    newer_than = HealthSample.objects.aggregate(last=Max("pk"))["last"] or 0
+
+    def after(pk: int) -> Callable[[], HealthSample | None]:
+        return lambda: HealthSample.objects.filter(pk__gt=pk).order_by("pk").first()
+
+    samples: list[HealthSample] = []
+    while len(samples) < 2 or (samples[-1].taken_at - samples[0].taken_at).total_seconds() < span:
+        sample_health_task.apply_async(queue=cleanup_settings().sweep_queue)
+        samples.append(
+            wait_until(
+                after(samples[-1].pk if samples else newer_than),
+                timeout=60,
+                interval=0.5,
+                what="the workers to take a health sample from the sweep queue",
+            )
+        )
+    return samples
+
+
 def test_beat_paused_for_several_intervals_catches_up(workers, schedule, beat_logs):
     with beats(beat_logs, 1) as (beat,):
         wait_until(beat.is_leader, timeout=60, what="beat lease acquired")
@@ -96,7 +121,11 @@ def test_beat_paused_for_several_intervals_catches_up(workers, schedule, beat_lo
             what="sweep queue drained",
         )
         paused = create_eligible_holds(300, offerings=3)
-        time.sleep(5)
+        # the workers go on consuming the sweep queue for five of the sweeps' 1 s intervals (a
+        # sweep sent by anything meanwhile would have claimed these holds), and all along they
+        # see every hold due and unclaimed
+        samples = _health_samples_through_the_sweep_queue(span=5.0)
+        assert {sample.eligible for sample in samples} == {len(paused)}
         assert released_count(paused) == 0
         assert set(claim_counts(paused).values()) == {0}
         # and beat comes back

@@ -109,6 +109,10 @@ def test_a_pool_child_killed_mid_release_is_redelivered_and_released_once(
     assert deliveries.current(key) == (0 if broker_counts_redeliveries() else 1)
 
 
+def _backend_exists(pid: int) -> bool:
+    return bool(scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid]))
+
+
 @pytest.mark.parametrize("orphan_statement", ["commits", "is_aborted"])
 def test_a_worker_killed_whole_mid_release_is_recovered_by_another_worker(
     clean, exclusive_workers, tmp_path, orphan_statement
@@ -133,7 +137,9 @@ def test_a_worker_killed_whole_mid_release_is_recovered_by_another_worker(
         if orphan_statement == "commits":
             wait_until(lambda: status_of(hold_id) == "released", timeout=30, what="orphan commit")
         else:
-            time.sleep(1)
+            # the terminated backend is gone: its statement can no longer commit
+            wait_until(lambda: not _backend_exists(backends[0]), timeout=30,
+                       what="the terminated backend to exit")  # fmt: skip
             assert status_of(hold_id) == "held"
         # the message is not lost, and no consumer runs now: on Redis it waits in kombu's
         # unacked set for the visibility timeout; RabbitMQ puts it back in the queue as soon
@@ -221,7 +227,9 @@ def test_a_terminated_database_connection_is_retried_then_released_once(
             backends = wait_until(blocked_backends, timeout=30, what="release waiting")
             # when: the worker's connection is terminated mid-transaction
             assert scalar("SELECT pg_terminate_backend(%s)", [backends[0]]) is True
-            time.sleep(0.5)
+            # gone before the lock is let go, so its statement fails instead of committing
+            wait_until(lambda: not _backend_exists(backends[0]), timeout=30,
+                       what="the terminated backend to exit")  # fmt: skip
         # then: a transient error → Celery retry with backoff → released once
         wait_until(lambda: status_of(hold_id) == "released", timeout=60, what="released")
     assert outcome_counts() == {"released": 1}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bz2
 import json
+import socket
 import sys
 import time
 import uuid
@@ -40,6 +41,7 @@ from .fleet import (
     log_lines,
     outcome_counts,
     purge_broker,
+    queue_settled,
     scalar,
     scrape_worker,
     total,
@@ -572,8 +574,21 @@ def test_hostile_messages_never_count_against_a_real_hold(hostile_worker: Worker
     _publish_valid(hold_id)
     # then: it is released, not set aside as poison
     wait_until(lambda: outcome_counts().get("released") == 1, timeout=45, what="the real release")
-    time.sleep(0.5)
+    # and every message the worker took is finished and acknowledged: a dead letter for any of
+    # them is written before its acknowledgement
+    wait_until(lambda: queue_settled(cleanup_settings().release_queue), timeout=45,
+               what="every delivery acknowledged")  # fmt: skip
     assert DeadLetter.objects.count() == 5
+
+
+def _ping_answered_by(worker: Worker) -> Callable[[], bool]:
+    def answered() -> bool:
+        # Celery's "%h" in the worker's name is this host's name; one reply ends the wait
+        node = f"{worker.name}@{socket.gethostname()}"
+        replies = _app().control.ping(destination=[node], limit=1, timeout=2)
+        return any(worker.name in name for reply in replies for name in reply)
+
+    return answered
 
 
 def _dropped(port: int, reason: str) -> float:
@@ -617,7 +632,9 @@ def test_each_hostile_broadcast_is_dropped_and_counted_and_the_worker_keeps_rele
             worker = _replace_stopped(tmp_path, metrics_port, restarted)
             main_pid = worker.pid
             continue
-        time.sleep(0.5)
+        # a later broadcast answered: the main process, which handles broadcasts one after
+        # the other, is done with this one and any count it would add
+        wait_until(_ping_answered_by(worker), timeout=15, what=f"a ping after {name!r}")
         counted = _dropped(metrics_port, reason) - before
         if counted != 1:
             failures.append(f"{name}: {counted} drops counted")

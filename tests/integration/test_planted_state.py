@@ -9,6 +9,8 @@ so every message stranded before it stayed stranded. Redis only: RabbitMQ keeps 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -27,6 +29,16 @@ pytestmark = [
 # kombu's delivery tags are UUIDs; with equal scores the newest-first scan takes the member that
 # sorts last first, so this tag is met before the stranded message's.
 PLANTED_TAG = "~planted"
+
+
+def _plant(client: Any, tag: str, fetched_at: float) -> None:
+    """An ``unacked`` entry nested 100,000 deep, fetched at ``fetched_at``."""
+    client.hset("unacked", tag, "[" * 100_000 + "]" * 100_000)
+    client.zadd("unacked_index", {tag: fetched_at})
+
+
+def _set_aside_or_stopped(worker: fleet.Worker, letters: int) -> Callable[[], bool]:
+    return lambda: not worker.alive() or DeadLetter.objects.count() >= letters
 
 
 @pytest.mark.parametrize("scan", ["at_start", "while_running"])
@@ -55,8 +67,7 @@ def test_a_bad_unacked_entry_is_set_aside_and_a_dead_workers_message_is_still_re
     assert client.hexists("unacked", tag)
     # and: a planted entry nested 100,000 deep, fetched at the same instant, which the restore
     # scan meets first
-    client.hset("unacked", PLANTED_TAG, "[" * 100_000 + "]" * 100_000)
-    client.zadd("unacked_index", {PLANTED_TAG: fetched_at})
+    _plant(client, PLANTED_TAG, fetched_at)
     if scan == "at_start":
         # both past the visibility timeout before another worker starts
         visible_at = fetched_at + cleanup_settings().visibility_timeout + 1
@@ -79,8 +90,15 @@ def test_a_bad_unacked_entry_is_set_aside_and_a_dead_workers_message_is_still_re
         letters = list(DeadLetter.objects.all())
         assert [letter.reason for letter in letters] == [DeadLetter.Reason.REJECTED]
         assert "unacked entry is nested deeper" in letters[0].error
-        # and the same main process is still running a few scans later
-        time.sleep(cleanup_settings().unacked_restore_interval * 3)
-        assert worker_b.alive() and worker_b.pid == main_pid
+        # and the same main process is still running a few scans later: each of three more
+        # planted entries is set aside, as a dead letter, by a later scan of that process
+        for later in range(1, 4):
+            _plant(client, f"{PLANTED_TAG}-{later}", fetched_at)
+            fleet.wait_until(_set_aside_or_stopped(worker_b, 1 + later), timeout=30,
+                             what=f"a later scan to set aside planted entry {later}")  # fmt: skip
+            assert worker_b.alive() and worker_b.pid == main_pid, worker_b.log_tail(30)
+        assert {letter.reason for letter in DeadLetter.objects.all()} == {
+            DeadLetter.Reason.REJECTED
+        }
     assert fleet.outcome_counts() == {"released": 1}
     assert fleet.invariant_violations(expected_released=[hold_id]) == []

@@ -4,8 +4,6 @@ paused, every worker stops consuming the release queue, and sweeps go on claimin
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from cleanup.broker.readers import queue_stats
@@ -19,6 +17,7 @@ from .fleet import (
     log_lines,
     released_count,
     run_sweeps,
+    sweep_until_each_worker_swept,
     wait_until,
 )
 
@@ -46,8 +45,13 @@ def test_paused_releases_wait_in_the_queue_while_sweeps_go_on(
         wait_until(lambda: min(claim_counts(held).values()) >= 1, timeout=30, what="claims")
         queue = cleanup_settings().release_queue
         wait_until(lambda: queue_stats(queue).depth > 0, timeout=30, what="messages waiting")
-        # ...and nothing is released while paused
-        time.sleep(3 * cleanup_settings().pause_poll_interval)
+        # ...and nothing is released while paused, though each worker had its chances: it
+        # went on fetching sweeps sent after the release messages were waiting (a consumer of
+        # the release queue would have taken them as well) for three of its polls of the
+        # switch (a poll that wrongly resumed would have)
+        sweep_until_each_worker_swept(
+            workers, shards=2, span=3 * cleanup_settings().pause_poll_interval
+        )
         assert released_count(held) == 0
         assert queue_stats(queue).depth > 0
         # when: resumed, every worker consumes again and the backlog drains

@@ -261,12 +261,18 @@ def test_a_schedule_edit_in_the_browser_is_followed_by_a_real_beat(
         # when: the operator disables the schedule in the admin
         page.goto(live_server.url + reverse("admin:cleanup_cleanupschedule_changelist"))
         page.uncheck("#id_enabled")
+        changes = len(beat.lines("Schedule changed."))
         page.click("input[name=_save]")
         page.wait_for_selector(".messagelist")
-        time.sleep(3)  # beat's loop interval is 1 s in tests
+        wait_until(lambda: len(beat.lines("Schedule changed.")) > changes, timeout=30,
+                   what="beat to read the edited schedule")  # fmt: skip
         stopped_at = beat.sends()
         held = create_eligible_holds(40, offerings=2)
-        time.sleep(5)
+        # then: beat goes on ticking (it pings its lease at each tick, then sends what is due:
+        # a 1 s sweep every time) for five seconds by PostgreSQL's clock, and sends no sweep
+        until = scalar("SELECT now() + interval '5 seconds'")
+        wait_until(lambda: (beat.lease_pinged_at() or until) > until, timeout=30,
+                   what="beat to tick five seconds on")  # fmt: skip
         assert beat.sends() == stopped_at
         assert set(claim_counts(held).values()) == {0}
         # when: enabled again with 2 shards

@@ -5,16 +5,25 @@ leaves a history entry."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
 
+from cleanup.broker.readers import queue_depth
 from cleanup.conf import cleanup_settings
 from cleanup.pipeline.pause import set_paused
 
-from ..fleet import claim_counts, create_eligible_holds, released_count, run_sweeps, wait_until
+from ..fleet import (
+    Worker,
+    claim_counts,
+    create_eligible_holds,
+    log_lines,
+    released_count,
+    run_sweeps,
+    sweep_until_each_worker_swept,
+    wait_until,
+)
 from .conftest import USERNAME
 
 pytestmark = [pytest.mark.browser]
@@ -22,10 +31,16 @@ pytestmark = [pytest.mark.browser]
 HEALTH = "/admin/cleanup/health/?workers=0"
 
 
+def _said(worker: Worker, needle: str) -> int:
+    return len(log_lines([worker.log_path], needle))
+
+
 def test_pausing_and_resuming_releases_from_the_health_page(
     signed_in: Any, live_server: Any, workers: Any, clean: None, shots: Any
 ) -> None:
     page = signed_in
+    release_queue = cleanup_settings().release_queue
+    paused = [(w, _said(w, "releases paused")) for w in workers]
     try:
         page.goto(live_server.url + HEALTH)
         assert page.inner_text("#pause-state") == "releases running"
@@ -39,12 +54,21 @@ def test_pausing_and_resuming_releases_from_the_health_page(
         assert page.inner_text("#pause-reason") == "restoring a backup"
         assert page.inner_text("#paused-since").endswith("UTC")
         page.screenshot(path=str(shots / "health-paused.png"), full_page=True)
-        # and the workers hold the releases back while sweeps go on
-        time.sleep(2 * cleanup_settings().pause_poll_interval + 1)
+        # and the workers hold the releases back while sweeps go on: each has followed the
+        # switch...
+        wait_until(lambda: all(_said(w, "releases paused") > before for w, before in paused),
+                   timeout=30, what="every worker to stop consuming the release queue")  # fmt: skip
         held = create_eligible_holds(20, offerings=2)
         run_sweeps(shards=1)
         wait_until(lambda: min(claim_counts(held).values()) >= 1, timeout=30, what="claims")
-        time.sleep(3 * cleanup_settings().pause_poll_interval)
+        wait_until(lambda: queue_depth(release_queue) > 0, timeout=30, what="messages waiting")
+        # ...and had its chances to release them: each went on fetching sweeps sent after the
+        # release messages were waiting (a consumer of the release queue would have taken them
+        # as well) for three of its polls of the switch (a poll that wrongly resumed would
+        # have)
+        sweep_until_each_worker_swept(
+            workers, shards=1, span=3 * cleanup_settings().pause_poll_interval
+        )
         assert released_count(held) == 0
         # when: resumed from the page
         page.click("#resume-button")
