@@ -329,6 +329,20 @@ def test_the_release_action_refuses_an_oversized_selection(
     assert Reservation.objects.eligible().count() == 3
 
 
+def test_the_release_action_takes_a_selection_of_exactly_its_limit(
+    staff_client, make_offering, monkeypatch
+):
+    # given: a release limit of two, and two stale holds selected by hand
+    monkeypatch.setattr(reservations_admin, "ADMIN_RELEASE_LIMIT", 2)
+    offering = make_offering(capacity=5)
+    stale = [expired_hold(offering, f"stale-{i}") for i in range(2)]
+    # when: the action runs on them
+    _, messages = run_action(staff_client, stale)
+    # then: a selection at the limit is not refused as oversized: both are released
+    assert messages == ["released: 2"]
+    assert Reservation.objects.eligible().count() == 0
+
+
 def test_a_view_only_user_sees_no_release_action_and_cannot_run_it(viewer_client, offering):
     stale = expired_hold(offering, "stale")
     page = viewer_client.get(reverse(CHANGELIST))

@@ -36,6 +36,9 @@ def test_a_batch_that_fills_the_queue_to_its_cap_is_a_backpressure_pause():
 def test_near_the_cap_a_run_ends_after_its_share_unless_its_shard_is_the_only_one_behind():
     assert near(1).holds_the_lock
     assert after_the_batch(near(1), claimed=2, messages=2) is None
+    # two shards behind: the other one is owed the room next
+    stop_at_two = after_the_batch(near(2), claimed=2, messages=2)
+    assert stop_at_two is not None and stop_at_two.reason is Reason.TOOK_SHARE
     stop = after_the_batch(near(3), claimed=2, messages=2)
     assert stop is not None
     assert (stop.reason, stop.message) == (
@@ -43,6 +46,23 @@ def test_near_the_cap_a_run_ends_after_its_share_unless_its_shard_is_the_only_on
         "sweep took its share of the room near the cap",
     )
     assert stop.fields == {"queue_depth": 6, "room": 4, "share": 2}
+
+
+def test_room_other_sweeps_reserved_counts_against_the_cap(monkeypatch):
+    # given: an empty release queue (cap 100), while sweeps that let go of the publish lock
+    # before claiming still have 100 messages to publish into it
+    monkeypatch.setattr(admission.broker, "queue_depth", lambda _queue: 0)
+    monkeypatch.setattr(admission.locks, "room_reserved_by_others", lambda: 100)
+    # (nothing due in any shard, were a turn read: this module has no database)
+    monkeypatch.setattr(admission, "oldest_due_by_shard", lambda _shards: {})
+    # when: another sweep asks under the lock what it may claim
+    took = admission.under_the_lock("release", 0, 4, 10, 100)
+    # then: it pauses for backpressure (the queue would pass its cap), saying why
+    assert isinstance(took, Stop) and took.reason is Reason.BACKPRESSURE, took
+    assert took.fields == {"queue_depth": 0, "reserved_elsewhere": 100}
+    # and once that room is published and drained, it takes a full batch again
+    monkeypatch.setattr(admission.locks, "room_reserved_by_others", lambda: 0)
+    assert admission.under_the_lock("release", 0, 4, 10, 100) == Take(10, 0, 100)
 
 
 def test_a_shard_more_than_the_slack_ahead_gives_way():

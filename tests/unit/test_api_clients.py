@@ -14,6 +14,7 @@ import pytest
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client, RequestFactory
+from django.utils import timezone
 
 from cleanup.tasks import prune_task
 from reservations import api, clients, idempotency, services
@@ -250,6 +251,26 @@ def test_an_expired_key_is_new_again_and_the_prune_deletes_expired_keys(
     stored = IdempotencyKey.objects.get(key="young")
     lifetime = (stored.expires_at - stored.created_at).total_seconds()
     assert lifetime == settings.RESERVATIONS_IDEMPOTENCY_KEY_TTL_SECONDS
+
+
+def test_the_prune_goes_on_past_a_full_batch_until_no_expired_key_is_left(db):
+    # given: five expired keys, more than one batch of the prune's
+    now = timezone.now()
+    IdempotencyKey.objects.bulk_create(
+        IdempotencyKey(
+            key=f"expired-{n}",
+            request_hash="h",
+            response_status=201,
+            response_body={},
+            created_at=now - timedelta(days=2),
+            expires_at=now - timedelta(days=1),
+        )
+        for n in range(5)
+    )
+    # when: the prune runs in batches of two
+    deleted = idempotency.prune_expired(batch=2)
+    # then: every expired key is gone, not only the first batch
+    assert (deleted, IdempotencyKey.objects.count()) == (5, 0)
 
 
 # --- clients, tokens, scopes --------------------------------------------------------------------

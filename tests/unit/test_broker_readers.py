@@ -287,3 +287,33 @@ def test_a_requeued_message_is_counted_before_it_is_back_in_its_queue(
     # once past the cap)
     assert queued_when_counted == [0]
     assert broker.llen(QUEUE) == 1 and broker.hlen("unacked") == 0
+
+
+@pytest.mark.django_db
+def test_a_requeue_run_again_after_a_concurrent_change_counts_its_redelivery_once(
+    broker: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given: a message this worker holds, and another worker's message in the same hash
+    broker.hset("unacked", "tag", unacked_entry())
+    broker.zadd("unacked_index", {"tag": time.time()})
+    counted: list[Any] = []
+    monkeypatch.setattr(deliveries, "count_restored", counted.append)
+    with app.connection_for_write() as conn:
+        channel: Any = conn.default_channel
+        set_aside = channel.set_aside_restore_targets
+
+        def another_worker_takes_a_message(*args: Any) -> None:
+            # the other worker writes the watched hash while this requeue's transaction reads
+            # it, once: Redis refuses the transaction and it runs again
+            if not counted:
+                broker.hset("unacked", "other-tag", unacked_entry())
+            set_aside(*args)
+
+        monkeypatch.setattr(channel, "set_aside_restore_targets", another_worker_takes_a_message)
+        # when: this worker requeues its message
+        channel.qos.restore_by_tag("tag", leftmost=True)
+    # then: the requeue went through once and its redelivery was counted once, not once per
+    # run of the transaction (a second count would dead-letter the hold a delivery early)
+    assert broker.llen(QUEUE) == 1
+    assert set(broker.hkeys("unacked")) == {b"other-tag"}
+    assert len(counted) == 1, f"one redelivery counted {len(counted)} times"

@@ -51,6 +51,7 @@ def test_several_hosts_become_libpq_lists_with_a_per_host_connect_timeout() -> N
     [
         ("postgres://app:pw@db1,db2/r", "names 2 hosts but no target_session_attrs"),
         ("postgres://app:pw@db1,,db2/r?target_session_attrs=read-write", "host 2 of 3 is empty"),
+        ("postgres://app:pw@db1,:5433/r?target_session_attrs=read-write", "host 2 of 2 is empty"),
         ("postgres://app:pw@db1:54x2/r", "the port of the host is not a number"),
         ("postgres://app:pw@db1,db2:0/r?target_session_attrs=primary", "port of host 2 of 2"),
         ("postgres://app:pw@[::1/r", "an IPv6 host needs [ and ]"),

@@ -389,6 +389,9 @@ ALLOWED = frozenset({"ping", "stats"})
         ),
         ({"method": "ping", "extra": 1}, {}, "malformed", "'extra'"),
         ({"method": "ping"}, {"clock": "x"}, "malformed", "'clock'"),
+        # a clock every reply would then carry: thousands of digits broke their encoding
+        ({"method": "ping"}, {"clock": 10**1000}, "malformed", "'clock' is out of range"),
+        ({"method": "ping"}, {"clock": 2**63}, "malformed", "'clock' is out of range"),
     ],
 )
 def test_a_control_message_outside_the_allowed_commands_is_dropped(

@@ -12,10 +12,13 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from cleanup.conf import cleanup_settings
+from cleanup.models import DeadLetter
 from cleanup.pipeline.messages import build, validate
 from cleanup.pipeline.release import Attempt, release
 from cleanup.tasks import release_reservation_task
 from cleanup.telemetry import deliveries
+from reservations.models import Reservation
 from reservations.seed import seed_holds
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -80,6 +83,52 @@ def test_on_rabbitmq_the_brokers_redelivered_flag_is_counted_as_it_arrives(setti
     """RabbitMQ sets ``redelivered`` in the delivery itself (no publisher can): counted."""
     settings.BROKER_IS_REDIS = False
     assert _count({"redelivered": True}, 0) == (2, 1)
+
+
+def _redeliver(hold: int, earlier_redeliveries: int) -> dict[str, Any]:
+    """Run the release task as a worker runs a Redis redelivery of ``hold``'s message, after
+    ``earlier_redeliveries`` counted ones (kombu's restores count them as they happen)."""
+    message = build(hold, 1, datetime.now(UTC), 0, "cap")
+    key = validate(message).idempotency_key
+    for _ in range(earlier_redeliveries):
+        deliveries.increment(key)
+    task: Any = release_reservation_task
+    task.push_request(
+        id=uuid.uuid4().hex,
+        delivery_info={"redelivered": True},
+        retries=0,
+        called_directly=False,
+        is_eager=False,
+    )
+    try:
+        result: dict[str, Any] = task(message)
+    finally:
+        task.pop_request()
+    return result
+
+
+@pytest.mark.usefixtures("broker")  # the delivery counter lives there: empty at the start
+def test_the_last_delivery_the_cap_allows_runs_and_the_next_is_dead_lettered(
+    settings: Any,
+) -> None:
+    # given: two expired holds whose messages were redelivered again and again; one is on its
+    # last allowed delivery (CLEANUP_MAX_DELIVERIES), the other one past it
+    settings.BROKER_IS_REDIS = True
+    cap = cleanup_settings().max_deliveries
+    last_allowed, past_the_cap = seed_holds(2, offerings=1, expires_in=-60, name="cap")
+    # when: each is delivered once more
+    allowed = _redeliver(last_allowed, earlier_redeliveries=cap - 1)
+    refused = _redeliver(past_the_cap, earlier_redeliveries=cap)
+    # then: the delivery the cap allows releases its hold
+    assert allowed == {"outcome": "released", "reservation_id": last_allowed}
+    assert Reservation.objects.get(pk=last_allowed).status == "released"
+    # and the one past it is dead-lettered instead, its hold untouched
+    assert refused == {"outcome": "dead_lettered"}
+    assert Reservation.objects.get(pk=past_the_cap).status == "held"
+    letters = DeadLetter.objects.filter(reason=DeadLetter.Reason.DELIVERIES_EXHAUSTED)
+    assert list(letters.values_list("reservation_id", "delivery_count")) == [
+        (past_the_cap, cap + 1)
+    ]
 
 
 def _envelope(message: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import quote
 
@@ -31,6 +32,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 from kombu import Producer
 
+from cleanup.broker import confirms
 from cleanup.broker.confirms import ConfirmedBatch, PublishNotConfirmed, confirms_available
 from cleanup.conf import cleanup_settings
 from cleanup.pipeline import outbox
@@ -116,6 +118,50 @@ def test_a_refusal_fails_the_batch_naming_how_many() -> None:
     channel.answer("basic_nack", 5, multiple=True)
     with pytest.raises(PublishNotConfirmed, match=r"refused 3 of 5 messages \(basic.nack\)"):
         batch.wait(timeout=1)
+
+
+def test_one_message_refused_on_its_own_fails_the_batch() -> None:
+    # given: a batch of three, whose middle message the broker refuses alone (not ``multiple``)
+    channel, batch = batch_of(3)
+    channel.answer("basic_ack", 1)
+    channel.answer("basic_nack", 2)
+    channel.answer("basic_ack", 3)
+    # when: the batch waits for its answers
+    # then: the refused message fails the batch (its claim rolls back), though every number
+    # was answered: a refusal is no confirmation
+    with pytest.raises(PublishNotConfirmed, match=r"refused 1 of 3 messages \(basic.nack\)"):
+        batch.wait(timeout=1)
+
+
+class BusyConnection(Connection):
+    """A connection that always has a frame to read (another channel's traffic, heartbeats)
+    but never the batch's answers; each read takes a second of a fake clock."""
+
+    def __init__(self, clock: list[float]) -> None:
+        super().__init__()
+        self.clock = clock
+        self.reads = 0
+
+    def drain_events(self, timeout: float | None = None) -> None:
+        self.reads += 1
+        assert self.reads < 100, "the batch kept reading long past its deadline"
+        self.clock[0] += 1.0
+
+
+def test_a_batch_on_a_busy_connection_gives_up_at_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given: a batch of two whose connection keeps delivering frames, none of them its answers
+    clock = [0.0]
+    # (the module's clock only: the process's own is left alone)
+    monkeypatch.setattr(confirms, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    channel, batch = batch_of(2)
+    channel.connection = BusyConnection(clock)
+    # when: it waits, for at most 5 seconds
+    # then: it fails once they are up (the sweep's row locks are let go), not reading forever
+    with pytest.raises(PublishNotConfirmed, match=r"confirmed 0 of 2 messages within 5s"):
+        batch.wait(timeout=5)
+    assert channel.connection.reads <= 6
 
 
 def test_a_batch_not_answered_in_full_fails_when_the_broker_goes_silent() -> None:
@@ -420,3 +466,29 @@ def test_a_retry_rabbitmq_refuses_requeues_the_delivery_and_a_taken_one_arrives(
         sent = channel.basic_get(release_queue, no_ack=True)
     assert sent.headers["id"] == release_delivery.request.id
     assert sent.headers["retries"] == 1
+
+
+@pytest.mark.usefixtures("broker")
+def test_a_retry_that_cannot_be_sent_requeues_the_delivery(
+    rabbitmq, release_delivery, monkeypatch, caplog
+):
+    # given: a release being delivered, whose retry's message fails to go out (Celery answers
+    # such a failure with Reject(requeue=False): the delivery would be dropped, its hold left
+    # leased until its claim runs out)
+    rabbitmq.use(rabbitmq.accepting)
+
+    def fails(*_args: Any, **_kwargs: Any) -> None:
+        raise OSError("the channel broke mid-publish")
+
+    monkeypatch.setattr(Producer, "publish", fails)
+    # when: it retries
+    with (
+        caplog.at_level(logging.WARNING, logger="cleanup.tasks"),
+        pytest.raises(Reject) as rejected,
+    ):
+        release_delivery.retry(countdown=0)
+    # then: the delivery is requeued, the failure said
+    reject: Any = rejected.value  # (Celery's stubs lack its attributes)
+    assert reject.requeue is True, f"the delivery was dropped: {reject!r}"
+    assert "the channel broke mid-publish" in str(reject.reason)
+    assert "retry not confirmed" in caplog.text

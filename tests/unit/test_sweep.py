@@ -440,6 +440,18 @@ def test_a_set_aside_hold_moves_the_dead_letter_counter(settings):
     assert counter("dead_letters", reason="claims_exhausted") == before + 2
 
 
+def test_a_batch_with_holds_set_aside_and_published_counts_each_once(settings):
+    # given: three expired holds, one of them already claimed as often as allowed
+    settings.CLEANUP_MAX_CLAIMS = 1
+    ids = expired_holds(3, name="mixed")
+    Reservation.objects.filter(pk=ids[0]).update(claim_count=1)
+    # when: a sweep claims them in one batch
+    result = sweep_shard(0, 1)
+    # then: its result (the sweep's log line) counts the hold set aside and the two published
+    assert (result.claimed, result.set_aside, result.published) == (3, 1, 2)
+    assert sorted(result.published_ids) == sorted(ids[1:])
+
+
 def shard_backlogs(shards: int, per_shard: int) -> dict[int, list[int]]:
     """``per_shard`` due holds in each shard, the n-th oldest of every shard expired at the same
     moment (one second apart, the oldest 10 minutes ago)."""
