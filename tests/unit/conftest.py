@@ -9,9 +9,39 @@ from typing import Any
 import pytest
 import redis
 from celery import current_app
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from cleanup.broker.readers import redis_client
 from tests.integration.fleet import SessionFleet
+
+
+@pytest.fixture
+def other_session() -> Iterator[BaseDatabaseWrapper]:
+    """A second PostgreSQL session, as another worker's would be."""
+    other = connections.create_connection("default")
+    try:
+        yield other
+    finally:
+        other.close()
+
+
+@pytest.fixture
+def leading_beat(settings: Any) -> Iterator[tuple[Any, Any]]:
+    """Beat's scheduler holding its lease (a lock id of this process's own, so no other run's
+    beat stands in the way) and the schedule's sweep entry; the scheduler closed afterwards."""
+    from cleanup.pipeline.schedule import LeaderDatabaseScheduler, install_schedule
+    from cleanup.wire import SWEEP_TASK
+    from config.celery_app import app
+
+    settings.CLEANUP_BEAT_LOCK_ID = 900_000 + os.getpid() % 100_000
+    install_schedule(shards=1, every=1)
+    scheduler = LeaderDatabaseScheduler(app=app)
+    try:
+        assert scheduler._hold_lease()
+        yield scheduler, next(e for e in scheduler.schedule.values() if e.task == SWEEP_TASK)
+    finally:
+        scheduler.close()
 
 
 @pytest.fixture

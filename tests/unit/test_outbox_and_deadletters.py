@@ -42,17 +42,16 @@ def _events_in_queue(client, queue: str) -> list[dict]:
     return bodies
 
 
-def test_the_relay_publishes_unpublished_events_in_order_and_marks_them(db, broker, settings):
-    # given
+def _hold_renewed_and_cancelled() -> None:
+    """Three unpublished events: a hold taken, renewed and cancelled."""
     offering = services.create_offering("relay", 5)
     hold = services.hold_seat(offering.pk, "a", 60)
     services.renew(hold.pk, 1, 120)
     services.cancel(hold.pk, 2)
-    # when
-    published = outbox.relay_batch()
-    # then
-    events = _events_in_queue(broker, settings.CLEANUP_EVENTS_QUEUE)
-    assert published == 3
+
+
+def _assert_each_event_queued_once_in_order(broker: Any, queue: str) -> None:
+    events = _events_in_queue(broker, queue)
     assert [e["kind"] for e in events] == [
         "reservation.held",
         "reservation.renewed",
@@ -60,6 +59,16 @@ def test_the_relay_publishes_unpublished_events_in_order_and_marks_them(db, brok
     ]
     assert [e["event_id"] for e in events] == sorted(e["event_id"] for e in events)
     assert not OutboxEvent.objects.filter(published_at__isnull=True).exists()
+
+
+def test_the_relay_publishes_unpublished_events_in_order_and_marks_them(db, broker, settings):
+    # given
+    _hold_renewed_and_cancelled()
+    # when
+    published = outbox.relay_batch()
+    # then
+    assert published == 3
+    _assert_each_event_queued_once_in_order(broker, settings.CLEANUP_EVENTS_QUEUE)
     assert outbox.relay_batch() == 0  # nothing twice
 
 
@@ -67,10 +76,7 @@ def test_the_relay_publishes_unpublished_events_in_order_and_marks_them(db, brok
 def test_a_second_relay_while_the_first_is_publishing_relays_nothing(broker, settings, monkeypatch):
     # given: three unpublished events, and a relay stopped after publishing the first of them
     # (its transaction, and the relay lock with it, still open)
-    offering = services.create_offering("relay-lock", 5)
-    hold = services.hold_seat(offering.pk, "a", 60)
-    services.renew(hold.pk, 1, 120)
-    services.cancel(hold.pk, 2)
+    _hold_renewed_and_cancelled()
     published_one, go_on = threading.Event(), threading.Event()
     publish = Producer.publish
 
@@ -100,14 +106,7 @@ def test_a_second_relay_while_the_first_is_publishing_relays_nothing(broker, set
         # then: it relays nothing; the first relays every event, each once and in order
         assert second == 0
         assert first.result(timeout=30) == 3
-    events = _events_in_queue(broker, settings.CLEANUP_EVENTS_QUEUE)
-    assert [e["kind"] for e in events] == [
-        "reservation.held",
-        "reservation.renewed",
-        "reservation.cancelled",
-    ]
-    assert [e["event_id"] for e in events] == sorted(e["event_id"] for e in events)
-    assert not OutboxEvent.objects.filter(published_at__isnull=True).exists()
+    _assert_each_event_queued_once_in_order(broker, settings.CLEANUP_EVENTS_QUEUE)
 
 
 def test_retention_prunes_only_finished_rows_older_than_the_cutoff(db, broker):

@@ -37,9 +37,8 @@ from cleanup.broker.confirms import ConfirmedBatch, PublishNotConfirmed, confirm
 from cleanup.conf import cleanup_settings
 from cleanup.pipeline import outbox
 from cleanup.pipeline.messages import ReleaseMessage
-from cleanup.pipeline.schedule import LeaderDatabaseScheduler, install_schedule
 from cleanup.pipeline.sweep import sweep_shard
-from cleanup.wire import RELEASE_TASK, SWEEP_TASK
+from cleanup.wire import RELEASE_TASK
 from config.celery_app import app as celery_app
 from reservations import services
 from reservations.models import OutboxEvent, Reservation
@@ -360,34 +359,27 @@ def test_a_fan_out_rabbitmq_refuses_fails_the_sweep_and_leaves_its_holds_due(rab
 
 @pytest.mark.django_db(transaction=True)
 def test_a_beat_send_rabbitmq_refuses_is_logged_and_the_next_one_arrives(
-    rabbitmq, settings, caplog
+    rabbitmq, leading_beat, caplog
 ):
-    # given: beat holding its lease (a lock of this test's own), the schedule's sweep entry
-    settings.CLEANUP_BEAT_LOCK_ID = 900_000 + os.getpid() % 100_000
-    install_schedule(shards=1, every=1)
-    scheduler = LeaderDatabaseScheduler(app=celery_app)
-    try:
-        assert scheduler._hold_lease()
-        entry = next(e for e in scheduler.schedule.values() if e.task == SWEEP_TASK)
-        options = dict(entry.options)
-        # when: beat sends it to a sweep queue that refuses every publish
-        with caplog.at_level(logging.ERROR, logger="cleanup.schedule"):
-            scheduler.apply_entry(entry, producer=rabbitmq.use(rabbitmq.refusing))
-        # then: the refusal is logged, not dropped without a word
-        refusals = [r for r in caplog.records if r.getMessage().startswith("beat send not")]
-        assert len(refusals) == 1, f"no 'beat send not confirmed' logged; logged: {caplog.text}"
-        assert re.search(REFUSED, refusals[0].error), refusals[0].error
-        assert entry.options == options  # the entry's own options as they were
-        # and when beat sends it to a queue that takes it, it arrives, with nothing logged
-        caplog.clear()
-        with caplog.at_level(logging.ERROR, logger="cleanup.schedule"):
-            scheduler.apply_entry(entry, producer=rabbitmq.use(rabbitmq.accepting))
-        assert caplog.records == []
-        sweep_queue = cleanup_settings().sweep_queue
-        wait_until(lambda: rabbitmq.queued(sweep_queue) == 1, timeout=10)
-        assert entry.options == options
-    finally:
-        scheduler.close()
+    # given: beat holding its lease, the schedule's sweep entry
+    scheduler, entry = leading_beat
+    options = dict(entry.options)
+    # when: beat sends it to a sweep queue that refuses every publish
+    with caplog.at_level(logging.ERROR, logger="cleanup.schedule"):
+        scheduler.apply_entry(entry, producer=rabbitmq.use(rabbitmq.refusing))
+    # then: the refusal is logged, not dropped without a word
+    refusals = [r for r in caplog.records if r.getMessage().startswith("beat send not")]
+    assert len(refusals) == 1, f"no 'beat send not confirmed' logged; logged: {caplog.text}"
+    assert re.search(REFUSED, refusals[0].error), refusals[0].error
+    assert entry.options == options  # the entry's own options as they were
+    # and when beat sends it to a queue that takes it, it arrives, with nothing logged
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="cleanup.schedule"):
+        scheduler.apply_entry(entry, producer=rabbitmq.use(rabbitmq.accepting))
+    assert caplog.records == []
+    sweep_queue = cleanup_settings().sweep_queue
+    wait_until(lambda: rabbitmq.queued(sweep_queue) == 1, timeout=10)
+    assert entry.options == options
 
 
 @pytest.mark.usefixtures("db")

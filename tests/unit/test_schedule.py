@@ -28,7 +28,6 @@ from cleanup.pipeline.schedule import (
     save_schedule,
     sweep_entry_name,
 )
-from cleanup.wire import SWEEP_TASK
 from config.celery_app import app as celery_app
 from reservations import services
 from reservations.models import BUCKETS, Reservation
@@ -336,25 +335,20 @@ def _sweep_shard_of(entry: bytes) -> int:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_leader_whose_lease_the_server_ended_sends_nothing(broker, settings, caplog):
-    # given: beat holding its lease (a lock of this test's own) and a sweep entry due
-    settings.CLEANUP_BEAT_LOCK_ID = 900_000 + os.getpid() % 100_000
-    install_schedule(shards=1, every=1)
-    scheduler = LeaderDatabaseScheduler(app=celery_app)
-    try:
-        assert scheduler._hold_lease()
-        entry = next(e for e in scheduler.schedule.values() if e.task == SWEEP_TASK)
-        lease = scheduler._lease_conn
-        assert lease is not None
-        # and the server ends the lease's session (beat was frozen past the idle timeout, say):
-        # its lock is free for another beat, which may be sending already
-        with connection.cursor() as cur:
-            cur.execute("SELECT pg_terminate_backend(%s)", [lease.info.backend_pid])
-        # when: this beat wakes and sends the entry it had found due
-        with caplog.at_level(logging.WARNING, logger="cleanup.schedule"):
-            scheduler.apply_entry(entry)
-    finally:
-        scheduler.close()
+def test_a_leader_whose_lease_the_server_ended_sends_nothing(
+    broker, leading_beat, settings, caplog
+):
+    # given: beat holding its lease and a sweep entry due
+    scheduler, entry = leading_beat
+    lease = scheduler._lease_conn
+    assert lease is not None
+    # and the server ends the lease's session (beat was frozen past the idle timeout, say):
+    # its lock is free for another beat, which may be sending already
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_terminate_backend(%s)", [lease.info.backend_pid])
+    # when: this beat wakes and sends the entry it had found due
+    with caplog.at_level(logging.WARNING, logger="cleanup.schedule"):
+        scheduler.apply_entry(entry)
     # then: nothing is sent (two leaders would double every sweep), and it says why
     sent = broker.llen(settings.CLEANUP_SWEEP_QUEUE)
     assert sent == 0, f"{sent} sweep sent on a lease the server had ended"

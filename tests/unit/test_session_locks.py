@@ -154,16 +154,6 @@ def session_on_the_direct_alias(settings: Any) -> None:
     settings.DATABASE_SESSION_ALIAS = SESSION_ALIAS
 
 
-@pytest.fixture
-def other_session() -> Iterator[BaseDatabaseWrapper]:
-    """Another worker's PostgreSQL session."""
-    other = connections.create_connection("default")
-    try:
-        yield other
-    finally:
-        other.close()
-
-
 def _backends(key: tuple[int, int], *, granted: bool = True) -> list[int]:
     """The backends (pids) of this database that hold the session lock ``key``, or with
     ``granted=False`` wait in line for it, as PostgreSQL lists them."""

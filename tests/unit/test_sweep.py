@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from celery.exceptions import SoftTimeLimitExceeded
-from django.db import connection, connections
+from django.db import connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.functions import Now
 from prometheus_client import REGISTRY
@@ -38,16 +38,6 @@ PUBLISH_LOCK = locks.SWEEP_PUBLISH[1]
 
 def shard_lock_key(shard: int, shards: int) -> int:
     return locks.sweep_shard(shard, shards)[1]
-
-
-@pytest.fixture
-def other_session() -> Iterator[BaseDatabaseWrapper]:
-    """A second PostgreSQL session (as another worker's sweep would have)."""
-    other = connections.create_connection("default")
-    try:
-        yield other
-    finally:
-        other.close()
 
 
 def _lock(session: BaseDatabaseWrapper, key: int) -> None:
