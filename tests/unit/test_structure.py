@@ -1,11 +1,9 @@
 """The package structure: no import cycle among the project's modules (function-local imports
-included), the domain never imports the cleanup machinery, and docs/TESTING.md's "Where each
-module is tested" table names every product module and only test files that exist."""
+included), and the domain never imports the cleanup machinery."""
 
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,64 +123,3 @@ def test_no_runtime_module_imports_the_drill_tooling() -> None:
         if target.startswith("cleanup.drills")
     }
     assert leaks == set()
-
-
-# --- the testing map in docs/TESTING.md ----------------------------------------------------
-
-TESTING_MAP = "## Where each module is tested"
-BACKTICKED = re.compile(r"`([^`]+)`")
-
-
-def _mapped_modules() -> set[str]:
-    """Product modules the map must list: no package ``__init__``, ``apps`` or migrations
-    (``_modules()`` already skips migrations and names an ``__init__`` by its package)."""
-    return {
-        name for name, path in _modules().items() if path.name not in ("__init__.py", "apps.py")
-    }
-
-
-def read_testing_map() -> list[tuple[str, list[str]]]:
-    """(module, test files) of each row of the table, in order; files as written, or
-    ``["none"]``."""
-    text = (ROOT / "docs" / "TESTING.md").read_text()
-    assert TESTING_MAP in text, f"docs/TESTING.md has no {TESTING_MAP!r} section"
-    section = text.split(TESTING_MAP, 1)[1].split("\n## ", 1)[0]
-    rows: list[tuple[str, list[str]]] = []
-    for line in section.splitlines():
-        if not line.startswith("|"):
-            continue
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        module = BACKTICKED.fullmatch(cells[0])
-        if module is None:  # the header and the separator row
-            continue
-        rows.append((module.group(1), BACKTICKED.findall(cells[1])))
-    return rows
-
-
-def test_the_testing_map_names_every_module() -> None:
-    rows = read_testing_map()
-    listed = [module for module, _ in rows]
-    expected = _mapped_modules()
-    missing = sorted(expected - set(listed))
-    unknown = sorted(set(listed) - expected)
-    twice = sorted({m for m in listed if listed.count(m) > 1})
-    assert (missing, unknown, twice) == ([], [], []), (
-        f"docs/TESTING.md's testing map: missing modules {missing}, unknown modules {unknown}, "
-        f"listed twice {twice}"
-    )
-
-
-def test_the_testing_map_names_only_existing_test_files() -> None:
-    rows = read_testing_map()
-    assert rows, "the testing map has no rows"
-    absent = sorted(
-        f"{module}: {path}"
-        for module, paths in rows
-        for path in paths
-        if path != "none" and not (ROOT / "tests" / path).is_file()
-    )
-    empty = sorted(module for module, paths in rows if not paths)
-    assert (absent, empty) == ([], []), (
-        f"docs/TESTING.md's testing map: no such test file {absent}; no test file or `none` "
-        f"for {empty}"
-    )
