@@ -2,8 +2,8 @@
 at the checkout's root (the image's /app, the tests), whatever its command line says.
 
 Request metrics in multiprocess mode: each worker process writes its counters to files in
-``PROMETHEUS_MULTIPROC_DIR`` and ``/metrics`` adds them up (cleanup.console.endpoints), so a
-scrape answered by any worker shows all of them. prometheus_client chooses the mode when a
+``PROMETHEUS_MULTIPROC_DIR`` and ``/metrics`` adds them up (cleanup.operations.console.endpoints),
+so a scrape answered by any worker shows all of them. prometheus_client chooses the mode when a
 worker first imports it, so the variable is set here, in the master, before any worker forks.
 The directory is ``WEB_METRICS_DIR`` (a directory of its own: it is emptied at start) or one
 under the system's temporary directory named after the master's pid; a worker that exits has

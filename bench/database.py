@@ -14,12 +14,12 @@ from django.db import connection, transaction
 from bench.paths import RESULTS, ROOT, STAMP
 from cleanup import sql as cleanup_sql
 from cleanup.broker.readers import redis_client
-from cleanup.pipeline.messages import idempotency_key
+from cleanup.release import claim
+from cleanup.release.messages import idempotency_key
 from common.db import rows as sql
-from reservations import services
 from reservations import sql as reservation_sql
 from reservations.eligibility import eligible_sql
-from reservations.seed import seed_holds
+from tools.seed import seed_holds
 
 BENCH_DB = "reservations_bench"
 
@@ -89,7 +89,7 @@ def any_held() -> bool:
 
 
 def check(expected: int) -> list[str]:
-    from cleanup.drills.invariants import invariant_violations
+    from tools.drills.invariants import invariant_violations
 
     problems = invariant_violations()
     if released_count() != expected:
@@ -215,7 +215,7 @@ def sweep_cost(small: int, large: int, eligible: int, batch: int) -> dict[str, A
                 with transaction.atomic():
                     t = time.perf_counter()
                     claimed = len(
-                        services.claim_expired(
+                        claim.claim_expired(
                             0, 4, batch_size=batch, lease_seconds=300, max_claims=10
                         )
                     )
@@ -241,7 +241,7 @@ def sweep_cost(small: int, large: int, eligible: int, batch: int) -> dict[str, A
         try:
             with transaction.atomic():
                 with connection.execute_wrapper(capture):
-                    services.claim_expired(0, 4, batch_size=batch, lease_seconds=300, max_claims=10)
+                    claim.claim_expired(0, 4, batch_size=batch, lease_seconds=300, max_claims=10)
                 raise _Rollback
         except _Rollback:
             pass

@@ -14,7 +14,7 @@ from bench import profile
 from bench.database import any_held, check, create_holds, released_count, reset, sql
 from bench.paths import LOGS
 from cleanup.broker.readers import redis_client
-from cleanup.drills.workers import WorkerProcess
+from tools.drills.workers import WorkerProcess
 
 
 @dataclass(frozen=True)

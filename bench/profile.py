@@ -28,12 +28,12 @@ CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("sweep: waiting for the publish lock", r"_acquire_publish_lock "),
         ("sweep: counting the due backlog", r"_eligible_in_all_shards "),
         ("sweep: claim and the rest", r"sweep_shard "),
-        ("delivery counter (Redis)", r"\(cleanup/telemetry/deliveries\.py"),
+        ("delivery counter (Redis)", r"\(cleanup/release/delivery_cap\.py"),
         ("argument check (signature bind)", r"^(Signature\.)?bind \(inspect\.py"),
-        ("release statement + receipts", r"^release_batch \(cleanup/pipeline/release\.py"),
+        ("release statement + receipts", r"^release_batch \(cleanup/release/release\.py"),
         ("attempt log line", r"^_log_attempt "),
-        ("metrics", r"\(cleanup/telemetry/metrics\.py"),
-        ("dead letters", r"\(cleanup/pipeline/deadletters\.py"),
+        ("metrics", r"\(cleanup/metrics\.py"),
+        ("dead letters", r"\(cleanup/release/dead_letters\.py"),
         ("waiting for a task", r"recv_bytes \(billiard/connection\.py"),
     )
 )

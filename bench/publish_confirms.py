@@ -4,7 +4,7 @@ through the product's confirmed path and through the old unconfirmed one, side b
     .venv/bin/python bench/publish_confirms.py [--quick] [--rounds N] [--warmup N]
         [--cases classic,quorum,cluster]
 
-- confirmed: ``cleanup.pipeline.publish.publish_release_messages`` (a channel of its own in
+- confirmed: ``cleanup.release.publish.publish_release_messages`` (a channel of its own in
   confirm mode per batch; returns once RabbitMQ has acknowledged every message);
 - unconfirmed: the path before publisher confirms, a few lines here (the pooled producer,
   ``app.send_task(..., producer=producer)`` per message, no confirms: it returns once the
@@ -21,7 +21,7 @@ own (the settings are read at Django's set-up; the child prints its results as J
 
 - ``classic``: the machine's RabbitMQ on 127.0.0.1:5672 (guest), classic queues;
 - ``quorum``: the same node, ``CLEANUP_RABBITMQ_QUEUE_TYPE=quorum`` (one replica: no cluster);
-- ``cluster``: three RabbitMQ nodes of the bench's own (``tests/rabbitmq_cluster.py``, as the
+- ``cluster``: three RabbitMQ nodes of the bench's own (``tools/rabbitmq_cluster.py``, as the
   cluster drill starts them), quorum queues: a confirm waits for a majority (two replicas).
 
 The machine's node is never touched beyond adding and deleting the bench's vhosts. Database
@@ -164,8 +164,8 @@ def run_case(rounds: int, warmup: int) -> dict[str, Any]:
 
     from cleanup.broker.confirms import confirms_available
     from cleanup.conf import cleanup_settings
-    from cleanup.pipeline.messages import BatchMessage, ReleaseMessage
-    from cleanup.pipeline.publish import PUBLISH_PIPELINE, TASK_OF, publish_release_messages
+    from cleanup.release.messages import BatchMessage, ReleaseMessage
+    from cleanup.release.publish import PUBLISH_PIPELINE, TASK_OF, publish_release_messages
 
     queue = cleanup_settings().release_queue
     expires_at = datetime.now(UTC)
@@ -272,7 +272,7 @@ def machine_vhost(case: str) -> Iterator[Broker]:
 def cluster_vhost() -> Iterator[Broker]:
     """Three nodes of the bench's own in one cluster (files in a temporary directory, removed
     afterwards), a vhost on them; kombu's failover URL of the three, the first tried first."""
-    from tests.rabbitmq_cluster import Cluster
+    from tools.rabbitmq_cluster import Cluster
 
     root = Path(tempfile.mkdtemp(prefix="bench-confirms-rabbitmq-"))
     cluster = Cluster(root, prefix="bench")
@@ -340,7 +340,7 @@ def main() -> int:
         parser.error(f"unknown cases {unknown}; expected some of {', '.join(CASES)}")
     from bench.migrated import ensure_migrated_database
     from bench.paths import RESULTS, STAMP
-    from tests.rabbitmq_cluster import MissingTool
+    from tools.rabbitmq_cluster import MissingTool
 
     # the settings need a broker URL to load (migrate never connects to it)
     os.environ["CELERY_BROKER_URL"] = f"amqp://{AMQP_NODE}/bench_confirms_unused"

@@ -24,7 +24,7 @@ from bench.database import reset, sql
 from bench.drains import DEFAULT, Variant, product_drain, publish_noops, wait_drained
 from bench.paths import LOGS
 from cleanup.broker.readers import redis_client
-from cleanup.drills.workers import WorkerProcess
+from tools.drills.workers import WorkerProcess
 
 # A short visibility timeout so the measurement takes seconds (the product's default is 75 s;
 # the settings require it above the task time limit plus the retry backoff, hence these).

@@ -27,12 +27,12 @@ from django.utils.text import capfirst
 from django_celery_beat.admin import PeriodicTaskAdmin, PeriodicTaskForm
 from django_celery_beat.models import PeriodicTask
 
-from cleanup.console.story import explain
 from cleanup.models import CleanupReceipt, CleanupSchedule, DeadLetter, ReleasePause
-from cleanup.pipeline import deadletters, periodic_guard, schedule_preview
-from cleanup.pipeline.messages import idempotency_key
-from cleanup.pipeline.schedule import MANAGED_NOTE, SWEEP_PREFIX, apply_schedule, is_managed
-from cleanup.telemetry import deliveries
+from cleanup.operations import schedule_preview, triage
+from cleanup.operations.console.story import explain
+from cleanup.release import dead_letters, delivery_cap, periodic_guard
+from cleanup.release.messages import idempotency_key
+from cleanup.release.schedule import MANAGED_NOTE, SWEEP_PREFIX, apply_schedule, is_managed
 from common import admin_guard
 from reservations.admin import EMPTY, HoldSection, add_hold_section
 from reservations.models import OutboxEvent, Reservation
@@ -100,7 +100,7 @@ class OlderThanFilter(admin.SimpleListFilter):
         if value is None:
             return None
         try:
-            age = deadletters.parse_age(value)
+            age = triage.parse_age(value)
         except ValueError as exc:
             messages.error(request, f"older_than: {exc}; that filter was not applied.")
             return None
@@ -207,7 +207,7 @@ class DeadLetterAdmin(HoldRecordAdmin):
         letters = list(DeadLetter.objects.filter(pk__in=selection.ids).order_by("pk"))
         if not admin_guard.confirmed(request):
             by_reason = Counter(str(letter.reason) for letter in letters)
-            planned = deadletters.requeue(letters, dry_run=True)
+            planned = triage.requeue(letters, dry_run=True)
             return admin_guard.confirmation(
                 self,
                 request,
@@ -224,7 +224,7 @@ class DeadLetterAdmin(HoldRecordAdmin):
                 "handled ends already_handled. A set-aside hold becomes due for a sweep again.",
             )
         done: dict[str, list[Any]] = {}
-        results = deadletters.requeue(
+        results = triage.requeue(
             letters,
             on_each=lambda letter, what: done.setdefault(what, []).append(letter),
             by=request.user.get_username(),
@@ -266,7 +266,7 @@ class DeadLetterAdmin(HoldRecordAdmin):
         error = ""
         if admin_guard.confirmed(request):
             try:
-                why = deadletters.clean_why(why)
+                why = triage.clean_why(why)
             except ValueError as exc:
                 error = capfirst(str(exc)) or ""
         if not admin_guard.confirmed(request) or error:
@@ -280,7 +280,7 @@ class DeadLetterAdmin(HoldRecordAdmin):
                 title="Discard dead letters?",
                 verb="discard",
                 breakdown=[
-                    *((f"reason: {r}", n) for r, n in deadletters.by_reason(open_letters)),
+                    *((f"reason: {r}", n) for r, n in triage.by_reason(open_letters)),
                     *([("already resolved: left as they are", resolved)] if resolved else []),
                 ],
                 breakdown_title="open letters that will be discarded",
@@ -295,12 +295,12 @@ class DeadLetterAdmin(HoldRecordAdmin):
                         value=why,
                         error=error,
                         help="Kept on each letter and in its history, for whoever looks next.",
-                        maxlength=deadletters.WHY_LIMIT,
+                        maxlength=dead_letters.WHY_LIMIT,
                     )
                 ],
             )
-        done = deadletters.discard(letters, by=request.user.get_username(), why=why)
-        discarded = done.get(deadletters.DISCARDED, [])
+        done = triage.discard(letters, by=request.user.get_username(), why=why)
+        discarded = done.get(dead_letters.DISCARDED, [])
         admin_guard.log_each(request, {f"discarded; why: {why}": discarded}, "discard")
         skipped = len(done.get("already_resolved", []))
         summary = f"Discard: discarded: {len(discarded)}"
@@ -363,9 +363,9 @@ class CleanupReceiptAdmin(HoldRecordAdmin):
 
 def _deliveries(key: str) -> str:
     """The redelivery counter of a message key (kept for CLEANUP_DELIVERY_COUNTER_TTL). A first
-    delivery is not counted (cleanup.telemetry.deliveries), so 0 means none came back."""
+    delivery is not counted (cleanup.release.delivery_cap), so 0 means none came back."""
     try:
-        n = deliveries.current(key)
+        n = delivery_cap.current(key)
     except Exception:  # noqa: BLE001 - the counter is informative here
         return "unavailable"
     if not n:
@@ -536,7 +536,7 @@ class CleanupScheduleAdmin(admin.ModelAdmin):
 
 class CleanupPeriodicTaskForm(PeriodicTaskForm):  # type: ignore[misc]
     """django-celery-beat's form, refusing for a task of this project an interval below the
-    floor and routing away from the project's queues (cleanup.pipeline.periodic_guard), each
+    floor and routing away from the project's queues (cleanup.release.periodic_guard), each
     message on the field to change."""
 
     def clean(self) -> dict[str, Any]:

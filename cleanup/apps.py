@@ -7,5 +7,5 @@ class CleanupConfig(AppConfig):
 
     def ready(self) -> None:
         # Connect Celery signal handlers (signals: publish, dead letters; observability: metrics)
-        from cleanup.telemetry import worker_metrics  # noqa: F401, PLC0415
+        from cleanup.operations import worker_metrics  # noqa: F401, PLC0415
         from cleanup.worker import signals  # noqa: F401, PLC0415

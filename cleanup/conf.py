@@ -317,8 +317,9 @@ class CleanupSettings:
         minimum=0.1,
     )
     # --- capacity and the pool autoscaler --------------------------------------------------
-    # Inputs of cleanup.scaling.capacity.desired_consumers (the desired_consumers gauge, the
-    # autoscaler); the autoscaler is cleanup.scaling.autoscale (`celery worker --autoscale`),
+    # Inputs of cleanup.operations.scaling.capacity.desired_consumers (the desired_consumers gauge,
+    # the autoscaler); the autoscaler is cleanup.operations.scaling.autoscale (`celery worker
+    # --autoscale`),
     # and CLEANUP_CAPACITY_PER_CONSUMER_PER_S overrides its assumed service time.
     capacity_peak_arrivals_per_s: float = setting(
         "CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S",

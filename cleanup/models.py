@@ -114,7 +114,7 @@ class DeliveryCount(models.Model):
 class CleanupSchedule(models.Model):
     """The one "Cleanup schedule": it drives the per-shard sweep entries of the beat schedule.
 
-    Saving it (admin or ``cleanup.pipeline.schedule.apply_schedule``) rewrites the managed
+    Saving it (admin or ``cleanup.release.schedule.apply_schedule``) rewrites the managed
     ``PeriodicTask`` rows in one transaction. ``install_cleanup_schedule`` creates it only when
     none exists, so a restart never reverts an operator's edit (``--force`` resets it).
     """
@@ -171,8 +171,8 @@ class SweepRecord(models.Model):
 
 class RoomClaim(models.Model):
     """Room under the release queue's cap that a sweep claimed for the batch it claims and
-    publishes after letting go of the publish lock (far from the cap: cleanup.pipeline.admission
-    decides, cleanup.pipeline.sweep writes it). One row per shard lock, overwritten by each
+    publishes after letting go of the publish lock (far from the cap: cleanup.release.admission
+    decides, cleanup.release.sweep writes it). One row per shard lock, overwritten by each
     batch. A row counts only while the session that wrote it (``pid``) holds that shard lock: a
     sweep that died leaves a row nobody counts."""
 
@@ -200,7 +200,7 @@ class HealthSample(models.Model):
 class ReleasePause(models.Model):
     """The operator's "pause releases" switch (one row, pk 1): while paused, workers stop
     consuming the release queue (cleanup.worker.pause); sweeps, their backpressure and every
-    gauge go on, so the backlog stays visible. Changes go through cleanup.pipeline.pause, which
+    gauge go on, so the backlog stays visible. Changes go through cleanup.release.pause, which
     the console audits."""
 
     paused = models.BooleanField(default=False)

@@ -1,7 +1,7 @@
 """Thin Celery tasks. Each takes small JSON values, calls a service, returns counts.
 
 Their delivery policy (bounded deliveries, dead letters, retries) is ``CleanupTask``'s, in
-``cleanup.pipeline.delivery``; their names are ``cleanup.wire``'s.
+``cleanup.release.delivery``; their names are ``cleanup.wire``'s.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Any
 
 from celery import shared_task
 
-from cleanup.console import health
-from cleanup.pipeline import deadletters, outbox
-from cleanup.pipeline.delivery import RELEASE_TASK_OPTIONS, CleanupTask, queue_age
-from cleanup.pipeline.messages import MalformedMessage, validate, validate_batch
-from cleanup.pipeline.release import run_attempt
-from cleanup.pipeline.sweep import sweep_shard
+from cleanup.operations.console import health
+from cleanup.release import dead_letters, outbox
+from cleanup.release.delivery import RELEASE_TASK_OPTIONS, CleanupTask, queue_age
+from cleanup.release.messages import MalformedMessage, validate, validate_batch
+from cleanup.release.release import run_attempt
+from cleanup.release.sweep import sweep_shard
 from cleanup.wire import (
     PRUNE_TASK,
     RELAY_OUTBOX_TASK,
@@ -81,8 +81,8 @@ def sample_health_task(self: CleanupTask) -> dict[str, Any]:
     later release settled are resolved first, so the sample's open count is what still needs
     a person; open letters beyond ``CLEANUP_DEAD_LETTER_OPEN_CAP`` are summarised; then one
     point of the health page's chart."""
-    resolved = deadletters.resolve_released()
-    summarised = deadletters.summarise_beyond_cap()
+    resolved = dead_letters.resolve_released()
+    summarised = dead_letters.summarise_beyond_cap()
     sample = health.take_sample()
     return {
         "dead_letters_resolved": resolved,

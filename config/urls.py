@@ -1,9 +1,9 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from cleanup.console import endpoints
-from cleanup.console.health_page import health_view, pause_view
-from cleanup.console.runbook import runbook_view
+from cleanup.operations.console import endpoints
+from cleanup.operations.console.health_page import health_view, pause_view
+from cleanup.operations.console.runbook import runbook_view
 
 urlpatterns = [
     # Staff only (admin_view redirects anyone else to the admin login).

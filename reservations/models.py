@@ -165,7 +165,7 @@ class Reservation(models.Model):
             # - the SLO gauge: WHERE status='held' AND bucket = b AND expires_at <= now()
             #   ORDER BY expires_at LIMIT 1  (reservations.eligibility);
             # - the sweep's claim, the same with next_attempt_at <= now() read from the row
-            #   and LIMIT k (reservations.services.claim_expired). next_attempt_at is in no
+            #   and LIMIT k (cleanup.release.claim.claim_expired). next_attempt_at is in no
             #   index on purpose: a claim then updates no indexed column (a HOT update).
             models.Index(
                 fields=["bucket", "expires_at"],

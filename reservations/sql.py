@@ -167,67 +167,6 @@ RELEASE_REFUSALS = (
     f"FROM reservations_reservation WHERE id = ANY(%(ids)s)"
 )
 
-# --- The claim -------------------------------------------------------------------------------
-
-# Candidates come from each bucket of the shard, oldest expiry first (index
-# reservations_held_bucket_idx, the SLO's: a few rows per bucket, leased rows skipped), then the
-# oldest of them are locked, skipping locked rows, and leased. The cost follows the batch and the
-# number of buckets, never the table or other shards' backlogs. Buckets are uniform (id % 1024),
-# so a few rows per bucket fill a batch.
-#
-# The lease (next_attempt_at) is in no index, so a claim changes no indexed column and
-# PostgreSQL can write it as a heap-only (HOT) update: a new row version on the same page and no
-# index entry, where a lease in an index cost one entry in each of the table's indexes per claimed
-# hold (the claim then cost about as much as the release; docs/PERFORMANCE.md). The table keeps
-# free room on each page for it (fillfactor, migration 0003). A leased hold is skipped by reading
-# its row: at most the holds in flight (the queue is capped) and the set-aside ones.
-# The UPDATE finds the locked rows by primary key (= ANY of the locked ids): a join with the CTE
-# let the planner hash the whole table (10 of 46 ms for 500 holds among 20,000).
-CLAIM_EXPIRED = f"""
-WITH candidates AS (
-    SELECT candidate.id, candidate.expires_at
-    FROM unnest(%(buckets)s::smallint[]) AS shard_bucket(bucket)
-    CROSS JOIN LATERAL (
-        SELECT id, expires_at FROM reservations_reservation
-        WHERE bucket = shard_bucket.bucket AND {eligible_sql(now=CLOCK)}
-          AND next_attempt_at <= {CLOCK}
-        ORDER BY expires_at
-        LIMIT %(per_bucket)s
-    ) candidate
-), due AS (
-    SELECT hold.id FROM reservations_reservation hold JOIN candidates ON candidates.id = hold.id
-    WHERE {eligible_sql("hold", CLOCK)} AND hold.next_attempt_at <= {CLOCK}
-    ORDER BY candidates.expires_at, hold.id
-    LIMIT %(batch)s
-    FOR UPDATE OF hold SKIP LOCKED
-)
-UPDATE reservations_reservation hold
-SET claim_count = hold.claim_count + 1,
-    last_claimed_at = now(),
-    last_trace_id = %(trace)s,
-    next_attempt_at = CASE WHEN hold.claim_count + 1 > %(max_claims)s
-                           THEN 'infinity'::timestamptz
-                           ELSE {CLOCK} + make_interval(secs => %(lease)s) END
-WHERE hold.id = ANY(ARRAY(SELECT id FROM due))
-RETURNING hold.id, hold.version, hold.expires_at, hold.bucket, hold.claim_count
-"""
-
-# The oldest due hold of every shard (eligible and not leased: what a claim would take next),
-# as its age in seconds, for the sweeps' turns near the queue's cap (cleanup/pipeline/admission.py,
-# docs/PIPELINE.md "Turns"). One index-ordered probe per bucket (reservations_held_bucket_idx:
-# bucket, expires_at WHERE status='held'), then the minimum per shard (bucket %% shards). A
-# probe reads past the leased holds at the head of its bucket (the lease is in no index), at
-# most the holds in flight, which the queue's cap bounds. Never an aggregate over the backlog.
-OLDEST_DUE_BY_SHARD = (
-    f"SELECT shard_bucket.bucket %% %(shards)s, "
-    f"EXTRACT(EPOCH FROM ({CLOCK} - min(oldest.expires_at)))::float8 "
-    f"FROM generate_series(0, %(buckets)s - 1) AS shard_bucket(bucket) CROSS JOIN LATERAL ("
-    f"SELECT expires_at FROM reservations_reservation "
-    f"WHERE bucket = shard_bucket.bucket::smallint AND {eligible_sql(now=CLOCK)} "
-    f"AND next_attempt_at <= {CLOCK} "
-    f"ORDER BY expires_at LIMIT 1) oldest GROUP BY 1"
-)
-
 # --- Reads: seats, the backlog ---------------------------------------------------------------
 
 # Offerings where capacity != seats_available + held + confirmed.

@@ -7,7 +7,7 @@
 - kombu's ``t/unit/transport/test_redis.py`` with ``kombu.transport.redis.Channel`` and
   ``Transport`` replaced by ``cleanup.worker.redis_transport``'s (``suite_plugins.kombu_redis``);
 - django-celery-beat's ``t/unit/test_schedulers.py`` with ``DatabaseScheduler`` replaced by
-  ``cleanup.pipeline.schedule.LeaderDatabaseScheduler`` (``suite_plugins.celery_beat``).
+  ``cleanup.release.schedule.LeaderDatabaseScheduler`` (``suite_plugins.celery_beat``).
 
 The sdists are fetched with pip by version and hash (requirements-library-suites.txt), only
 their tests are extracted into .cache/library-suites/ (gitignored; the installed libraries are

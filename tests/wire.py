@@ -1,5 +1,5 @@
 """Release messages as they travel, written out by hand (the tests' own copy of the wire format,
-never built by cleanup.pipeline.messages), and publishing anything at all to the release queue, as a
+never built by cleanup.release.messages), and publishing anything at all to the release queue, as a
 client with write access to the broker could."""
 
 from __future__ import annotations

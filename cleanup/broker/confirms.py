@@ -21,8 +21,8 @@ Publishes through this channel are made without kombu's retry: a connection lost
 raises instead of reconnecting and going on, unconfirmed, on a channel of the new connection.
 
 The other publishers into the project's queues use a new confirm-mode channel too, for the same
-reason and one more: beat's sends (``cleanup.pipeline.schedule``), the outbox relay's batches
-(``cleanup.pipeline.outbox``) and a release's retry (``cleanup.pipeline.delivery``). RabbitMQ
+reason and one more: beat's sends (``cleanup.release.schedule``), the outbox relay's batches
+(``cleanup.release.outbox``) and a release's retry (``cleanup.release.delivery``). RabbitMQ
 3.10 keeps, per channel and quorum queue, the queue
 leader it found at that channel's first publish to the queue. A channel whose first publish
 comes while the queue's leader has just died (between the node's death and the election of a

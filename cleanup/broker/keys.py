@@ -28,7 +28,7 @@ from typing import Any
 
 import redis
 
-from cleanup.telemetry import metrics
+from cleanup import metrics
 
 logger = logging.getLogger("cleanup.broker.keys")
 

@@ -22,10 +22,9 @@ import redis
 from celery import current_app as app
 from django.conf import settings
 
-from cleanup import redis_clients
+from cleanup import metrics, redis_clients
 from cleanup.broker import keys, screening
 from cleanup.broker.screening import ENVELOPE_SLACK, parse_unacked
-from cleanup.telemetry import metrics
 
 _log = logging.getLogger("cleanup.broker")
 

@@ -36,8 +36,8 @@ from amqp.method_framing import frame_handler
 from amqp.serialization import dumps, loads
 from kombu.transport import TRANSPORT_ALIASES, pyamqp
 
+from cleanup import metrics
 from cleanup.broker.screening import MAX_NESTING, max_bytes
-from cleanup.telemetry import metrics
 
 logger = logging.getLogger("cleanup.amqp_transport")
 
@@ -258,10 +258,10 @@ def dead_letter_delivery(
     info: dict[str, Any], channel_id: int, header: Buffer, problem: str
 ) -> None:
     from cleanup.models import DeadLetter  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
-    from cleanup.pipeline import deadletters  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
+    from cleanup.release import dead_letters  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
 
     where = info.get("routing_key", "?")
-    deadletters.record(
+    dead_letters.record(
         DeadLetter.Reason.REJECTED,
         error=(
             f"AMQP delivery refused before decoding: {problem} "

@@ -1,5 +1,5 @@
 """The workers' side of "pause releases": a consumer bootstep that reads the switch
-(cleanup.pipeline.pause) every ``CLEANUP_PAUSE_POLL_INTERVAL`` seconds in the worker's main
+(cleanup.release.pause) every ``CLEANUP_PAUSE_POLL_INTERVAL`` seconds in the worker's main
 process and stops consuming the release queue while it is on, then consumes it again.
 
 Only the release queue: the sweep and maintenance queues keep being consumed, so sweeps go on
@@ -55,7 +55,7 @@ class ReleasePause(bootsteps.StartStopStep):
         from django.db import close_old_connections  # noqa: PLC0415
 
         from cleanup.conf import cleanup_settings  # noqa: PLC0415
-        from cleanup.pipeline import pause  # noqa: PLC0415
+        from cleanup.release import pause  # noqa: PLC0415
 
         queue = cleanup_settings().release_queue
         try:

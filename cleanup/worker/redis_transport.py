@@ -29,10 +29,10 @@ from kombu.transport import TRANSPORT_ALIASES, redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
+from cleanup import metrics
 from cleanup.broker import keys, routes, screening
 from cleanup.broker.keys import HASH, LIST, SET, STRING, ZSET, is_wrong_type
 from cleanup.broker.screening import ENVELOPE_SLACK, parse_unacked
-from cleanup.telemetry import metrics
 
 logger = logging.getLogger("cleanup.redis_transport")
 
@@ -80,11 +80,11 @@ def retry_after_set_aside(
 
 def dead_letter_entry(item: bytes | str, queue: str, error: str) -> None:
     from cleanup.models import DeadLetter  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
-    from cleanup.pipeline import deadletters  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
+    from cleanup.release import dead_letters  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
 
     raw = item if isinstance(item, bytes) else item.encode("utf-8", "surrogatepass")
     logger.error("broker entry set aside", extra={"queue": queue, "error": error})
-    deadletters.record(
+    dead_letters.record(
         DeadLetter.Reason.REJECTED,
         error=error,
         payload={"queue": queue, "entry_bytes": len(raw), "entry": raw[:8192]},
@@ -274,14 +274,14 @@ class ScreenedQoS(_RedisQoS):
 
 def _count_redelivery(envelope: Any) -> None:
     """Count one redelivery of a message about to be restored (the message's own "redelivered"
-    mark is only read: cleanup.telemetry.deliveries); never raises."""
+    mark is only read: cleanup.release.delivery_cap); never raises."""
     try:
-        from cleanup.telemetry import deliveries  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
+        from cleanup.release import delivery_cap  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
     except Exception:  # noqa: BLE001 - without the app (kombu's own suite), nothing to count in
         logger.warning("restored messages not counted: the project's apps are not loaded")
         return
     try:
-        deliveries.count_restored(envelope)
+        delivery_cap.count_restored(envelope)
     except Exception:  # counting must never keep a message from its queue
         logger.exception("restored message not counted")
 

@@ -23,8 +23,8 @@ from celery.worker import control, pidbox
 from celery.worker.consumer.control import Control
 from django.core.exceptions import ImproperlyConfigured
 
+from cleanup import metrics
 from cleanup.conf import cleanup_settings
-from cleanup.telemetry import metrics
 
 logger = logging.getLogger("cleanup.remote_control")
 

@@ -22,8 +22,7 @@ from django.core.exceptions import ImproperlyConfigured
 from cleanup.broker import queues
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
-from cleanup.pipeline import deadletters
-from cleanup.telemetry import deliveries
+from cleanup.release import dead_letters, delivery_cap
 from common import pooling
 
 logger = logging.getLogger("cleanup.worker")
@@ -126,7 +125,7 @@ def _header(message: Any, name: str, limit: int) -> str:
 def dead_letter_message(message: Any, reason: str, error: str) -> None:
     """A dead letter for a broker message that never reached a task (never raises)."""
 
-    deadletters.record(
+    dead_letters.record(
         reason,
         error=error,
         task_name=_header(message, "task", 200),
@@ -137,8 +136,8 @@ def dead_letter_message(message: Any, reason: str, error: str) -> None:
 
 @worker_process_shutdown.connect
 def flush_attempt_tally(**_: Any) -> None:
-    """A pool process that stops adds what it has tallied (cleanup.telemetry.deliveries)."""
-    deliveries.flush_tally()
+    """A pool process that stops adds what it has tallied (cleanup.release.delivery_cap)."""
+    delivery_cap.flush_tally()
 
 
 @task_unknown.connect
@@ -146,7 +145,7 @@ def dead_letter_unknown_task(
     message: Any = None, exc: Any = None, name: str = "", id: str = "", **_: Any
 ) -> None:
 
-    deadletters.record(
+    dead_letters.record(
         DeadLetter.Reason.UNKNOWN_TASK,
         error=f"no task named {name!r} is registered",
         task_name=str(name)[:200],
@@ -158,7 +157,7 @@ def dead_letter_unknown_task(
 @task_rejected.connect
 def dead_letter_rejected(message: Any = None, exc: Any = None, **_: Any) -> None:
 
-    deadletters.record(
+    dead_letters.record(
         DeadLetter.Reason.REJECTED,
         error=repr(exc) if exc is not None else "message is not a task message",
         task_name=_header(message, "task", 200),

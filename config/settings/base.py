@@ -47,11 +47,13 @@ INSTALLED_APPS = [
     "common",
     "reservations",
     "cleanup",
+    # The example project's tooling (the burst drill's command); not part of the product.
+    "tools",
 ]
 
 MIDDLEWARE = [
     # First: its time covers the rest (request counts and latency by route and status).
-    "cleanup.telemetry.request_metrics.RequestMetricsMiddleware",
+    "cleanup.operations.request_metrics.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Serves the collected static files (the admin's) from the app server itself, with far-future
     # cache headers and compressed variants; the container image runs collectstatic at build.
@@ -299,7 +301,7 @@ CELERY_TASK_ROUTES = wire.task_routes(_cleanup)
 CELERY_WORKER_SEND_TASK_EVENTS = env_bool("CELERY_TASK_EVENTS", True)
 CELERY_TASK_SEND_SENT_EVENT = CELERY_WORKER_SEND_TASK_EVENTS
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-CELERY_BEAT_SCHEDULER = "cleanup.pipeline.schedule:LeaderDatabaseScheduler"
+CELERY_BEAT_SCHEDULER = "cleanup.release.schedule:LeaderDatabaseScheduler"
 # Persist last_run_at after every send so a new beat leader does not re-send
 # (docs/LIBRARY-NOTES.md §4).
 CELERY_BEAT_SYNC_EVERY = 1
@@ -308,7 +310,7 @@ CELERY_TIMEZONE = "UTC"
 
 # --- Observability and scaling (their settings: cleanup.conf) -----------------------------
 # Only used when a worker runs with --autoscale; without it the pool has a fixed size.
-CELERY_WORKER_AUTOSCALER = "cleanup.scaling.autoscale:BacklogAutoscaler"
+CELERY_WORKER_AUTOSCALER = "cleanup.operations.scaling.autoscale:BacklogAutoscaler"
 LOG_FORMAT = env_str("LOG_FORMAT", "text")
 if LOG_FORMAT not in {"text", "json"}:
     raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r}: expected 'text' or 'json'")

@@ -1,6 +1,6 @@
 """django-celery-beat's own scheduler tests (``t/unit/test_schedulers.py`` of its sdist) with
 ``django_celery_beat.schedulers.DatabaseScheduler`` replaced by our ``LeaderDatabaseScheduler``
-(``cleanup.pipeline.schedule``): the suite's tests and its ``TrackingScheduler(DatabaseScheduler)``
+(``cleanup.release.schedule``): the suite's tests and its ``TrackingScheduler(DatabaseScheduler)``
 then run our lease, ``tick``, ``reserve``, ``apply_entry`` and ``close`` around the library's
 code. Settings: ``suite_plugins.celery_beat_settings``.
 """
@@ -52,7 +52,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # subclasses schedulers.DatabaseScheduler at import) is collected.
     from django_celery_beat import schedulers
 
-    from cleanup.pipeline import schedule
+    from cleanup.release import schedule
 
     schedulers.DatabaseScheduler = schedule.LeaderDatabaseScheduler  # type: ignore[misc]
 
@@ -74,7 +74,7 @@ def _schedulers_let_go_of_the_lease_when_the_test_ends() -> Iterator[None]:
     lease and the next test's could never send. Ending each one's lease session at the end of
     its test stands in for its process ending."""
     yield
-    from cleanup.pipeline.schedule import LeaderDatabaseScheduler
+    from cleanup.release.schedule import LeaderDatabaseScheduler
 
     for scheduler in gc.get_objects():
         if isinstance(scheduler, LeaderDatabaseScheduler):
@@ -82,7 +82,7 @@ def _schedulers_let_go_of_the_lease_when_the_test_ends() -> Iterator[None]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    from cleanup.pipeline.schedule import LeaderDatabaseScheduler
+    from cleanup.release.schedule import LeaderDatabaseScheduler
 
     if not any(
         isinstance(item, pytest.Function)

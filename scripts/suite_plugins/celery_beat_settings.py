@@ -2,7 +2,7 @@
 ``LeaderDatabaseScheduler``: the suite's own test project (``t.proj.settings`` of its sdist),
 with only what importing and running our scheduler needs added.
 
-- ``cleanup`` is installed for its models alone (``cleanup.pipeline.schedule`` imports one at
+- ``cleanup`` is installed for its models alone (``cleanup.release.schedule`` imports one at
   the top), without its ``ready()``: no product signal handler joins the suite's Celery app.
 - The admin is installed without autodiscovery, so ``cleanup.admin`` (which needs the whole
   product) is not imported; the suite's tests import django-celery-beat's admin themselves.

@@ -29,12 +29,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # The invariants moved to the product (the burst drill checks them too); re-exported here.
 from cleanup.conf import cleanup_settings
-from cleanup.drills.invariants import invariant_violations as invariant_violations
-from cleanup.drills.workers import CeleryProcess, WorkerProcess
-from cleanup.pipeline.messages import ReleaseMessage
+from cleanup.release.messages import ReleaseMessage
 from common.db import rows as sql
 from common.db import scalar as scalar
-from reservations.seed import seed_holds
+from tools.drills.invariants import invariant_violations as invariant_violations
+from tools.drills.workers import CeleryProcess, WorkerProcess
+from tools.seed import seed_holds
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,7 +92,7 @@ def service_env(**overrides: str) -> dict[str, str]:
 
 
 class Worker(WorkerProcess):
-    """A product worker (``cleanup.drills.workers``) on the tests' database and broker."""
+    """A product worker (``tools.drills.workers``) on the tests' database and broker."""
 
     def __init__(
         self,
@@ -231,11 +231,11 @@ def queue_settled(queue: str) -> bool:
 def delivery_totals(keys: list[str]) -> list[int]:
     """Delivery counters of many keys at once (Redis MGET, or the PostgreSQL table)."""
     from cleanup import redis_clients
-    from cleanup.telemetry import deliveries
+    from cleanup.release import delivery_cap
 
     if cleanup_settings().counter_redis_url:
         client = redis_clients.client(cleanup_settings().counter_redis_url)
-        full = [deliveries.KEY_PREFIX + k for k in keys]
+        full = [delivery_cap.KEY_PREFIX + k for k in keys]
         values = [v for at in range(0, len(full), 2000) for v in client.mget(full[at : at + 2000])]
         return [int(v or 0) for v in values]
     counts = dict(
@@ -319,7 +319,7 @@ def one_eligible_hold() -> tuple[int, int]:
 
 def publish_for(hold_id: int) -> dict[str, Any]:
     """Publish the release message of a hold at version 1, as a sweep would."""
-    from cleanup.pipeline.publish import publish_release_messages
+    from cleanup.release.publish import publish_release_messages
 
     expires_at = scalar("SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id])
     message = ReleaseMessage.for_hold(hold_id, 1, expires_at, 0, f"trace-{uuid.uuid4().hex[:8]}")
@@ -524,10 +524,10 @@ def outcomes_logged(logs: list[Path]) -> Counter[str]:
 
 
 def delivery_counts(keys: list[str]) -> list[int]:
-    """The delivery counter of each idempotency key (cleanup.telemetry.deliveries), in order."""
-    from cleanup.telemetry import deliveries
+    """The delivery counter of each idempotency key (cleanup.release.delivery_cap), in order."""
+    from cleanup.release import delivery_cap
 
-    return [deliveries.current(key) for key in keys]
+    return [delivery_cap.current(key) for key in keys]
 
 
 def claim_counts(ids: list[int]) -> dict[int, int]:
@@ -543,7 +543,7 @@ def send_installed_sweeps() -> int:
 
     from django_celery_beat.models import PeriodicTask
 
-    from cleanup.pipeline.schedule import SWEEP_PREFIX
+    from cleanup.release.schedule import SWEEP_PREFIX
     from cleanup.tasks import sweep_shard_task
 
     sent = 0
@@ -586,7 +586,7 @@ class Beat(CeleryProcess):
         """When this beat's lease session last ran a statement, by PostgreSQL's clock
         (``pg_stat_activity.query_start``): a leading beat pings it at every tick, before it
         sends what is due."""
-        from cleanup.pipeline.schedule import LEASE_APP_PREFIX
+        from cleanup.release.schedule import LEASE_APP_PREFIX
 
         pinged: datetime | None = scalar(
             "SELECT max(query_start) FROM pg_stat_activity WHERE application_name LIKE %s",

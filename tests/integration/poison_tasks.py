@@ -8,7 +8,7 @@ from typing import Any
 
 from celery import shared_task
 
-from cleanup.pipeline.delivery import CleanupTask
+from cleanup.release.delivery import CleanupTask
 
 
 @shared_task(bind=True, base=CleanupTask, name="tests.poison_kills_worker")

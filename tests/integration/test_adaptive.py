@@ -11,9 +11,9 @@ import time
 import pytest
 
 from cleanup.conf import cleanup_settings
-from cleanup.pipeline import sweep as sweep_module
-from cleanup.pipeline.messages import BatchMessage, ReleaseMessage
-from cleanup.pipeline.sweep import sweep_shard
+from cleanup.release import sweep as sweep_module
+from cleanup.release.messages import BatchMessage, ReleaseMessage
+from cleanup.release.sweep import sweep_shard
 from reservations import services
 
 from . import fleet

@@ -1,4 +1,4 @@
-"""The backlog-driven pool autoscaler (cleanup.scaling.autoscale) in real
+"""The backlog-driven pool autoscaler (cleanup.operations.scaling.autoscale) in real
 ``celery worker --autoscale`` processes: the pool size is read from /proc (the worker's pool
 children), the decisions from the worker's log.
 
@@ -162,7 +162,7 @@ def test_a_backlog_grows_the_pool_to_max_and_an_idle_queue_shrinks_it_to_min(
     # One hold per message (CLEANUP_RELEASE_MODE=single): this checks that a backlog of
     # per-reservation messages grows the pool. In the default adaptive mode the sweeps answer
     # the same backlog with multi-hold messages, which one process drains before the pool has
-    # grown (the sizing is covered by test_adaptive.py and tests/unit/test_release_sizing.py).
+    # grown (the sizing is covered by test_adaptive.py and tests/unit/test_sizing.py).
     with autoscaled_worker(
         tmp_path,
         "4,1",
@@ -329,7 +329,7 @@ def test_a_database_read_error_keeps_the_current_size(tmp_path: Path) -> None:
 def test_a_broker_read_error_is_a_failed_reading(settings: object) -> None:
     """The reader reports an unreachable broker as an error (so ``decide`` holds), never as an
     empty queue. The database part reads the real test database."""
-    from cleanup.scaling.autoscale import Policy, Reader, decide
+    from cleanup.operations.scaling.autoscale import Policy, Reader, decide
 
     # given: a broker URL where nothing listens (port 1 on this host), of the broker's kind
     redis = settings.BROKER_IS_REDIS  # type: ignore[attr-defined]

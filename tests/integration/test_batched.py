@@ -15,8 +15,8 @@ import pytest
 from django.utils import timezone
 
 from cleanup.models import DeadLetter
-from cleanup.pipeline.messages import BatchMessage, build_batch
-from cleanup.pipeline.publish import publish_release_messages
+from cleanup.release.messages import BatchMessage, build_batch
+from cleanup.release.publish import publish_release_messages
 from cleanup.wire import RELEASE_BATCH_TASK
 from reservations import services
 from tests.wire import publish_raw

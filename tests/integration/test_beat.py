@@ -1,4 +1,4 @@
-"""Real ``celery beat`` processes (cleanup.pipeline.schedule:LeaderDatabaseScheduler) sending
+"""Real ``celery beat`` processes (cleanup.release.schedule:LeaderDatabaseScheduler) sending
 sweeps to real workers.
 
 6. Beat stopped for several intervals while holds expire → the next runs catch up completely;
@@ -35,7 +35,7 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from cleanup.broker import readers as broker
 from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupSchedule, HealthSample
-from cleanup.pipeline.schedule import (
+from cleanup.release.schedule import (
     RELAY_NAME,
     SWEEP_PREFIX,
     install_schedule,

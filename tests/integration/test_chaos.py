@@ -32,7 +32,7 @@ import pytest
 
 from cleanup.broker.readers import queue_depth
 from cleanup.conf import cleanup_settings
-from cleanup.pipeline.schedule import install_schedule
+from cleanup.release.schedule import install_schedule
 from tests.missing_tools import skip_for_missing
 
 from .fleet import (
@@ -158,7 +158,7 @@ def _unacked_delivery_keys() -> list[str]:
     delivered to a worker and not acknowledged."""
     from cleanup.broker.readers import redis_client
     from cleanup.broker.screening import parse_unacked
-    from cleanup.telemetry.deliveries import envelope_key
+    from cleanup.release.delivery_cap import envelope_key
 
     found = []
     for raw in redis_client().hvals("unacked"):

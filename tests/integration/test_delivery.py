@@ -23,7 +23,7 @@ from cleanup.broker import queues
 from cleanup.broker import readers as broker
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
-from cleanup.telemetry import deliveries
+from cleanup.release import delivery_cap
 from tests.missing_tools import leave_out
 from tests.wire import GOOD, publish_raw
 from tests.wire import task_body as _body
@@ -97,7 +97,7 @@ def test_a_pool_child_killed_mid_release_is_redelivered_and_released_once(
         # (a redelivery is counted; the first delivery was not; from a quorum queue the
         # broker counts it in the message itself, and no counter is written)
         if not broker_counts_redeliveries():
-            wait_until(lambda: deliveries.current(key) >= 1, timeout=60, what="redelivery")
+            wait_until(lambda: delivery_cap.current(key) >= 1, timeout=60, what="redelivery")
         wait_until(lambda: status_of(hold_id) == "released", timeout=60, what="released")
         recovery = time.monotonic() - killed_at
     print(f"\npool child SIGKILL: message redelivered and handled after {recovery:.2f}s")
@@ -106,7 +106,7 @@ def test_a_pool_child_killed_mid_release_is_redelivered_and_released_once(
     receipt_attempt = scalar("SELECT attempt FROM cleanup_cleanupreceipt")
     assert receipt_attempt == 1  # a redelivery, not a Celery retry
     # one redelivery: two deliveries in all
-    assert deliveries.current(key) == (0 if broker_counts_redeliveries() else 1)
+    assert delivery_cap.current(key) == (0 if broker_counts_redeliveries() else 1)
 
 
 def _backend_exists(pid: int) -> bool:
@@ -160,7 +160,7 @@ def test_a_worker_killed_whole_mid_release_is_recovered_by_another_worker(
             # the restored message is marked redelivered, so it is counted (by the broker
             # itself from a quorum queue)
             if not broker_counts_redeliveries():
-                wait_until(lambda: deliveries.current(key) >= 1, timeout=90, what="redelivery")
+                wait_until(lambda: delivery_cap.current(key) >= 1, timeout=90, what="redelivery")
             wait_until(lambda: status_of(hold_id) == "released", timeout=30, what="released")
             recovery = time.monotonic() - killed_at
             wait_until(lambda: queue_settled(cleanup_settings().release_queue), timeout=30)
@@ -192,7 +192,7 @@ def test_a_retry_with_a_countdown_comes_back_when_due_and_releases_its_hold(
     (cleanup.broker.queues), which the routing checks must let through to the release queue."""
     from celery import current_app
 
-    from cleanup.pipeline.messages import ReleaseMessage
+    from cleanup.release.messages import ReleaseMessage
     from cleanup.wire import RELEASE_TASK
 
     hold_id, _ = one_eligible_hold()

@@ -34,7 +34,8 @@ import pytest
 from django.db import connection
 
 from cleanup.models import DeadLetter
-from cleanup.pipeline import deadletters, locks
+from cleanup.operations import triage
+from cleanup.release import dead_letters, locks
 
 from . import fleet
 
@@ -134,9 +135,9 @@ def test_a_sweep_whose_connection_dies_is_a_periodic_letter_the_next_sweep_settl
         assert fleet.released_count(ids) == 0
         assert set(fleet.claim_counts(ids).values()) == {0}  # the claim rolled back
         # and: requeue says why it cannot send it, and a release settles nothing
-        (result,) = deadletters.requeue([letter]).keys()
+        (result,) = triage.requeue([letter]).keys()
         assert result.startswith("not_requeueable (a periodic task")
-        assert deadletters.resolve_released() == 0
+        assert dead_letters.resolve_released() == 0
         assert len(open_letters()) == 1
         # when: the next tick's sweep of the same shard succeeds
         fleet.run_sweeps(1)
@@ -147,8 +148,8 @@ def test_a_sweep_whose_connection_dies_is_a_periodic_letter_the_next_sweep_settl
         # and the worker logged the lock it could not release, not instead of the error
         unlock_lines = fleet.log_lines([worker.log_path], "sweep lock not released")
     letter.refresh_from_db()
-    assert letter.resolution == deadletters.SUCCEEDED_LATER
-    assert letter.resolved_by == deadletters.AUTOMATIC
+    assert letter.resolution == dead_letters.SUCCEEDED_LATER
+    assert letter.resolved_by == dead_letters.AUTOMATIC
     print(f"\nsweep killed {where}: lock releases on the dead connection: {unlock_lines}")
     assert fleet.invariant_violations(expected_released=ids) == []
 
@@ -283,7 +284,7 @@ def test_an_outbox_relay_failing_mid_batch_publishes_again_and_its_letter_clears
     # then: every event twice (at least once; consumers dedupe by event_id), the letter settled
     assert queue_depth(events) == 6
     letter.refresh_from_db()
-    assert letter.resolution == deadletters.SUCCEEDED_LATER
+    assert letter.resolution == dead_letters.SUCCEEDED_LATER
 
 
 def test_a_health_sample_that_cannot_be_written_is_a_letter_the_next_sample_settles(
@@ -302,7 +303,7 @@ def test_a_health_sample_that_cannot_be_written_is_a_letter_the_next_sample_sett
         fleet.wait_until(lambda: not open_letters(), timeout=60, what="letter settled")
     assert HealthSample.objects.count() == 1
     letter.refresh_from_db()
-    assert letter.resolution == deadletters.SUCCEEDED_LATER
+    assert letter.resolution == dead_letters.SUCCEEDED_LATER
 
 
 # --- a real broker outage under /readyz ------------------------------------------------------
@@ -419,7 +420,7 @@ def test_a_worker_whose_redis_dies_during_brpop_reconnects_and_releases(
             expires_at = fleet.scalar(
                 "SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id]
             )
-            from cleanup.pipeline.messages import build
+            from cleanup.release.messages import build
 
             message = build(hold_id, 1, expires_at, 0, "brpop-dropped")
             with app.connection_for_write(server.url) as conn:
@@ -445,7 +446,7 @@ def test_a_worker_whose_redis_dies_during_brpop_reconnects_and_releases(
 def test_a_beat_that_cannot_connect_for_its_lease_says_why_sends_nothing_and_recovers(
     clean, tmp_path: Path
 ) -> None:
-    from cleanup.pipeline.schedule import LEASE_APP_PREFIX, install_schedule
+    from cleanup.release.schedule import LEASE_APP_PREFIX, install_schedule
 
     install_schedule(1, 1)
     database = connection.settings_dict["NAME"]
@@ -502,9 +503,9 @@ def test_requeue_with_the_broker_down_keeps_the_letter_open_naming_the_error(
     expires_at = fleet.scalar(
         "SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id]
     )
-    from cleanup.pipeline.messages import build
+    from cleanup.release.messages import build
 
-    letter = deadletters.record(
+    letter = dead_letters.record(
         DeadLetter.Reason.RETRIES_EXHAUSTED,
         error="gave up",
         task_name="cleanup.release_reservation",
@@ -575,7 +576,7 @@ def test_a_prune_that_fails_deletes_nothing_and_its_letter_clears_once_a_prune_s
         fleet.wait_until(lambda: not open_letters(), timeout=60, what="letter settled")
     assert not CleanupReceipt.objects.filter(pk=old.pk).exists()
     letter.refresh_from_db()
-    assert letter.resolution == deadletters.SUCCEEDED_LATER
+    assert letter.resolution == dead_letters.SUCCEEDED_LATER
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cleanup.pipeline.schedule import install_schedule
+from cleanup.release.schedule import install_schedule
 
 from .fleet import ROOT, Worker, beats, service_env, wait_until
 

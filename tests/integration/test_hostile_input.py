@@ -27,8 +27,8 @@ from django.conf import settings
 
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
-from cleanup.pipeline.messages import ReleaseMessage
-from cleanup.pipeline.publish import publish_release_messages
+from cleanup.release.messages import ReleaseMessage
+from cleanup.release.publish import publish_release_messages
 from tests.wire import RELEASE_TASK, publish_raw
 from tests.wire import release_message as _good
 from tests.wire import task_body as _body

@@ -11,10 +11,10 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from cleanup.pipeline.messages import ReleaseMessage
-from cleanup.pipeline.publish import publish_release_messages
-from cleanup.pipeline.schedule import install_schedule
-from cleanup.pipeline.sweep import sweep_shard
+from cleanup.release.messages import ReleaseMessage
+from cleanup.release.publish import publish_release_messages
+from cleanup.release.schedule import install_schedule
+from cleanup.release.sweep import sweep_shard
 
 from .fleet import (
     Samples,

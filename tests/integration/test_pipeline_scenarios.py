@@ -28,11 +28,11 @@ from cleanup.broker import queues
 from cleanup.broker import readers as broker
 from cleanup.broker.confirms import PublishNotConfirmed
 from cleanup.conf import cleanup_settings
-from cleanup.pipeline import outbox
-from cleanup.pipeline.messages import ReleaseMessage
-from cleanup.pipeline.publish import publish_release_messages
-from cleanup.pipeline.schedule import LeaderDatabaseScheduler, install_schedule, installed_shards
-from cleanup.pipeline.sweep import SweepResult, sweep_shard
+from cleanup.release import claim, outbox
+from cleanup.release.messages import ReleaseMessage
+from cleanup.release.publish import publish_release_messages
+from cleanup.release.schedule import LeaderDatabaseScheduler, install_schedule, installed_shards
+from cleanup.release.sweep import SweepResult, sweep_shard
 from cleanup.tasks import sweep_shard_task
 from cleanup.wire import RELEASE_TASK, SWEEP_TASK
 from reservations import services
@@ -113,7 +113,7 @@ def test_every_message_published_three_times_is_released_once(workers, clean):
     ids = create_eligible_holds(200, offerings=2)
     trace = f"dup-{uuid.uuid4().hex[:8]}"
     with transaction.atomic():
-        claimed = services.claim_expired(
+        claimed = claim.claim_expired(
             0, 1, batch_size=1000, lease_seconds=300, max_claims=10, trace_id=trace
         )
     assert len(claimed) == len(ids)
@@ -221,7 +221,7 @@ def test_holds_changed_after_their_message_was_made_are_never_released(workers, 
     # and expired holds, claimed by the sweep's own claim, then cancelled by their learner
     expired_ids = create_eligible_holds(30, offerings=1)
     with transaction.atomic():
-        claimed = services.claim_expired(
+        claimed = claim.claim_expired(
             0, 1, batch_size=100, lease_seconds=300, max_claims=10, trace_id=trace
         )
     assert sorted(c.reservation_id for c in claimed) == sorted(expired_ids)
@@ -305,7 +305,7 @@ def test_a_hold_whose_message_is_lost_is_claimed_again_after_the_lease(workers, 
     ids = create_eligible_holds(100, offerings=2)
     lost_trace = f"lost-{uuid.uuid4().hex[:8]}"
     with transaction.atomic():
-        claimed = services.claim_expired(
+        claimed = claim.claim_expired(
             0,
             1,
             batch_size=500,
@@ -438,7 +438,7 @@ def test_a_message_deleted_from_the_broker_is_recovered_by_a_later_sweep(workers
     # published to a queue no worker consumes, which is then deleted
     ids = create_eligible_holds(50, offerings=1)
     with transaction.atomic():
-        claimed = services.claim_expired(
+        claimed = claim.claim_expired(
             0, 1, batch_size=500, lease_seconds=5, max_claims=10, trace_id="deleted"
         )
     from cleanup.tasks import release_reservation_task
@@ -478,7 +478,7 @@ def test_changing_the_shard_count_while_holds_wait_strands_none(workers, clean):
         sweep_shard_task.apply_async(kwargs={"shard": shard, "shards": 4})
     # shard 2's claim is made and its messages lost: those holds wait for their lease
     with transaction.atomic():
-        leased = services.claim_expired(2, 4, batch_size=500, lease_seconds=5, max_claims=10)
+        leased = claim.claim_expired(2, 4, batch_size=500, lease_seconds=5, max_claims=10)
     leased_ids = [c.reservation_id for c in leased]
     assert leased_ids
     time.sleep(2)
@@ -522,7 +522,7 @@ CAP_ENV = {
     # One hold per message, so the queue's depth in messages is its depth in holds: this
     # scenario checks the cap itself. (In the default adaptive mode a claim is still bounded by
     # the room in holds, so multi-hold messages never fill the cap; tests/unit/
-    # test_release_sizing.py and tests/integration/test_adaptive.py cover that mode.)
+    # test_sizing.py and tests/integration/test_adaptive.py cover that mode.)
     "CLEANUP_RELEASE_MODE": "single",
     "CLEANUP_MAX_QUEUE_DEPTH": str(CAP),
     "CLEANUP_SWEEP_BATCH_SIZE": str(BATCH),

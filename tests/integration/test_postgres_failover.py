@@ -42,7 +42,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from cleanup.pipeline.schedule import LEASE_APP_PREFIX, install_schedule
+from cleanup.release.schedule import LEASE_APP_PREFIX, install_schedule
 from config.env import parse_database_url
 from tests.missing_tools import skip_for_missing
 

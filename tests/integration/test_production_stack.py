@@ -88,7 +88,7 @@ def _seed(stack: Stack, count: int, expires_in: float, name: str) -> None:
     """`docker compose run --rm migrate python manage.py shell -c …` (the one-off is the web's
     image and environment; it runs in the migrate service's namespace)."""
     code = (
-        "from reservations.seed import seed_holds; "
+        "from tools.seed import seed_holds; "
         f"print(len(seed_holds({count}, offerings=2, expires_in={expires_in}, name={name!r})))"
     )
     done = stack.services["migrate"].oneoff(_manage_py_shell(code))
@@ -98,18 +98,18 @@ def _seed(stack: Stack, count: int, expires_in: float, name: str) -> None:
 POISON = """
 from django.conf import settings
 from cleanup import redis_clients
-from cleanup.telemetry import deliveries
-from cleanup.pipeline.messages import build, validate
+from cleanup.release import delivery_cap
+from cleanup.release.messages import build, validate
 from cleanup.wire import RELEASE_TASK
 from config.celery_app import app
 from reservations.models import Reservation
-from reservations.seed import seed_holds
+from tools.seed import seed_holds
 hold = Reservation.objects.get(pk=seed_holds(1, offerings=1, expires_in=3600, name="poison")[0])
 message = build(hold.pk, hold.version, hold.expires_at, 0, "drill-poison")
 key = validate(message).idempotency_key
 # What a message that crashed its worker on every delivery leaves: its key counted at the cap.
 redis_clients.client(settings.CLEANUP_COUNTER_REDIS_URL).set(
-    deliveries.KEY_PREFIX + key, settings.CLEANUP_MAX_DELIVERIES, ex=3600)
+    delivery_cap.KEY_PREFIX + key, settings.CLEANUP_MAX_DELIVERIES, ex=3600)
 app.send_task(RELEASE_TASK, args=(message,), queue=settings.CLEANUP_RELEASE_QUEUE, retries=1)
 print("poison", hold.pk, key)
 """

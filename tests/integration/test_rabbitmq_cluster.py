@@ -43,9 +43,9 @@ import pytest
 from kombu import Connection, Exchange, Producer, Queue
 
 from cleanup.broker.confirms import confirmed_producer
-from cleanup.pipeline.schedule import install_schedule
+from cleanup.release.schedule import install_schedule
 from tests.missing_tools import skip_for_missing
-from tests.rabbitmq_cluster import Cluster, MissingTool, Node
+from tools.rabbitmq_cluster import Cluster, MissingTool, Node
 
 from .fleet import (
     ROOT,

@@ -8,7 +8,7 @@ import pytest
 
 from cleanup.broker.readers import queue_stats
 from cleanup.conf import cleanup_settings
-from cleanup.pipeline.pause import set_paused
+from cleanup.release.pause import set_paused
 
 from .fleet import (
     Worker,

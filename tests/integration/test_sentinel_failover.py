@@ -33,8 +33,8 @@ from typing import Any
 import pytest
 import redis
 
-from cleanup.pipeline.schedule import install_schedule
-from cleanup.telemetry import deliveries
+from cleanup.release import delivery_cap
+from cleanup.release.schedule import install_schedule
 from tests.missing_tools import skip_for_missing
 
 from .fleet import (
@@ -203,7 +203,7 @@ def sentinel_cluster(root: Path, down_after_ms: int) -> Iterator[Cluster]:
 class BrokerState:
     """What one Redis server holds of the drill's broker and counter state: the task ids of
     the queued messages, the tags of the unacknowledged ones, the release attempts tallied
-    (cleanup.telemetry.deliveries) and the redelivery counters, and the replication offset."""
+    (cleanup.release.delivery_cap) and the redelivery counters, and the replication offset."""
 
     queued: frozenset[str]
     holds_of: dict[str, frozenset[int]]  # task id -> the holds its release message carries
@@ -215,14 +215,14 @@ class BrokerState:
     @classmethod
     def of(cls, client: redis.Redis) -> BrokerState:
         """One round trip, so that the master's state is read as close to its kill as can be."""
-        minute = deliveries.current_minute()
-        tally_keys = [f"{deliveries.TALLY_PREFIX}{m}" for m in range(minute - 5, minute + 2)]
+        minute = delivery_cap.current_minute()
+        tally_keys = [f"{delivery_cap.TALLY_PREFIX}{m}" for m in range(minute - 5, minute + 2)]
         pipe = client.pipeline(transaction=False)
         for key in QUEUE_KEYS:
             pipe.lrange(key, 0, -1)
         pipe.hkeys("unacked")
         pipe.mget(tally_keys)
-        pipe.keys(f"{deliveries.KEY_PREFIX}*")
+        pipe.keys(f"{delivery_cap.KEY_PREFIX}*")
         pipe.info("replication")
         *lists, tags, tallies, counters, info = pipe.execute()
         envelopes = [json.loads(entry) for entries in lists for entry in entries]

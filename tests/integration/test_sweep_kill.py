@@ -1,6 +1,6 @@
 """A worker killed in the middle of a sweep, with real workers: the sweep publishes a batch
 before its claim commits, so a sweep that dies inside that transaction leases nothing without
-a message (cleanup/pipeline/sweep.py; docs/PIPELINE.md, invariant 5).
+a message (cleanup/release/sweep.py; docs/PIPELINE.md, invariant 5).
 
 Two kill points, each parked deterministically inside the claim's transaction:
 - before the publish: the test locks the dead-letter table, and the batch holds a hold that

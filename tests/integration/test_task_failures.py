@@ -21,8 +21,8 @@ from django.db import connection
 
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
-from cleanup.pipeline import deadletters
-from cleanup.pipeline.messages import build
+from cleanup.operations import triage
+from cleanup.release.messages import build
 from cleanup.wire import RELEASE_TASK
 from config.celery_app import app
 
@@ -126,7 +126,7 @@ def test_a_release_stuck_past_its_soft_time_limit_is_dead_lettered_as_time_limit
             lambda: not fleet.blocked_backends(), timeout=30, what="the lock wait ended"
         )
         orphan_committed = fleet.status_of(hold_id) == "released"
-        assert deadletters.requeue([letter]) == {"republished": 1}
+        assert triage.requeue([letter]) == {"republished": 1}
         # the requeued message is a new first delivery: its attempt is logged (the interrupted
         # one logged none)
         fleet.wait_until(

@@ -30,7 +30,7 @@ def other_session() -> Iterator[BaseDatabaseWrapper]:
 def leading_beat(settings: Any) -> Iterator[tuple[Any, Any]]:
     """Beat's scheduler holding its lease (a lock id of this process's own, so no other run's
     beat stands in the way) and the schedule's sweep entry; the scheduler closed afterwards."""
-    from cleanup.pipeline.schedule import LeaderDatabaseScheduler, install_schedule
+    from cleanup.release.schedule import LeaderDatabaseScheduler, install_schedule
     from cleanup.wire import SWEEP_TASK
     from config.celery_app import app
 

@@ -1,7 +1,7 @@
 """The sweep's admission decisions as values, without a database: when a run goes on after a
 batch, whose turn it is near the cap, and how the loop records each stop on the sweep's result
 (the flags and log lines operators and the sweep tests read). The decisions against real queue
-depths and other sessions' locks are in test_sweep.py and test_release_sizing.py.
+depths and other sessions' locks are in test_sweep.py and test_sizing.py.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import logging
 
 import pytest
 
-from cleanup.pipeline import admission
-from cleanup.pipeline.admission import Reason, Stop, Take, Turn, after_the_batch, whose_turn
-from cleanup.pipeline.sweep import SweepResult, _stop
+from cleanup.release import admission
+from cleanup.release.admission import Reason, Stop, Take, Turn, after_the_batch, whose_turn
+from cleanup.release.sweep import SweepResult, _stop
 
 FAR = Take(holds=10, depth=0, room=1_000)
 

@@ -1,8 +1,8 @@
-"""The autoscaler's policy (cleanup.scaling.autoscale.decide) on hand-made readings."""
+"""The autoscaler's policy (cleanup.operations.scaling.autoscale.decide) on hand-made readings."""
 
 from __future__ import annotations
 
-from cleanup.scaling.autoscale import Policy, Reader, Reading, decide
+from cleanup.operations.scaling.autoscale import Policy, Reader, Reading, decide
 
 POLICY = Policy(min_procs=1, max_procs=8, slo_seconds=300, slo_target=0.5, cooldown_seconds=60)
 NOW = 1000.0

@@ -24,8 +24,8 @@ from cleanup.broker import keys, readers, routes
 from cleanup.broker.screening import parse_unacked
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
-from cleanup.pipeline.messages import ReleaseMessage
-from cleanup.pipeline.publish import publish_release_messages
+from cleanup.release.messages import ReleaseMessage
+from cleanup.release.publish import publish_release_messages
 from cleanup.worker.redis_transport import screen_entry
 from config.celery_app import app
 from tests.unit.test_broker_readers import envelope, unacked_entry

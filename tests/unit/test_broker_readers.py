@@ -20,11 +20,11 @@ from prometheus_client import REGISTRY
 
 from cleanup.broker import readers as broker_module
 from cleanup.conf import cleanup_settings
-from cleanup.console import health
-from cleanup.console.gauges import BacklogCollector
 from cleanup.models import DeadLetter
-from cleanup.scaling.autoscale import Reader
-from cleanup.telemetry import deliveries
+from cleanup.operations.console import health
+from cleanup.operations.console.gauges import BacklogCollector
+from cleanup.operations.scaling.autoscale import Reader
+from cleanup.release import delivery_cap
 from cleanup.worker.redis_transport import ScreenedQoS
 from config.celery_app import app
 from tests.wire import GOOD, RELEASE_TASK, task_body
@@ -274,7 +274,7 @@ def test_a_requeued_message_is_counted_before_it_is_back_in_its_queue(
     broker.zadd("unacked_index", {"tag": time.time()})
     queued_when_counted: list[int] = []
     monkeypatch.setattr(
-        deliveries,
+        delivery_cap,
         "count_restored",
         lambda _envelope: queued_when_counted.append(broker.llen(QUEUE)),
     )
@@ -297,7 +297,7 @@ def test_a_requeue_run_again_after_a_concurrent_change_counts_its_redelivery_onc
     broker.hset("unacked", "tag", unacked_entry())
     broker.zadd("unacked_index", {"tag": time.time()})
     counted: list[Any] = []
-    monkeypatch.setattr(deliveries, "count_restored", counted.append)
+    monkeypatch.setattr(delivery_cap, "count_restored", counted.append)
     with app.connection_for_write() as conn:
         channel: Any = conn.default_channel
         set_aside = channel.set_aside_restore_targets

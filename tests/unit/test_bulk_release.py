@@ -7,8 +7,8 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from cleanup.models import DeadLetter
-from cleanup.pipeline.messages import MalformedMessage, build_batch, validate_batch
-from cleanup.pipeline.publish import RELEASE_BATCH_TASK
+from cleanup.release.messages import MalformedMessage, build_batch, validate_batch
+from cleanup.release.publish import RELEASE_BATCH_TASK
 from reservations import services
 from reservations.models import Reservation
 from reservations.services import ReleaseOutcome
@@ -88,7 +88,7 @@ def test_every_malformed_item_of_a_batch_is_dead_lettered_and_the_valid_ones_rel
     # given: a batch of two expired holds and three malformed items
     from cleanup.models import DeadLetter
     from cleanup.tasks import release_batch_task
-    from reservations.seed import seed_holds
+    from tools.seed import seed_holds
 
     ids = seed_holds(2, offerings=1, expires_in=-60.0, name="mixed-batch")
     raw = build_batch([(rid, 1, timezone.now()) for rid in ids], shard=0, trace_id="mixed")
@@ -119,9 +119,9 @@ def test_a_one_hold_message_and_a_batch_log_their_attempt_lines(broker, caplog):
     # given: two expired holds, one sent alone and one in a batch
     import logging
 
-    from cleanup.pipeline.messages import build
+    from cleanup.release.messages import build
     from cleanup.tasks import release_batch_task, release_reservation_task
-    from reservations.seed import seed_holds
+    from tools.seed import seed_holds
 
     alone, batched = seed_holds(2, offerings=1, expires_in=-60.0, name="lines")
     expires_at = timezone.now()

@@ -5,7 +5,7 @@ import json
 import pytest
 from django.core.management import call_command
 
-from cleanup.scaling import capacity
+from cleanup.operations.scaling import capacity
 
 
 def receipts_of_releases(count: int, duration_ms: float) -> None:
@@ -88,7 +88,7 @@ def test_command_from_a_burst_report(tmp_path, capsys):
 
 def test_the_desired_consumers_gauge_follows_the_measured_rate_and_service_time(db, settings):
     # given: 600 releases in the last minute (10/s), each taking 100 ms, no planned peak
-    from cleanup.console.gauges import BacklogCollector
+    from cleanup.operations.console.gauges import BacklogCollector
 
     settings.CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S = 0
     settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 0
@@ -101,7 +101,7 @@ def test_the_desired_consumers_gauge_follows_the_measured_rate_and_service_time(
 
 
 def test_the_desired_consumers_gauge_is_absent_without_a_known_service_time(db, settings):
-    from cleanup.console.gauges import BacklogCollector
+    from cleanup.operations.console.gauges import BacklogCollector
 
     settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 0
     assert BacklogCollector().read_desired_consumers() == {"desired_consumers": []}
@@ -119,7 +119,7 @@ def capacity_settings(settings):
 
 
 def test_a_configured_per_consumer_rate_is_the_service_time(capacity_settings):
-    from cleanup.scaling.capacity import desired_consumers
+    from cleanup.operations.scaling.capacity import desired_consumers
 
     capacity_settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 20
     # 2,400 processed in the 60 s window = 40/s; 1/20 s each (the receipts' 500 ms is ignored):
@@ -131,7 +131,7 @@ def test_a_configured_per_consumer_rate_is_the_service_time(capacity_settings):
 
 
 def test_the_planned_peak_counts_when_it_is_above_the_measured_rate(capacity_settings):
-    from cleanup.scaling.capacity import desired_consumers
+    from cleanup.operations.scaling.capacity import desired_consumers
 
     capacity_settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 20
     capacity_settings.CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S = 40
@@ -144,7 +144,7 @@ def test_the_planned_peak_counts_when_it_is_above_the_measured_rate(capacity_set
 def test_a_growing_backlog_adds_to_the_arrival_rate_and_a_shrinking_one_does_not(
     capacity_settings,
 ):
-    from cleanup.scaling.capacity import desired_consumers
+    from cleanup.operations.scaling.capacity import desired_consumers
 
     # 600 processed in 60 s = 10/s at 50 ms: 10 × 0.05 / 0.7 = 0.71 → 1
     assert desired_consumers(600, 50.0, 0.0) == 1
@@ -155,7 +155,7 @@ def test_a_growing_backlog_adds_to_the_arrival_rate_and_a_shrinking_one_does_not
 
 
 def test_headroom_scales_the_arrival_rate(capacity_settings):
-    from cleanup.scaling.capacity import desired_consumers
+    from cleanup.operations.scaling.capacity import desired_consumers
 
     capacity_settings.CLEANUP_CAPACITY_HEADROOM = 0.5
     # 40/s × 1.5 × 0.05 / 0.7 = 4.29 → 5
@@ -163,7 +163,7 @@ def test_headroom_scales_the_arrival_rate(capacity_settings):
 
 
 def test_no_service_time_known_means_no_gauge(capacity_settings):
-    from cleanup.scaling.capacity import desired_consumers
+    from cleanup.operations.scaling.capacity import desired_consumers
 
     assert desired_consumers(2400, None, 30.0) is None
 
@@ -174,7 +174,7 @@ def test_the_collector_measures_backlog_growth_between_scrapes(db, capacity_sett
 
     from django.db.models.functions import Now
 
-    from cleanup.console.gauges import BacklogCollector
+    from cleanup.operations.console.gauges import BacklogCollector
     from reservations import services
     from reservations.models import Reservation
 

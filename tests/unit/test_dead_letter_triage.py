@@ -26,8 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cleanup.broker.readers import queue_depth
 from cleanup.models import CleanupReceipt, DeadLetter
-from cleanup.pipeline import deadletters, outbox
-from cleanup.pipeline.messages import build
+from cleanup.operations import triage
+from cleanup.release import dead_letters, outbox
+from cleanup.release.messages import build
 from tests.child_python import run_python
 from tests.integration.fleet import service_env
 
@@ -86,7 +87,7 @@ def is_open(*letters: DeadLetter) -> list[bool]:
 
 def test_discard_resolves_each_open_letter_once_with_who_and_why(db):
     first, second = letter(), letter(UNKNOWN, "evil.task")
-    done = deadletters.discard([first, second], by="alice", why="  garbage from a test client ")
+    done = triage.discard([first, second], by="alice", why="  garbage from a test client ")
     assert sorted(done) == ["discarded"]
     for x in (first, second):
         x.refresh_from_db()
@@ -97,7 +98,7 @@ def test_discard_resolves_each_open_letter_once_with_who_and_why(db):
             "garbage from a test client",
         )
     # a second discard (another operator, a double click) changes nothing
-    again = deadletters.discard([first], by="bob", why="me too")
+    again = triage.discard([first], by="bob", why="me too")
     assert {k: [x.pk for x in v] for k, v in again.items()} == {"already_resolved": [first.pk]}
     first.refresh_from_db()
     assert first.resolved_by == "alice"
@@ -109,7 +110,7 @@ def test_discard_resolves_each_open_letter_once_with_who_and_why(db):
 def test_discard_needs_a_reason_of_at_most_500_characters(db, why, words):
     x = letter()
     with pytest.raises(ValueError, match=words):
-        deadletters.discard([x], by="alice", why=why)
+        triage.discard([x], by="alice", why=why)
     assert is_open(x) == [True]
 
 
@@ -118,13 +119,13 @@ def test_discard_needs_a_reason_of_at_most_500_characters(db, why, words):
     [("90s", 90), ("30m", 1800), ("6h", 21600), ("7d", 604800), ("2w", 1209600)],
 )
 def test_ages_are_a_number_and_a_unit(text, seconds):
-    assert deadletters.parse_age(text) == timedelta(seconds=seconds)
+    assert triage.parse_age(text) == timedelta(seconds=seconds)
 
 
 @pytest.mark.parametrize("text", ["", "7", "d", "-1d", "0h", "1y", "1.5h"])
 def test_anything_else_is_not_an_age_and_the_message_says_what_is(text):
     with pytest.raises(ValueError, match="a positive number and a unit, s, m, h, d or w"):
-        deadletters.parse_age(text)
+        triage.parse_age(text)
 
 
 def test_the_oldest_open_letters_beyond_the_cap_are_summarised_per_reason_and_task(db):
@@ -135,7 +136,7 @@ def test_the_oldest_open_letters_beyond_the_cap_are_summarised_per_reason_and_ta
     kept = [letter(MALFORMED, "a"), letter(MALFORMED, "a"), letter(UNKNOWN, "x")]
     kept += [letter(UNKNOWN, "y"), letter(UNKNOWN, "y")]
     # when
-    assert deadletters.summarise_beyond_cap(5) == 8
+    assert dead_letters.summarise_beyond_cap(5) == 8
     # then: the 5 newest candidates and the claims_exhausted letters stay open in full
     assert all(is_open(*kept, *set_aside))
     assert DeadLetter.objects.get(pk=kept[0].pk).payload == "x" * 2000
@@ -162,9 +163,9 @@ def test_the_oldest_open_letters_beyond_the_cap_are_summarised_per_reason_and_ta
     assert "summary of 6 older open dead letter(s)" in summary.error
     assert f"summarised into dead letter #{summary.pk}" in old_malformed[0].resolution_note
     # nothing more to do; later letters beyond the cap go into the same summary
-    assert deadletters.summarise_beyond_cap(5) == 0
+    assert dead_letters.summarise_beyond_cap(5) == 0
     letter(MALFORMED, "a")
-    assert deadletters.summarise_beyond_cap(5) == 1
+    assert dead_letters.summarise_beyond_cap(5) == 1
     summary.refresh_from_db()
     assert summary.summarised_count == 7
     assert summaries.count() == 2
@@ -181,12 +182,12 @@ def test_the_health_upkeep_every_30_s_applies_the_cap(db, broker, settings):
 
 
 def test_task_names_beyond_the_bound_per_reason_share_one_summary(db, monkeypatch):
-    monkeypatch.setattr(deadletters, "SUMMARY_TASKS_PER_REASON", 2)
+    monkeypatch.setattr(dead_letters, "SUMMARY_TASKS_PER_REASON", 2)
     for task, n in (("t1", 3), ("t2", 2), ("t3", 1), ("t4", 1)):
         for _ in range(n):
             letter(UNKNOWN, task)
     letter(UNKNOWN, "newest")
-    assert deadletters.summarise_beyond_cap(1) == 7
+    assert dead_letters.summarise_beyond_cap(1) == 7
     got = dict(
         DeadLetter.objects.filter(summarised_count__gt=0).values_list(
             "task_name", "summarised_count"
@@ -549,7 +550,7 @@ def test_metrics_export_the_open_letters_against_the_cap_and_discarding_clears_t
     before = scrape()
     assert before[("reservation_cleanup_dead_letters_open", "malformed")] == 2
     assert before[("reservation_cleanup_dead_letters_open_cap", "")] == 7
-    deadletters.discard(letters, by="ivan", why="seen")
+    triage.discard(letters, by="ivan", why="seen")
     assert scrape()[("reservation_cleanup_dead_letters_open", "malformed")] == 0
 
 

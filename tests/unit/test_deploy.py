@@ -43,8 +43,8 @@ def exported_metrics() -> set[str]:
     suffixes Prometheus gives them) and the web's scrape-time gauges."""
     from prometheus_client import REGISTRY
 
-    from cleanup.console import gauges as collectors
-    from cleanup.telemetry import metrics
+    from cleanup import metrics
+    from cleanup.operations.console import gauges as collectors
 
     names: set[str] = set()
     for collector_names in REGISTRY._collector_to_names.values():
@@ -75,7 +75,10 @@ def test_compose_runs_every_service_the_system_needs() -> None:
     assert "--autoscale=" in command(services["worker"])
     from django.conf import settings
 
-    assert settings.CELERY_WORKER_AUTOSCALER == "cleanup.scaling.autoscale:BacklogAutoscaler"
+    assert (
+        settings.CELERY_WORKER_AUTOSCALER
+        == "cleanup.operations.scaling.autoscale:BacklogAutoscaler"
+    )
     # every long-running service has a health check
     for name in ("postgres", "redis", "web", "worker", "beat", "flower"):
         assert healthcheck(services[name]), f"{name} has no health check"
@@ -1092,7 +1095,7 @@ def test_the_pod_monitors_select_the_pods_and_ports_the_deployments_have() -> No
 
 def test_every_alert_has_a_standard_severity_and_the_annotations_tools_show() -> None:
     runbook = (ROOT / "docs" / "RUNBOOK.md").read_text()
-    from cleanup.console.runbook import anchor
+    from cleanup.operations.console.runbook import anchor
 
     sections = {anchor(line[3:]) for line in runbook.splitlines() if line.startswith("## ")}
     for name, rule in _alert_rules().items():
@@ -1112,7 +1115,7 @@ def test_every_alert_has_a_standard_severity_and_the_annotations_tools_show() ->
 def test_the_known_label_values_cover_every_drop_reason_and_reader_in_the_code() -> None:
     """The drop and skip counters are created at 0 with these labels; a reason or reader added
     in the code without them would have no series to alert from until it first happens."""
-    from cleanup.telemetry import metrics
+    from cleanup import metrics
 
     code = "".join(p.read_text() for p in (ROOT / "cleanup").rglob("*.py"))
     drops = set(re.findall(r'record_(?:control_)?drop\("(\w+)"', code))

@@ -12,16 +12,16 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from cleanup.console import health
-from cleanup.console.gauges import BacklogCollector
-from cleanup.drills.burst import sample
-from cleanup.drills.state import BurstConfig, BurstState
-from cleanup.telemetry import deliveries
+from cleanup.operations.console import health
+from cleanup.operations.console.gauges import BacklogCollector
+from cleanup.release import claim, delivery_cap
 from common.db import rows, scalar
 from reservations import services, sql
 from reservations.eligibility import eligible_sql
 from reservations.models import BUCKETS, Reservation
-from reservations.seed import seed_holds
+from tools.drills.burst import sample
+from tools.drills.state import BurstConfig, BurstState
+from tools.seed import seed_holds
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
 
@@ -93,7 +93,7 @@ def test_every_reader_of_eligibility_sees_the_same_holds() -> None:
 
     # the burst drill's sample, over the seeded ids
     ids = sorted(r[0] for r in rows("SELECT id FROM reservations_reservation"))
-    state = BurstState(ids=ids, tally_minute=deliveries.current_minute())
+    state = BurstState(ids=ids, tally_minute=delivery_cap.current_minute())
     drill = sample(BurstConfig(shards=SHARDS), state, 0.0, [], [])
     assert drill.eligible == n
     assert drill.oldest_eligible_s is not None and drill.oldest_eligible_s >= oldest_age
@@ -102,7 +102,7 @@ def test_every_reader_of_eligibility_sees_the_same_holds() -> None:
     claimed = [
         hold.reservation_id
         for shard in range(SHARDS)
-        for hold in services.claim_expired(
+        for hold in claim.claim_expired(
             shard, SHARDS, batch_size=100, lease_seconds=60, max_claims=5
         )
     ]

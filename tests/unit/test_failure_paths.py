@@ -298,14 +298,15 @@ def test_a_full_offering_reclaims_at_most_the_cap_of_eligible_holds_per_request(
 @pytest.mark.django_db
 def test_a_periodic_success_settles_only_the_letters_of_the_same_run() -> None:
     from cleanup.models import DeadLetter
-    from cleanup.pipeline import deadletters
+    from cleanup.operations import triage
+    from cleanup.release import dead_letters
     from cleanup.tasks import relay_outbox_task, sweep_shard_task
 
     def key(task: Any, **kwargs: Any) -> str:
         return str(task.periodic_key((), kwargs))
 
     def letter(idempotency_key: str, reason: str = DeadLetter.Reason.PERIODIC_FAILED) -> Any:
-        return deadletters.record(reason, error="boom", idempotency_key=idempotency_key)
+        return dead_letters.record(reason, error="boom", idempotency_key=idempotency_key)
 
     shard0 = key(sweep_shard_task, shard=0, shards=4)
     assert shard0 == "periodic:cleanup.sweep_shard:shard=0,shards=4"
@@ -317,7 +318,7 @@ def test_a_periodic_success_settles_only_the_letters_of_the_same_run() -> None:
         letter(shard0, DeadLetter.Reason.FAILED),  # not a periodic letter
     ]
     # when: shard 0 of 4 succeeds
-    assert deadletters.settle_periodic(shard0) == 2
+    assert dead_letters.settle_periodic(shard0) == 2
     # then: its two letters are settled, by the cleanup; nothing else
     for settled in mine:
         settled.refresh_from_db()
@@ -326,7 +327,7 @@ def test_a_periodic_success_settles_only_the_letters_of_the_same_run() -> None:
         "a success settled another run's letter"
     )
     # and requeue says why it will not send a periodic letter, changing nothing
-    (action,) = deadletters.requeue([others[0]]).keys()
+    (action,) = triage.requeue([others[0]]).keys()
     assert action.startswith("not_requeueable (a periodic task: beat runs it again")
     assert DeadLetter.objects.get(pk=others[0].pk).resolved_at is None
 
@@ -334,12 +335,12 @@ def test_a_periodic_success_settles_only_the_letters_of_the_same_run() -> None:
 @pytest.mark.django_db
 def test_a_sweep_that_skipped_its_locked_shard_settles_nothing() -> None:
     from cleanup.models import DeadLetter
-    from cleanup.pipeline import deadletters
+    from cleanup.release import dead_letters
     from cleanup.tasks import sweep_shard_task
 
     kwargs = {"shard": 0, "shards": 2}
     key = sweep_shard_task.periodic_key((), kwargs)
-    letter = deadletters.record(
+    letter = dead_letters.record(
         DeadLetter.Reason.PERIODIC_FAILED, error="boom", idempotency_key=key
     )
     assert letter is not None
@@ -348,4 +349,4 @@ def test_a_sweep_that_skipped_its_locked_shard_settles_nothing() -> None:
     assert DeadLetter.objects.get(pk=letter.pk).resolved_at is None
     # a sweep that ran settles it
     sweep_shard_task.on_success({"skipped_locked": False, "claimed": 0}, "t2", (), kwargs)
-    assert DeadLetter.objects.get(pk=letter.pk).resolution == deadletters.SUCCEEDED_LATER
+    assert DeadLetter.objects.get(pk=letter.pk).resolution == dead_letters.SUCCEEDED_LATER

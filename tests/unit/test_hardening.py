@@ -19,9 +19,9 @@ from kombu.exceptions import ContentDisallowed
 
 from cleanup.broker import screening
 from cleanup.models import CleanupReceipt, DeadLetter
-from cleanup.pipeline import deadletters
-from cleanup.pipeline.messages import MalformedMessage, build, validate
-from cleanup.pipeline.release import Attempt, release, release_batch
+from cleanup.release import dead_letters
+from cleanup.release.messages import MalformedMessage, build, validate
+from cleanup.release.release import Attempt, release, release_batch
 from cleanup.worker import redis_transport, remote_control
 from reservations import services
 from reservations.models import Reservation
@@ -484,22 +484,22 @@ def test_our_amqp_header_scan_still_matches_py_amqps_decoder() -> None:
     ids=["id 2**64", "version 2**40", "lone surrogate", "NUL bytes", "2 MB", "deep"],
 )
 def test_record_stores_a_bounded_row_for_any_message(message: dict) -> None:
-    letter = deadletters.record(
+    letter = dead_letters.record(
         DeadLetter.Reason.MALFORMED, error="bad \x00 \ud800", message=message, payload=message
     )
     assert letter is not None
     stored = DeadLetter.objects.get(pk=letter.pk)
     assert stored.reason == "malformed"
-    assert len(stored.payload) <= deadletters.PAYLOAD_LIMIT
-    assert stored.message is None or len(json.dumps(stored.message)) <= deadletters.MESSAGE_LIMIT
+    assert len(stored.payload) <= dead_letters.PAYLOAD_LIMIT
+    assert stored.message is None or len(json.dumps(stored.message)) <= dead_letters.MESSAGE_LIMIT
     assert stored.reservation_id in (None, 1) and stored.version in (None, 1)
     assert "\x00" not in stored.error + stored.payload + stored.trace_id
 
 
 @pytest.mark.django_db
 def test_record_never_raises_and_keeps_the_reason_when_the_row_is_refused(monkeypatch) -> None:
-    monkeypatch.setattr(deadletters, "_storable_message", lambda m: {"bad": "\x00"})
-    letter = deadletters.record(DeadLetter.Reason.FAILED, error="boom", message=dict(GOOD))
+    monkeypatch.setattr(dead_letters, "_storable_message", lambda m: {"bad": "\x00"})
+    letter = dead_letters.record(DeadLetter.Reason.FAILED, error="boom", message=dict(GOOD))
     assert letter is not None
     assert DeadLetter.objects.get(pk=letter.pk).error.startswith("boom [row rejected")
 

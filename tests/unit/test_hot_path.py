@@ -14,12 +14,12 @@ from django.db import connection
 
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
-from cleanup.pipeline.messages import build, validate
-from cleanup.pipeline.release import Attempt, release
+from cleanup.release import delivery_cap
+from cleanup.release.messages import build, validate
+from cleanup.release.release import Attempt, release
 from cleanup.tasks import release_reservation_task
-from cleanup.telemetry import deliveries
 from reservations.models import Reservation
-from reservations.seed import seed_holds
+from tools.seed import seed_holds
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,7 +36,7 @@ def _count(delivery_info: dict[str, Any], retries: int) -> tuple[int, int]:
     finally:
         del task.delivery_key
         task.pop_request()
-    return number, deliveries.current(key)
+    return number, delivery_cap.current(key)
 
 
 def test_a_first_delivery_is_not_counted_and_makes_no_round_trip(settings: Any) -> None:
@@ -67,7 +67,7 @@ def test_a_redelivery_counts_where_it_is_restored_and_the_cap_counts_the_first()
     message = build(hold, 1, datetime.now(UTC), 0, "t")
     key = validate(message).idempotency_key
     envelope = _envelope(message)
-    deliveries.count_restored(envelope)
+    delivery_cap.count_restored(envelope)
     # when: it arrives, marked as a redelivery
     task: Any = release_reservation_task
     task.push_request(id=envelope["headers"]["id"], delivery_info={"redelivered": True}, retries=0)
@@ -76,7 +76,7 @@ def test_a_redelivery_counts_where_it_is_restored_and_the_cap_counts_the_first()
     finally:
         task.pop_request()
     # then: its second delivery, counted once
-    assert (number, deliveries.current(key)) == (2, 1)
+    assert (number, delivery_cap.current(key)) == (2, 1)
 
 
 def test_on_rabbitmq_the_brokers_redelivered_flag_is_counted_as_it_arrives(settings: Any) -> None:
@@ -91,7 +91,7 @@ def _redeliver(hold: int, earlier_redeliveries: int) -> dict[str, Any]:
     message = build(hold, 1, datetime.now(UTC), 0, "cap")
     key = validate(message).idempotency_key
     for _ in range(earlier_redeliveries):
-        deliveries.increment(key)
+        delivery_cap.increment(key)
     task: Any = release_reservation_task
     task.push_request(
         id=uuid.uuid4().hex,
@@ -146,16 +146,16 @@ def test_release_attempts_are_tallied_per_hold_and_reach_redis_within_seconds(
     settings: Any,
 ) -> None:
     assert settings.CLEANUP_COUNTER_REDIS_URL, "the tally lives in the counter's Redis"
-    minute = deliveries.current_minute()
-    deliveries.flush_tally()
-    before = deliveries.attempts_from(minute)
+    minute = delivery_cap.current_minute()
+    delivery_cap.flush_tally()
+    before = delivery_cap.attempts_from(minute)
     # when: three attempts are tallied, and nothing flushes them by hand
-    deliveries.tally(3)
+    delivery_cap.tally(3)
     # then: the process's flush thread adds them within a few seconds
     deadline = time.monotonic() + 5
-    while deliveries.attempts_from(minute) - before < 3 and time.monotonic() < deadline:
+    while delivery_cap.attempts_from(minute) - before < 3 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert deliveries.attempts_from(minute) - before == 3
+    assert delivery_cap.attempts_from(minute) - before == 3
 
 
 def _prepared() -> list[tuple[str, int, int]]:

@@ -1,4 +1,4 @@
-"""The invariant check itself (cleanup.drills.invariants): it passes on a correct history and names
+"""The invariant check itself (tools.drills.invariants): it passes on a correct history and names
 each kind of violation, including a hold released by a message whose version it no longer had."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from datetime import timedelta
 import pytest
 from django.db.models.functions import Now
 
-from cleanup.drills.invariants import invariant_violations
 from cleanup.models import CleanupReceipt
-from cleanup.pipeline.messages import build, validate
-from cleanup.pipeline.release import Attempt, release
+from cleanup.release.messages import build, validate
+from cleanup.release.release import Attempt, release
 from reservations import services
 from reservations.models import Offering, Reservation
+from tools.drills.invariants import invariant_violations
 
 pytestmark = pytest.mark.django_db
 

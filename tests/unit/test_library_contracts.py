@@ -75,7 +75,7 @@ def test_a_suites_lock_hash_that_is_not_the_pinned_versions_is_refused() -> None
 
 
 def test_the_metrics_compactor_can_still_read_and_write_mmap_files() -> None:
-    # cleanup.telemetry.worker_metrics.compact reads and writes prometheus_client's multiprocess
+    # cleanup.operations.worker_metrics.compact reads and writes prometheus_client's multiprocess
     # files.
     from prometheus_client.mmap_dict import MmapedDict
 
@@ -96,7 +96,7 @@ def test_django_still_turns_psycopg_preparing_off_by_default() -> None:
 
 
 def test_kombu_still_marks_a_restored_redis_message_as_redelivered() -> None:
-    # cleanup.pipeline.delivery.CleanupTask.count_delivery counts only redelivered (or retried)
+    # cleanup.release.delivery.CleanupTask.count_delivery counts only redelivered (or retried)
     # messages: kombu's restore must set delivery_info.redelivered on the message it pushes back.
     from unittest.mock import MagicMock
 
@@ -123,7 +123,7 @@ def test_kombu_still_marks_a_restored_redis_message_as_redelivered() -> None:
 def test_beat_rereads_every_entry_and_rebuilds_its_heap_when_told_to(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # cleanup.pipeline.schedule.LeaderDatabaseScheduler._reload_from_database, on taking the
+    # cleanup.release.schedule.LeaderDatabaseScheduler._reload_from_database, on taking the
     # lease: `_initial_read = True` makes django-celery-beat's `schedule` re-read every row (the
     # previous leader's last_run_at, written without a change signal), and `_heap = None` makes
     # Celery's `Scheduler.tick` rebuild its heap from them. django-celery-beat's own suite does

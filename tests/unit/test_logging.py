@@ -18,7 +18,7 @@ def _record(exc: bool = False) -> logging.LogRecord:
         except ValueError:
             exc_info = sys.exc_info()
     record = logging.LogRecord(
-        "cleanup.pipeline.sweep", logging.WARNING, __file__, 1, "sweep %s", ("done",), exc_info
+        "cleanup.release.sweep", logging.WARNING, __file__, 1, "sweep %s", ("done",), exc_info
     )
     record.shard = 3
     record.trace_id = "t-1"
@@ -31,7 +31,7 @@ def test_json_lines_carry_the_message_level_logger_and_every_extra_field() -> No
     assert "\n" not in line
     assert payload["message"] == "sweep done"
     assert payload["level"] == "WARNING"
-    assert payload["logger"] == "cleanup.pipeline.sweep"
+    assert payload["logger"] == "cleanup.release.sweep"
     assert (payload["shard"], payload["trace_id"]) == (3, "t-1")
     assert payload["ts"].endswith("+00:00")
     assert "exc" not in payload
@@ -46,4 +46,4 @@ def test_a_json_line_keeps_its_exception_as_one_field() -> None:
 
 def test_text_lines_are_key_value_after_the_message() -> None:
     line = KeyValueFormatter().format(_record())
-    assert line.split(" ", 1)[1] == "WARNING cleanup.pipeline.sweep sweep done shard=3 trace_id=t-1"
+    assert line.split(" ", 1)[1] == "WARNING cleanup.release.sweep sweep done shard=3 trace_id=t-1"

@@ -1,6 +1,6 @@
 """The project's raw SQL lives in four modules, by name: common/sql.py (the connection's own
 session settings), reservations/sql.py (the domain's), cleanup/sql.py (the cleanup's) and
-cleanup/drills/sql.py (the drills' checks of the pipeline).
+tools/drills/sql.py (the drills' checks of the pipeline).
 Every named statement is accepted by PostgreSQL as it stands (prepared against the migrated
 schema, not run), and no other product module writes a statement of its own.
 
@@ -19,13 +19,13 @@ import pytest
 from django.db import connection
 
 from cleanup import sql as cleanup_sql
-from cleanup.drills import sql as drills_sql
 from common import sql as common_sql
 from reservations import sql as reservations_sql
+from tools.drills import sql as drills_sql
 
 ROOT = Path(__file__).resolve().parents[2]
 SQL_MODULES = {
-    ROOT / package / "sql.py" for package in ("common", "reservations", "cleanup", "cleanup/drills")
+    ROOT / package / "sql.py" for package in ("common", "reservations", "cleanup", "tools/drills")
 }
 # A string that starts like a statement (after white space): what a module must not write.
 STATEMENT = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|ANALYZE|SET)\s")

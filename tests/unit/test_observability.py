@@ -16,11 +16,11 @@ from django.db import connection
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from cleanup.console.endpoints import metrics_registry
-from cleanup.console.gauges import BacklogCollector
+from cleanup.operations.console.endpoints import metrics_registry
+from cleanup.operations.console.gauges import BacklogCollector
 from common.db import rows
-from reservations.seed import seed_holds
 from tests.integration.fleet import create_eligible_holds
+from tools.seed import seed_holds
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,7 +142,7 @@ def truth_count(shards: int, k: int) -> int:
 
 @pytest.mark.django_db(transaction=True)
 def test_gauges_equal_sql_ground_truth_and_count_caps(client: Client, settings) -> None:
-    from cleanup.pipeline.schedule import install_schedule
+    from cleanup.release.schedule import install_schedule
 
     settings.METRICS_TOKEN = "t"
     install_schedule(4, 10)
@@ -246,7 +246,7 @@ def test_every_worker_serves_its_pool_size() -> None:
 
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from cleanup.telemetry.worker_metrics import PoolCollector
+    from cleanup.operations.worker_metrics import PoolCollector
 
     consumer = SimpleNamespace(pool=SimpleNamespace(num_processes=3))
     registry = CollectorRegistry()
@@ -260,8 +260,8 @@ def test_known_label_values_cover_the_dead_letter_reasons_and_tasks() -> None:
     """Counters created at 0 when a worker starts: every dead-letter reason and every cleanup
     task, so retries and dead letters show 0, not nothing, on a healthy fleet."""
     import cleanup.tasks  # noqa: F401 - registers the tasks
+    from cleanup import metrics
     from cleanup.models import DeadLetter
-    from cleanup.telemetry import metrics
     from config.celery_app import app as current_app
 
     assert set(metrics.KNOWN_DEAD_LETTER_REASONS) == set(DeadLetter.Reason.values)
@@ -307,7 +307,7 @@ def total():
     return {{(s.name, tuple(sorted(s.labels.items()))): s.value
             for m in r.collect() for s in m.samples}}
 before = total()
-from cleanup.telemetry.worker_metrics import compact
+from cleanup.operations.worker_metrics import compact
 print(compact({str(tmp_path)!r}))
 after = total()
 assert before == after, (before, after)
@@ -330,7 +330,7 @@ def test_compaction_leaves_no_file_of_a_dead_pool_process_for_the_project_metric
 ) -> None:
     """Recycled pool processes that touched the project's own metrics (a release, a sweep, a
     sizing decision) leave nothing behind after one pass: their counters and histograms are
-    archived, their gauges removed. Break: a gauge in cleanup.telemetry.metrics with a non-live
+    archived, their gauges removed. Break: a gauge in cleanup.metrics with a non-live
     multiprocess mode (e.g. "mostrecent"): its dead processes' files stay, one per recycle."""
     script = f"""
 import json, os, sys
@@ -338,7 +338,7 @@ os.environ["WORKER_METRICS_PORT"] = "9999"
 os.environ["WORKER_METRICS_DIR"] = {str(tmp_path)!r}
 os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
 sys.argv = ["/venv/bin/celery", "-A", "config", "worker", "-n", "recycle@box"]
-from cleanup.telemetry import metrics
+from cleanup import metrics
 path = os.environ["PROMETHEUS_MULTIPROC_DIR"]
 children = []
 for i in range(5):
@@ -352,7 +352,7 @@ for i in range(5):
         os._exit(0)
     os.waitpid(pid, 0)
     children.append(pid)
-from cleanup.telemetry.worker_metrics import compact
+from cleanup.operations.worker_metrics import compact
 compact(path)
 left = [f for f in os.listdir(path) if any(f.endswith(f"_{{pid}}.db") for pid in children)]
 print(json.dumps(left))
@@ -367,7 +367,7 @@ print(json.dumps(left))
 
 @pytest.fixture
 def preparing_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``worker_boot.prepare`` called in the test process changes it for every later test:
+    """``metrics_boot.prepare`` called in the test process changes it for every later test:
     it sets ``PROMETHEUS_MULTIPROC_DIR`` (to a directory the test then deletes) and re-selects
     prometheus_client's value class (multiprocess values, written as files there). Both are
     recorded here so they are put back after the test. The variable is set before it is
@@ -382,7 +382,7 @@ def preparing_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("preparing_in_this_process")
 def test_worker_boot_sets_and_wipes_a_directory_per_worker(tmp_path: Path, monkeypatch) -> None:
-    from cleanup.telemetry import worker_boot
+    from cleanup import metrics_boot
 
     monkeypatch.setenv("WORKER_METRICS_PORT", "9999")
     monkeypatch.setenv("WORKER_METRICS_DIR", str(tmp_path))
@@ -390,11 +390,11 @@ def test_worker_boot_sets_and_wipes_a_directory_per_worker(tmp_path: Path, monke
     stale.parent.mkdir()
     stale.write_bytes(b"old")
     argv = ["/venv/bin/celery", "-A", "config", "worker", "-n", "w1@box"]
-    path = worker_boot.prepare(argv)
+    path = metrics_boot.prepare(argv)
     assert path == tmp_path / "w1@box" and not stale.exists()
     assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(path)
-    assert worker_boot.prepare(["/venv/bin/celery", "-A", "config", "beat"]) is None
-    assert worker_boot.worker_name(["celery", "worker", "--hostname=a@%h"]).startswith("a@")
+    assert metrics_boot.prepare(["/venv/bin/celery", "-A", "config", "beat"]) is None
+    assert metrics_boot.worker_name(["celery", "worker", "--hostname=a@%h"]).startswith("a@")
 
 
 # Whoever imports the metrics first, in a worker they are constructed in multiprocess mode: here
@@ -402,8 +402,8 @@ def test_worker_boot_sets_and_wipes_a_directory_per_worker(tmp_path: Path, monke
 # Flower's CLI plugin imports it before ``-A config`` is loaded). Break: metrics.py without its
 # ``ensure_prepared()`` call (the value files are never written).
 STARTUP_ORDERS = {
-    "metrics first": "from cleanup.telemetry import metrics",
-    "app first": "import config.celery_app\nfrom cleanup.telemetry import metrics",
+    "metrics first": "from cleanup import metrics",
+    "app first": "import config.celery_app\nfrom cleanup import metrics",
 }
 
 
@@ -435,19 +435,19 @@ print(json.dumps(sorted(os.listdir(os.environ["PROMETHEUS_MULTIPROC_DIR"]))))
 
 @pytest.mark.usefixtures("preparing_in_this_process")
 def test_a_worker_prepares_once_and_under_the_project_by_default(monkeypatch) -> None:
-    from cleanup.telemetry import worker_boot
+    from cleanup import metrics_boot
 
     monkeypatch.setenv("WORKER_METRICS_PORT", "9999")
     monkeypatch.delenv("WORKER_METRICS_DIR", raising=False)
     argv = ["/venv/bin/celery", "-A", "config", "worker", "-n", "default-dir-test@box"]
-    path = worker_boot.prepare(argv)
+    path = metrics_boot.prepare(argv)
     try:
         assert path == ROOT / "var" / "prometheus" / "default-dir-test@box"
     finally:
         if path is not None:
             path.rmdir()
     # in this (test) process: prepared once, at the first import of the metrics, as no worker
-    assert worker_boot.ensure_prepared() is None and worker_boot._prepared == [None]
+    assert metrics_boot.ensure_prepared() is None and metrics_boot._prepared == [None]
 
 
 def test_cleanup_reaches_the_configured_app_from_any_thread() -> None:
@@ -490,7 +490,7 @@ def test_observing_an_amount_n_times_at_once_records_what_n_observations_do(
     ``times`` calls of ``observe``, at a bucket's bound, between bounds and past the last."""
     from prometheus_client import CollectorRegistry, Histogram
 
-    from cleanup.telemetry.metrics import observe_times
+    from cleanup.metrics import observe_times
 
     def samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], float]]:
         # every sample but the histogram's creation time
@@ -517,7 +517,7 @@ def test_observing_an_amount_n_times_at_once_records_what_n_observations_do(
 def test_a_batchs_outcomes_count_each_hold() -> None:
     from prometheus_client import REGISTRY
 
-    from cleanup.telemetry import metrics
+    from cleanup import metrics
 
     def value(name: str, labels: dict[str, str] | None = None) -> float:
         return REGISTRY.get_sample_value(name, labels or {}) or 0.0
@@ -543,8 +543,8 @@ def test_a_duplicate_release_is_counted_as_already_handled_and_moves_no_transiti
     """What an operator reads on /metrics after a duplicate delivery: one release, one
     duplicate, one transition (a duplicate counted as released would hide the duplicates and
     inflate the transitions)."""
-    from cleanup.pipeline.messages import build
-    from cleanup.pipeline.publish import RELEASE_TASK
+    from cleanup.release.messages import build
+    from cleanup.release.publish import RELEASE_TASK
     from reservations.models import Reservation
 
     settings.METRICS_TOKEN = "t" * 40

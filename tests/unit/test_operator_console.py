@@ -18,11 +18,11 @@ from django.utils import timezone
 from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
 from cleanup.broker.readers import PEEK_ENTRIES, QueueStats
-from cleanup.console import health
 from cleanup.models import CleanupReceipt, CleanupSchedule, DeadLetter, SweepRecord
-from cleanup.pipeline.messages import ReleaseMessage, build, idempotency_key
-from cleanup.pipeline.schedule import PRUNE_NAME, RELAY_NAME, install_schedule, sweep_entry_name
-from cleanup.pipeline.sweep import SweepResult
+from cleanup.operations.console import health
+from cleanup.release.messages import ReleaseMessage, build, idempotency_key
+from cleanup.release.schedule import PRUNE_NAME, RELAY_NAME, install_schedule, sweep_entry_name
+from cleanup.release.sweep import SweepResult
 from common.db import rows as sql
 from reservations import services
 from reservations.models import Reservation
@@ -138,7 +138,7 @@ def test_the_health_page_numbers_equal_sql_and_the_broker(admin_client_, broker,
     CleanupReceipt.objects.create(
         idempotency_key="release:2:1", reservation_id=2, version=1, outcome="renewed"
     )
-    from cleanup.pipeline.publish import publish_release_messages
+    from cleanup.release.publish import publish_release_messages
 
     publish_release_messages(
         [ReleaseMessage.for_hold(900_000 + i, 1, timezone.now(), 0, "t") for i in range(7)]
@@ -439,10 +439,10 @@ def test_hold_receipt_and_dead_letter_pages_link_to_each_other(admin_client_, br
         idempotency_key=key,
         delivery_count=4,
     )
-    from cleanup.telemetry import deliveries
+    from cleanup.release import delivery_cap
 
-    deliveries.increment(key)
-    deliveries.increment(key)
+    delivery_cap.increment(key)
+    delivery_cap.increment(key)
     hold_url = reverse("admin:reservations_reservation_change", args=[hold.pk])
     receipt_url = reverse("admin:cleanup_cleanupreceipt_change", args=[receipt.pk])
     letter_url = reverse("admin:cleanup_deadletter_change", args=[letter.pk])

@@ -19,13 +19,14 @@ from kombu import Producer
 
 from cleanup.broker.readers import priority_keys, queue_depth
 from cleanup.models import CleanupReceipt, DeadLetter
-from cleanup.pipeline import deadletters, outbox
-from cleanup.pipeline.messages import build, build_batch, validate
-from cleanup.pipeline.release import Attempt, release
-from cleanup.pipeline.sweep import sweep_shard
+from cleanup.operations import triage
+from cleanup.release import dead_letters, outbox
+from cleanup.release.messages import build, build_batch, validate
+from cleanup.release.release import Attempt, release
+from cleanup.release.sweep import sweep_shard
 from reservations import services
 from reservations.models import OutboxEvent, Reservation
-from reservations.seed import seed_holds
+from tools.seed import seed_holds
 
 
 def _events_in_queue(client, queue: str) -> list[dict]:
@@ -120,8 +121,8 @@ def test_retention_prunes_only_finished_rows_older_than_the_cutoff(db, broker):
         idempotency_key="release:1:9", reservation_id=1, version=9, outcome="renewed"
     )
     CleanupReceipt.objects.update(created_at=old)
-    open_letter = deadletters.record("malformed", error="x")
-    resolved = deadletters.record("malformed", error="y")
+    open_letter = dead_letters.record("malformed", error="x")
+    resolved = dead_letters.record("malformed", error="y")
     assert open_letter is not None and resolved is not None
     DeadLetter.objects.filter(pk=resolved.pk).update(resolved_at=old)
     # when
@@ -134,7 +135,7 @@ def test_retention_prunes_only_finished_rows_older_than_the_cutoff(db, broker):
 
 def test_requeue_republishes_the_same_message_and_resolves_the_letter(db, broker, settings):
     message = build(42, 3, timezone.now(), 1, "trace-1")
-    letter = deadletters.record("retries_exhausted", error="db down", message=message)
+    letter = dead_letters.record("retries_exhausted", error="db down", message=message)
     assert letter is not None
     out = StringIO()
     call_command("requeue_dead_letters", "--dry-run", stdout=out)
@@ -148,9 +149,9 @@ def test_requeue_republishes_the_same_message_and_resolves_the_letter(db, broker
 
 
 def test_a_malformed_letter_is_reported_not_requeued(db, broker, settings):
-    letter = deadletters.record("malformed", error="bad", payload="garbage")
+    letter = dead_letters.record("malformed", error="bad", payload="garbage")
     assert letter is not None
-    result = deadletters.requeue([letter])
+    result = triage.requeue([letter])
     assert sum(result.values()) == 1
     (what,) = result
     assert what.startswith("not_requeueable")
@@ -178,7 +179,7 @@ def test_requeue_of_a_claims_exhausted_hold_makes_the_next_sweep_publish_it(brok
     assert letter.reservation_id == hold.pk
     assert sweep_shard(0, 1).claimed == 0  # set aside: no sweep takes it
     # when: the letter is requeued
-    assert deadletters.requeue([letter]) == {"rescheduled": 1}
+    assert triage.requeue([letter]) == {"rescheduled": 1}
     # then: the hold is due again with a fresh budget; the next sweep publishes its message
     letter.refresh_from_db()
     assert letter.resolution == "rescheduled" and letter.resolved_at is not None
@@ -188,16 +189,16 @@ def test_requeue_of_a_claims_exhausted_hold_makes_the_next_sweep_publish_it(brok
     queued = _events_in_queue(broker, settings.CLEANUP_RELEASE_QUEUE)
     assert [q[0][0]["idempotency_key"] for q in queued] == [f"release:{hold.pk}:1"]
     # a second requeue of the same letter does nothing
-    assert deadletters.requeue([DeadLetter.objects.get(pk=letter.pk)]) == {"already_resolved": 1}
+    assert triage.requeue([DeadLetter.objects.get(pk=letter.pk)]) == {"already_resolved": 1}
 
 
 def test_requeue_of_a_batch_message_republishes_the_batch_to_the_batched_task(db, broker, settings):
     now = timezone.now()
     message = build_batch([(41, 1, now), (42, 3, now)], 0, "batch-trace")
-    letter = deadletters.record("retries_exhausted", error="db down", message=message)
+    letter = dead_letters.record("retries_exhausted", error="db down", message=message)
     assert letter is not None
     # when
-    assert deadletters.requeue([letter]) == {"republished": 1}
+    assert triage.requeue([letter]) == {"republished": 1}
     # then: the same batch, to cleanup.release_batch
     raw = [
         json.loads(item)
@@ -214,9 +215,9 @@ def test_requeue_of_a_batch_message_republishes_the_batch_to_the_batched_task(db
 def test_a_batch_letter_with_a_malformed_item_is_not_requeued(db, broker, settings):
     message = build_batch([(41, 1, timezone.now())], 0, "bad-batch")
     message["items"].append({"reservation_id": "x", "version": 1})
-    letter = deadletters.record("malformed", error="bad item", message=message)
+    letter = dead_letters.record("malformed", error="bad item", message=message)
     assert letter is not None
-    result = deadletters.requeue([letter])
+    result = triage.requeue([letter])
     assert list(result) == ["not_requeueable (1 malformed item(s))"]
     assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == 0
 
@@ -234,7 +235,7 @@ def test_letters_a_later_release_settled_are_resolved_and_the_rest_stay_open(db)
         DeadLetter.Reason.TIME_LIMIT,
     ]
     recorded = [
-        deadletters.record(reason, error="x", message=messages[i])
+        dead_letters.record(reason, error="x", message=messages[i])
         for reason, i in zip(reasons, ids, strict=True)
     ]
     letters = [letter for letter in recorded if letter is not None]
@@ -247,7 +248,7 @@ def test_letters_a_later_release_settled_are_resolved_and_the_rest_stay_open(db)
     outcomes = [release(validate(messages[i]), attempt) for i in ids]
     assert outcomes == ["released", "released", "released", "renewed"]
     # when
-    assert deadletters.resolve_released() == 2
+    assert dead_letters.resolve_released() == 2
     # then: the two a release settled are resolved; the malformed one and the one whose hold
     # was renewed (not released) stay open
     for letter in letters:
@@ -259,4 +260,4 @@ def test_letters_a_later_release_settled_are_resolved_and_the_rest_stay_open(db)
         (False, ""),
     ]
     # and a second pass changes nothing
-    assert deadletters.resolve_released() == 0
+    assert dead_letters.resolve_released() == 0

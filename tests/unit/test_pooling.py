@@ -222,7 +222,7 @@ import json
 import django
 django.setup()
 from django.db import connection, connections
-from cleanup.pipeline import locks
+from cleanup.release import locks
 from common.db import scalar, session_alias
 
 key = locks.sweep_shard(0, 1)

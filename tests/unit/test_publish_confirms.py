@@ -35,9 +35,9 @@ from kombu import Producer
 from cleanup.broker import confirms
 from cleanup.broker.confirms import ConfirmedBatch, PublishNotConfirmed, confirms_available
 from cleanup.conf import cleanup_settings
-from cleanup.pipeline import outbox
-from cleanup.pipeline.messages import ReleaseMessage
-from cleanup.pipeline.sweep import sweep_shard
+from cleanup.release import outbox
+from cleanup.release.messages import ReleaseMessage
+from cleanup.release.sweep import sweep_shard
 from cleanup.wire import RELEASE_TASK
 from config.celery_app import app as celery_app
 from reservations import services

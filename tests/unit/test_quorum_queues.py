@@ -23,8 +23,8 @@ from kombu.transport.native_delayed_delivery import calculate_routing_key, level
 from cleanup import wire
 from cleanup.broker import queues, routes, screening
 from cleanup.conf import QUORUM_DELIVERY_LIMIT, CleanupSettings
-from cleanup.pipeline.messages import build
-from cleanup.telemetry import deliveries
+from cleanup.release import delivery_cap
+from cleanup.release.messages import build
 from cleanup.worker import amqp_transport
 from tests.child_python import run_python
 from tests.integration.fleet import service_env
@@ -218,8 +218,8 @@ def counter_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         calls.append(f"current {key}")
         return 2
 
-    monkeypatch.setattr(deliveries, "increment", increment)
-    monkeypatch.setattr(deliveries, "current", current)
+    monkeypatch.setattr(delivery_cap, "increment", increment)
+    monkeypatch.setattr(delivery_cap, "current", current)
     return calls
 
 

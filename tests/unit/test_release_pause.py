@@ -12,9 +12,9 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 
-from cleanup.console.gauges import BacklogCollector
 from cleanup.models import ReleasePause
-from cleanup.pipeline import pause
+from cleanup.operations.console.gauges import BacklogCollector
+from cleanup.release import pause
 
 pytestmark = [pytest.mark.django_db]
 

@@ -1,7 +1,7 @@
 """The adaptive release mode (the default): how many holds each release message carries, and
 the sweeps' turns near the queue's cap.
 
-The sizing function is pure (``cleanup.pipeline.sizing``); the sweep tests run the product's
+The sizing function is pure (``cleanup.release.sizing``); the sweep tests run the product's
 sweep in process against the tests' PostgreSQL and Redis database, and read what it published
 from the broker, as a worker would receive it.
 """
@@ -17,12 +17,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 from cleanup.broker.readers import priority_keys, queue_depth, redis_client
-from cleanup.pipeline import release_sizing, sizing
-from cleanup.pipeline.admission import fair_share, near_the_cap
-from cleanup.pipeline.sizing import choose_release_size, split_evenly
-from cleanup.pipeline.sweep import sweep_shard
+from cleanup.release import sizing
+from cleanup.release.admission import fair_share, near_the_cap
+from cleanup.release.sizing import choose_release_size, split_evenly
+from cleanup.release.sweep import sweep_shard
 from reservations.models import Reservation
-from reservations.seed import seed_holds
+from tools.seed import seed_holds
 
 
 def size(**inputs: Any) -> sizing.ReleaseSize:
@@ -128,7 +128,7 @@ def test_holds_are_split_into_even_messages():
 
 
 def test_the_drain_arithmetic_is_the_one_the_autoscaler_and_the_capacity_plan_use():
-    from cleanup.scaling import autoscale, capacity
+    from cleanup.operations.scaling import autoscale, capacity
 
     assert capacity.ceil_consumers is sizing.ceil_whole
     assert capacity.offered_load is sizing.offered_load
@@ -174,7 +174,7 @@ def adaptive(settings: Any) -> Any:
     settings.CLEANUP_RELEASE_BATCH_SIZE = 100
     settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 0
     settings.CLEANUP_AUTOSCALE_SERVICE_TIME = 0.05  # a floor of 20 messages/s
-    release_sizing._last_sizing.clear()
+    sizing._last_sizing.clear()
     return settings
 
 
@@ -244,7 +244,7 @@ def test_the_measured_rate_is_read_only_when_the_floor_would_batch(adaptive, bro
         reads.append(1)
         return 10_000.0  # a fast fleet: 80,000 messages servable within the target
 
-    monkeypatch.setattr(release_sizing, "_messages_per_second", measured)
+    monkeypatch.setattr(sizing, "_messages_per_second", measured)
     expired(30, seconds_ago=1)
     sweep_shard(0, 1)
     assert reads == []  # 30 holds fit at the floor: no query
@@ -273,7 +273,7 @@ def test_the_measured_rate_counts_messages_not_holds(adaptive, broker):
     ]
     CleanupReceipt.objects.bulk_create(now_rows)
     # 4 holds in one message + 2 single messages = 3 messages in the window
-    assert release_sizing._messages_per_second() == 3 / release_sizing.RATE_WINDOW_S
+    assert sizing._messages_per_second() == 3 / sizing.RATE_WINDOW_S
 
 
 # --- Turns near the cap ---------------------------------------------------------------------
@@ -339,7 +339,7 @@ def test_a_sweep_waits_in_line_for_the_publish_lock_at_most_the_lock_wait(settin
 
     from django.db import connection, connections
 
-    from cleanup.pipeline import locks
+    from cleanup.release import locks
 
     settings.CLEANUP_SWEEP_TIME_BUDGET = 600
     settings.CLEANUP_SWEEP_LOCK_WAIT = 0.3
@@ -385,8 +385,8 @@ def test_a_failed_batch_is_dead_lettered_hold_by_hold_and_each_letter_settles_al
     from django.utils import timezone
 
     from cleanup.models import CleanupReceipt, DeadLetter
-    from cleanup.pipeline import deadletters
-    from cleanup.pipeline.messages import build_batch
+    from cleanup.release import dead_letters
+    from cleanup.release.messages import build_batch
     from cleanup.tasks import release_batch_task
 
     ids = expired(3, seconds_ago=1, offerings=1)
@@ -410,13 +410,13 @@ def test_a_failed_batch_is_dead_lettered_hold_by_hold_and_each_letter_settles_al
     CleanupReceipt.objects.create(
         idempotency_key=f"release:{ids[0]}:1", reservation_id=ids[0], version=1, outcome="released"
     )
-    assert deadletters.resolve_released() == 1
+    assert dead_letters.resolve_released() == 1
     assert DeadLetter.objects.filter(resolved_at__isnull=True).count() == 2
 
 
 @pytest.mark.django_db(transaction=True)
 def test_the_last_sweep_shows_messages_and_holds_on_the_health_page(adaptive, broker, admin_client):
-    from cleanup.console import health
+    from cleanup.operations.console import health
 
     expired(1_000, seconds_ago=1, offerings=2)
     result = sweep_shard(0, 1, batch_size=500)
@@ -434,7 +434,7 @@ def test_a_batch_attempt_log_line_names_each_hold_with_its_outcome(broker, caplo
 
     from django.utils import timezone
 
-    from cleanup.pipeline.messages import build_batch
+    from cleanup.release.messages import build_batch
     from cleanup.tasks import release_batch_task
 
     ids = expired(3, seconds_ago=1, offerings=1)
@@ -462,7 +462,7 @@ def test_a_batch_attempt_log_line_names_each_hold_with_its_outcome(broker, caplo
 def test_a_full_batch_is_sized_for_the_holds_due_behind_it(adaptive, broker, monkeypatch, caplog):
     # given: 6,000 holds due, a fleet measured at 400 messages/s (3,600 servable in the 9 s
     # left of the target), and batches of 500: one batch alone fits one hold per message
-    monkeypatch.setattr(release_sizing, "_messages_per_second", lambda: 400.0)
+    monkeypatch.setattr(sizing, "_messages_per_second", lambda: 400.0)
     expired(6_000, seconds_ago=1)
     caplog.set_level(logging.INFO, logger="cleanup.sweep")
     # when: a sweep claims one full batch
@@ -479,15 +479,15 @@ def test_a_sweep_run_counts_the_due_backlog_once_and_a_partial_batch_never(
     adaptive, broker, monkeypatch, caplog
 ):
     # given: a fleet measured at 400 messages/s and a count that says how often it is read
-    monkeypatch.setattr(release_sizing, "_messages_per_second", lambda: 400.0)
+    monkeypatch.setattr(sizing, "_messages_per_second", lambda: 400.0)
     counted: list[int] = []
-    real = release_sizing._eligible_in_all_shards
+    real = sizing._eligible_in_all_shards
 
     def count(bound: int) -> int:
         counted.append(bound)
         return real(bound)
 
-    monkeypatch.setattr(release_sizing, "_eligible_in_all_shards", count)
+    monkeypatch.setattr(sizing, "_eligible_in_all_shards", count)
     expired(2_400, seconds_ago=1)
     caplog.set_level(logging.DEBUG, logger="cleanup.sweep")
     # when: shard 0 of 2 (about half the holds) is swept in batches of 500

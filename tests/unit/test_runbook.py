@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
-from cleanup.console.runbook import anchor, render
+from cleanup.operations.console.runbook import anchor, render
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,9 @@ from django.utils import timezone
 from django_celery_beat.models import IntervalSchedule, PeriodicTask, PeriodicTasks
 
 from cleanup.models import CleanupSchedule
-from cleanup.pipeline.schedule import (
+from cleanup.release import claim
+from cleanup.release.claim import shard_buckets
+from cleanup.release.schedule import (
     PRUNE_NAME,
     RELAY_NAME,
     SAMPLE_NAME,
@@ -29,10 +31,8 @@ from cleanup.pipeline.schedule import (
     sweep_entry_name,
 )
 from config.celery_app import app as celery_app
-from reservations import services
 from reservations.models import BUCKETS, Reservation
-from reservations.seed import seed_holds
-from reservations.services import shard_buckets
+from tools.seed import seed_holds
 
 pytestmark = [pytest.mark.django_db]
 
@@ -226,7 +226,7 @@ def test_every_hold_is_claimed_by_exactly_one_shard_under_any_shard_count():
         claimed: list[int] = []
         for k in range(shards):
             with transaction.atomic():
-                got = services.claim_expired(
+                got = claim.claim_expired(
                     k, shards, batch_size=5000, lease_seconds=0, max_claims=100
                 )
             assert all(c.bucket % shards == k for c in got)
@@ -239,7 +239,7 @@ def test_beats_run_record_never_overwrites_an_edit_committed_meanwhile(monkeypat
     commits between the two was lost (seen with a real beat). Ours writes two columns only."""
     from django_celery_beat.schedulers import ModelEntry
 
-    from cleanup.pipeline.schedule import RunRecordingEntry
+    from cleanup.release.schedule import RunRecordingEntry
 
     manager = PeriodicTask._default_manager
     real_get = manager.get
@@ -266,7 +266,7 @@ def test_beats_run_record_never_overwrites_an_edit_committed_meanwhile(monkeypat
 
 def test_entries_installed_before_the_schedule_object_existed_are_adopted_not_reset():
     # given: sweep entries as an older release installed them, then edited in beat's admin
-    from cleanup.pipeline.schedule import _ensure
+    from cleanup.release.schedule import _ensure
 
     for k in range(3):
         _ensure(
@@ -285,14 +285,14 @@ def test_entries_installed_before_the_schedule_object_existed_are_adopted_not_re
 
 
 def test_beat_still_builds_entries_from_scheduler_entry_and_records_runs_through_save():
-    """cleanup.pipeline.schedule.RunRecordingEntry relies on django-celery-beat building entries
+    """cleanup.release.schedule.RunRecordingEntry relies on django-celery-beat building entries
     with ``self.Entry`` and recording a run by calling the entry's ``save()`` from ``sync``; an
     upgrade that changes either would silently bring back the whole-row write."""
     import inspect
 
     from django_celery_beat.schedulers import DatabaseScheduler
 
-    from cleanup.pipeline.schedule import LeaderDatabaseScheduler, RunRecordingEntry
+    from cleanup.release.schedule import LeaderDatabaseScheduler, RunRecordingEntry
 
     assert "self.Entry(" in inspect.getsource(DatabaseScheduler.all_as_schedule)
     assert ".save()" in inspect.getsource(DatabaseScheduler.sync)

@@ -17,8 +17,8 @@ from django.urls import reverse
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from cleanup.models import CleanupSchedule
-from cleanup.pipeline.schedule import SWEEP_PREFIX, install_schedule, sweep_entry_name
-from cleanup.pipeline.schedule_preview import snapshot
+from cleanup.operations.schedule_preview import snapshot
+from cleanup.release.schedule import SWEEP_PREFIX, install_schedule, sweep_entry_name
 
 pytestmark = [pytest.mark.django_db]
 

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from cleanup.release.claim import ClaimedHold, claim_expired, reschedule_claim
 from reservations import errors, services
 from reservations.models import Offering, OutboxEvent, Reservation
 from reservations.services import ReleaseOutcome
@@ -471,8 +472,8 @@ def test_cancelling_a_hold_set_aside_by_the_sweep_succeeds_and_returns_it(offeri
     # given: an expired hold claimed past its budget (next_attempt_at = infinity)
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
     later = t0 + timedelta(seconds=120)
-    (claim,) = services.claim_expired(0, 1, batch_size=10, lease_seconds=1, max_claims=0, now=later)
-    assert claim.set_aside
+    (claimed,) = claim_expired(0, 1, batch_size=10, lease_seconds=1, max_claims=0, now=later)
+    assert claimed.set_aside
 
     # when: the learner cancels it (allowed for an expired hold)
     cancelled = services.cancel(hold.pk, 1, now=later)
@@ -625,7 +626,7 @@ def test_releasing_with_a_custom_reason_records_it_on_the_hold_and_the_event(off
 # --- claim_expired / reschedule_claim --------------------------------------------------------
 
 
-def claim(now: datetime, **overrides: object) -> list[services.ClaimedHold]:
+def claim(now: datetime, **overrides: object) -> list[ClaimedHold]:
     options: dict[str, object] = {
         "batch_size": 100,
         "lease_seconds": 300,
@@ -635,7 +636,7 @@ def claim(now: datetime, **overrides: object) -> list[services.ClaimedHold]:
     options.update(overrides)
     shard = int(options.pop("shard", 0))  # type: ignore[call-overload]
     shards = int(options.pop("shards", 1))  # type: ignore[call-overload]
-    return services.claim_expired(shard, shards, now=now, **options)  # type: ignore[arg-type]
+    return claim_expired(shard, shards, now=now, **options)  # type: ignore[arg-type]
 
 
 def test_a_claim_takes_only_held_expired_due_holds_of_its_shard(make_offering, t0):
@@ -671,7 +672,7 @@ def test_a_claim_leases_the_hold_and_counts_it_without_bumping_the_version(offer
 
     (claimed,) = claim(later, lease_seconds=30, trace_id="trace-abc")
 
-    assert claimed == services.ClaimedHold(
+    assert claimed == ClaimedHold(
         reservation_id=hold.pk,
         version=1,
         expires_at=t0 + timedelta(seconds=60),
@@ -722,7 +723,7 @@ def test_rescheduling_a_set_aside_hold_makes_it_due_again_with_a_fresh_budget(of
     claim(later, max_claims=0)
     assert claim(later, max_claims=0) == []
 
-    assert services.reschedule_claim([hold.pk]) == 1
+    assert reschedule_claim([hold.pk]) == 1
 
     state = row(hold.pk)
     assert not state["infinite"]
@@ -735,8 +736,8 @@ def test_rescheduling_ignores_holds_that_are_no_longer_held_and_empty_input(offe
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
     services.cancel(hold.pk, 1, now=t0)
 
-    assert services.reschedule_claim([hold.pk, MISSING_ID]) == 0
-    assert services.reschedule_claim([]) == 0
+    assert reschedule_claim([hold.pk, MISSING_ID]) == 0
+    assert reschedule_claim([]) == 0
 
 
 def test_claims_come_back_sorted_by_expiry(make_offering, t0):
@@ -774,7 +775,7 @@ def test_a_claim_takes_at_most_one_batch_in_due_order(make_offering, t0):
 @pytest.mark.parametrize(("shard", "shards"), [(-1, 2), (2, 2), (0, 0)])
 def test_a_claim_outside_the_shard_range_raises_value_error(db, shard, shards):
     with pytest.raises(ValueError, match="outside"):
-        services.claim_expired(shard, shards, batch_size=1, lease_seconds=1, max_claims=1)
+        claim_expired(shard, shards, batch_size=1, lease_seconds=1, max_claims=1)
 
 
 def test_a_claimed_hold_is_still_released_by_its_message(offering, t0):

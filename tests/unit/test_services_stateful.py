@@ -28,6 +28,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from cleanup.release import claim
 from reservations import services
 from reservations.errors import HoldExpired, NoSeatsAvailable, NotHeld, StaleVersion
 from reservations.models import Offering, OutboxEvent, Reservation
@@ -230,7 +231,7 @@ class ReservationMachine(RuleBasedStateMachine):
             ),
             key=lambda h: (h.expires_at, h.id),  # oldest expiry first
         )[:batch]
-        claimed = services.claim_expired(
+        claimed = claim.claim_expired(
             shard,
             shards,
             batch_size=batch,
@@ -276,7 +277,7 @@ class ReservationMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.holds))
     def reschedule(self, data: st.DataObject) -> None:
         hold = self._pick(data)
-        count = services.reschedule_claim([hold.id])
+        count = claim.reschedule_claim([hold.id])
         assert count == (1 if hold.status == HELD else 0)
         if hold.status == HELD:
             hold.claim_count = 0

@@ -1,6 +1,6 @@
 """Behind a transaction pooler the session state lives on the direct connection
 (``DATABASE_DIRECT_URL``'s alias, ``common.db.session_connection``): every session lock of
-``cleanup.pipeline.locks``, the sweep's wait in line for the publish lock, and beat's lease.
+``cleanup.release.locks``, the sweep's wait in line for the publish lock, and beat's lease.
 
 In process and without a pooler: the session alias is made a connection of its own to the
 same test database through a second address (a relay, standing in for the direct URL beside
@@ -28,9 +28,9 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from cleanup import sql
-from cleanup.pipeline import locks
-from cleanup.pipeline.schedule import LEASE_APP_PREFIX, LeaderDatabaseScheduler
-from cleanup.pipeline.sweep import SweepResult, sweep_shard
+from cleanup.release import locks
+from cleanup.release.schedule import LEASE_APP_PREFIX, LeaderDatabaseScheduler
+from cleanup.release.sweep import SweepResult, sweep_shard
 from common.db import psycopg_params, rows, scalar, session_alias
 from config.celery_app import app as celery_app
 from config.env import SESSION_ALIAS

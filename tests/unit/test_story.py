@@ -11,11 +11,11 @@ from django.core.management import call_command
 from django.db.models.functions import Now
 from django.test import Client
 
-from cleanup.console.story import explain
 from cleanup.models import DeadLetter
-from cleanup.pipeline.messages import build, validate
-from cleanup.pipeline.release import Attempt, release
-from cleanup.pipeline.sweep import sweep_shard
+from cleanup.operations.console.story import explain
+from cleanup.release.messages import build, validate
+from cleanup.release.release import Attempt, release
+from cleanup.release.sweep import sweep_shard
 from reservations import services
 from reservations.models import Offering, Reservation
 

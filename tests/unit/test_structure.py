@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("config", "common", "reservations", "cleanup")
+PACKAGES = ("config", "common", "reservations", "cleanup", "tools", "bench")
 
 
 def _modules() -> dict[str, Path]:
@@ -111,15 +111,84 @@ def test_no_cleanup_module_imports_config() -> None:
     assert _imports("cleanup", "config") == set()
 
 
-def test_no_runtime_module_imports_the_drill_tooling() -> None:
-    graph = import_graph()
-    runtime = [
-        name for name in graph if not name.startswith(("cleanup.drills", "cleanup.management"))
-    ]
-    leaks = {
+def test_the_product_never_imports_the_tooling() -> None:
+    """tools/ (drills, seeding) and bench/ sit outside the apps a team installs."""
+    product = ("common", "reservations", "cleanup")
+    assert {
         (name, target)
-        for name in runtime
-        for target in graph[name]
-        if target.startswith("cleanup.drills")
+        for name, targets in import_graph().items()
+        if name.startswith(product)
+        for target in targets
+        if target.startswith(("tools", "bench"))
+    } == set()
+
+
+def test_the_benchmarks_never_import_the_tests() -> None:
+    offenders = set()
+    for path in (ROOT / "bench").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            offenders.update(
+                (str(path.relative_to(ROOT)), n) for n in names if n.split(".")[0] == "tests"
+            )
+    assert offenders == set()
+
+
+# The floors of cleanup/, lowest first. A module imports only from its own floor or below:
+# the release core never reaches the worker's edge or operations, and nothing reaches the
+# Django entry points (tasks, admin, commands).
+CLEANUP_FLOORS: tuple[tuple[str, ...], ...] = (
+    (
+        "cleanup",
+        "cleanup.conf",
+        "cleanup.wire",
+        "cleanup.models",
+        "cleanup.sql",
+        "cleanup.metrics",
+        "cleanup.metrics_boot",
+        "cleanup.redis_clients",
+        "cleanup.redis_sentinel",
+    ),
+    ("cleanup.broker",),
+    ("cleanup.release",),
+    ("cleanup.worker",),
+    ("cleanup.operations",),
+    ("cleanup.tasks", "cleanup.admin", "cleanup.apps", "cleanup.management"),
+)
+
+
+def floor_of(module: str) -> int | None:
+    for floor, prefixes in enumerate(CLEANUP_FLOORS):
+        for prefix in prefixes:
+            if module == prefix or (prefix != "cleanup" and module.startswith(prefix + ".")):
+                return floor
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    return {
+        (name, target)
+        for name, targets in graph.items()
+        if name.startswith("cleanup")
+        for target in targets
+        if target.startswith("cleanup") and (floor_of(target) or 0) > (floor_of(name) or 0)
     }
-    assert leaks == set()
+
+
+def test_every_cleanup_module_has_a_floor() -> None:
+    assert [m for m in import_graph() if m.startswith("cleanup") and floor_of(m) is None] == []
+
+
+def test_no_cleanup_module_imports_from_a_floor_above_its_own() -> None:
+    assert upward_imports(import_graph()) == set()
+
+
+def test_the_floor_check_finds_an_upward_import() -> None:
+    graph = {"cleanup.release.sweep": {"cleanup.operations.console.health"}, "cleanup.sql": set()}
+    assert upward_imports(graph) == {("cleanup.release.sweep", "cleanup.operations.console.health")}

@@ -22,11 +22,11 @@ from django.db.models.functions import Now
 from prometheus_client import REGISTRY
 
 from cleanup.broker.readers import queue_depth, redis_client
-from cleanup.pipeline import admission, locks
-from cleanup.pipeline import sweep as sweep_module
-from cleanup.pipeline.messages import BatchMessage, ReleaseMessage
-from cleanup.pipeline.publish import publish_release_messages
-from cleanup.pipeline.sweep import SweepResult, sweep_shard
+from cleanup.release import admission, claim, locks
+from cleanup.release import sweep as sweep_module
+from cleanup.release.messages import BatchMessage, ReleaseMessage
+from cleanup.release.publish import publish_release_messages
+from cleanup.release.sweep import SweepResult, sweep_shard
 from reservations import services
 from reservations.models import Reservation
 
@@ -199,7 +199,7 @@ def test_a_sweep_stops_between_batches_when_its_time_budget_is_spent(settings, m
     clock_skip = [0.0]
     real_monotonic = time.monotonic
     monkeypatch.setattr(
-        "cleanup.pipeline.sweep.publish_release_messages", publish_then_spend_the_budget
+        "cleanup.release.sweep.publish_release_messages", publish_then_spend_the_budget
     )
     # the sweep's own clock jumps an hour once the first batch is published
     monkeypatch.setattr(
@@ -231,7 +231,7 @@ def test_a_sweep_interrupted_by_its_soft_time_limit_lets_go_of_its_locks(
     def soft_limit(messages: list[ReleaseMessage | BatchMessage]) -> None:
         raise SoftTimeLimitExceeded()
 
-    monkeypatch.setattr("cleanup.pipeline.sweep.publish_release_messages", soft_limit)
+    monkeypatch.setattr("cleanup.release.sweep.publish_release_messages", soft_limit)
     # when
     result = sweep_shard(0, 1)
     # then: the sweep reports it and returns (a periodic task, not poison)
@@ -253,7 +253,7 @@ def test_a_publish_that_fails_leaves_the_batch_due_at_once_not_leased(monkeypatc
     def broker_down(messages: list[ReleaseMessage | BatchMessage]) -> None:
         raise ConnectionError("broker unreachable")
 
-    monkeypatch.setattr("cleanup.pipeline.sweep.publish_release_messages", broker_down)
+    monkeypatch.setattr("cleanup.release.sweep.publish_release_messages", broker_down)
     # when
     with pytest.raises(ConnectionError):
         sweep_shard(0, 1)
@@ -486,7 +486,7 @@ def rounds_near_the_cap(settings: Any) -> tuple[dict[int, int], list[float]]:
             published[shard] += sweep_shard(shard, 4).published
             # never past the cap
             assert queue_depth(queue) <= 8
-        ages = services.oldest_due_by_shard(4)
+        ages = claim.oldest_due_by_shard(4)
         spreads.append(round(max(ages.values()) - min(ages.values()), 1))
         drain(4, queue)
     assert all(due_now(held) for held in backlogs.values())

@@ -53,7 +53,7 @@ def test_a_sent_message_is_the_json_workers_already_read() -> None:
     import json
     from datetime import UTC, datetime
 
-    from cleanup.pipeline.messages import BatchMessage, ReleaseMessage, validate, validate_batch
+    from cleanup.release.messages import BatchMessage, ReleaseMessage, validate, validate_batch
 
     at = datetime(2026, 1, 1, tzinfo=UTC)
     one = ReleaseMessage.for_hold(7, 2, at, 3, "t")
@@ -81,8 +81,8 @@ def test_each_kind_of_message_is_published_to_its_task(broker: Any) -> None:
     from datetime import UTC, datetime
 
     from cleanup.broker.readers import priority_keys
-    from cleanup.pipeline.messages import BatchMessage, ReleaseMessage
-    from cleanup.pipeline.publish import publish_release_messages
+    from cleanup.release.messages import BatchMessage, ReleaseMessage
+    from cleanup.release.publish import publish_release_messages
 
     at = datetime(2026, 1, 1, tzinfo=UTC)
     one = ReleaseMessage.for_hold(7, 2, at, 0, "t")

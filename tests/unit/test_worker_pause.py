@@ -27,7 +27,7 @@ from django.db import connection
 from kombu import Queue
 
 from cleanup.conf import cleanup_settings
-from cleanup.pipeline import pause
+from cleanup.release import pause
 from cleanup.worker.pause import ReleasePause
 
 pytestmark = [pytest.mark.django_db(transaction=True)]

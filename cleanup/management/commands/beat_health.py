@@ -4,7 +4,7 @@ being scheduled), 1 otherwise. For docker-compose and Kubernetes probes of the b
     healthcheck: {test: ["CMD", "python", "manage.py", "beat_health"]}
 
 The lock is the PostgreSQL session advisory lock
-``cleanup.pipeline.locks.beat_lease(CLEANUP_BEAT_LOCK_ID)`` that ``cleanup.pipeline.schedule.
+``cleanup.release.locks.beat_lease(CLEANUP_BEAT_LOCK_ID)`` that ``cleanup.release.schedule.
 LeaderDatabaseScheduler`` takes before it sends anything; ``pg_locks`` shows it as an advisory
 lock with classid/objid = the two keys (objsubid 2: the two-key form). A standby beat is healthy
 while a leader exists; when no beat holds the lock, nothing is being scheduled and every beat
@@ -17,7 +17,7 @@ from typing import Any
 
 from cleanup import sql
 from cleanup.conf import cleanup_settings
-from cleanup.pipeline import locks
+from cleanup.release import locks
 from common.commands import ProjectCommand
 from common.db import rows
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from cleanup.scaling import capacity
+from cleanup.operations.scaling import capacity
 from common.commands import ProjectCommand, add_options
 
 

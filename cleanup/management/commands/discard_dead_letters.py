@@ -7,8 +7,9 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from cleanup.management import triage
-from cleanup.pipeline.deadletters import DISCARDED, by_reason, clean_why, discard
+from cleanup.management import dead_letter_commands
+from cleanup.operations.triage import by_reason, clean_why, discard
+from cleanup.release.dead_letters import DISCARDED
 from common.commands import ProjectCommand
 
 COMMAND = "discard_dead_letters"
@@ -23,20 +24,20 @@ class Command(ProjectCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        triage.add_filter_arguments(parser)
+        dead_letter_commands.add_filter_arguments(parser)
         parser.add_argument(
             "--all",
             action="store_true",
             help="every open letter, when no filter is given (default: off; without a filter "
             "or --all the command refuses)",
         )
-        triage.add_batch_arguments(
+        dead_letter_commands.add_batch_arguments(
             parser, verb="discard", limit=10_000, shows="how many, by reason, the first ids"
         )
-        triage.add_operator_arguments(parser, why_required=True)
+        dead_letter_commands.add_operator_arguments(parser, why_required=True)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        selection = triage.letter_filter(options)
+        selection = dead_letter_commands.letter_filter(options)
         if selection.empty and not options["all"]:
             raise CommandError(
                 "name what to discard: --reason, --task, --older-than or --id (or --all for "
@@ -50,20 +51,20 @@ class Command(ProjectCommand):
                 why = clean_why(options["why"])
             except ValueError as exc:
                 raise CommandError(f"--why: {exc}") from None
-        batch = triage.take_batch(selection, options["limit"])
+        batch = dead_letter_commands.take_batch(selection, options["limit"])
         letters = batch.letters
         if not letters:
             self.stdout.write("no open dead letters matched")
             return
         if options["dry_run"]:
             self.stdout.write(f"would discard {len(letters)} open dead letter(s) ({batch.reasons})")
-            self.stdout.write(f"first ids: {triage.first_ids(letters)}")
+            self.stdout.write(f"first ids: {dead_letter_commands.first_ids(letters)}")
             batch.write_more(self.stdout)
             self.stdout.write("nothing changed (--dry-run)")
             return
         done = discard(letters, by=options["by"], why=why)
         discarded = done.get(DISCARDED, [])
-        triage.log_history(COMMAND, options["by"], {DISCARDED: discarded}, why)
+        dead_letter_commands.log_history(COMMAND, options["by"], {DISCARDED: discarded}, why)
         skipped = len(done.get("already_resolved", []))
         self.stdout.write(
             f"discarded {len(discarded)} ({', '.join(f'{r} {n}' for r, n in by_reason(discarded))})"

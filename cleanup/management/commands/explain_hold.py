@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from cleanup.console.story import explain
+from cleanup.operations.console.story import explain
 from common.commands import ProjectCommand
 
 

@@ -4,8 +4,8 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from cleanup.pipeline.schedule import ensure_schedule, install_schedule
-from cleanup.pipeline.schedule_preview import preview
+from cleanup.operations.schedule_preview import preview
+from cleanup.release.schedule import ensure_schedule, install_schedule
 from common.commands import ProjectCommand
 
 

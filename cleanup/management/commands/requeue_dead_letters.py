@@ -8,9 +8,9 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from cleanup.management import triage
+from cleanup.management import dead_letter_commands
 from cleanup.models import DeadLetter
-from cleanup.pipeline.deadletters import requeue
+from cleanup.operations.triage import requeue
 from common.commands import ProjectCommand
 
 COMMAND = "requeue_dead_letters"
@@ -27,19 +27,21 @@ class Command(ProjectCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        triage.add_filter_arguments(parser)
-        triage.add_batch_arguments(
+        dead_letter_commands.add_filter_arguments(parser)
+        dead_letter_commands.add_batch_arguments(
             parser,
             verb="requeue",
             limit=1000,
             shows="how many, by reason, what each would become, the first ids",
         )
-        triage.add_operator_arguments(parser, why_required=False)
+        dead_letter_commands.add_operator_arguments(parser, why_required=False)
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["limit"] < 1:
             raise CommandError("--limit must be at least 1")
-        batch = triage.take_batch(triage.letter_filter(options), options["limit"])
+        batch = dead_letter_commands.take_batch(
+            dead_letter_commands.letter_filter(options), options["limit"]
+        )
         letters, reasons = batch.letters, batch.reasons
         if not letters:
             self.stdout.write("no open dead letters matched")
@@ -49,7 +51,7 @@ class Command(ProjectCommand):
             self.stdout.write(f"would requeue {len(letters)} open dead letter(s) ({reasons})")
             for action, count in sorted(plan.items()):
                 self.stdout.write(f"would requeue: {action}: {count}")
-            self.stdout.write(f"first ids: {triage.first_ids(letters)}")
+            self.stdout.write(f"first ids: {dead_letter_commands.first_ids(letters)}")
             batch.write_more(self.stdout)
             self.stdout.write("nothing changed (--dry-run)")
             return
@@ -71,7 +73,7 @@ class Command(ProjectCommand):
             errors.append(f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
 
         results = requeue(letters, on_each=each, by=options["by"], why=why, on_error=error)
-        triage.log_history(
+        dead_letter_commands.log_history(
             COMMAND, options["by"], {k: v for k, v in done.items() if k in REQUEUED}, why
         )
         for action, count in sorted(results.items()):

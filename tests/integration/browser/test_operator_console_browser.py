@@ -13,11 +13,11 @@ from django.contrib.admin.models import LogEntry
 from django.urls import reverse
 from django.utils import timezone
 
-from cleanup.console import health
 from cleanup.models import CleanupSchedule, DeadLetter
-from cleanup.pipeline.messages import ReleaseMessage, build
-from cleanup.pipeline.publish import publish_release_messages
-from cleanup.pipeline.schedule import install_schedule
+from cleanup.operations.console import health
+from cleanup.release.messages import ReleaseMessage, build
+from cleanup.release.publish import publish_release_messages
+from cleanup.release.schedule import install_schedule
 
 from ..fleet import (
     beats,

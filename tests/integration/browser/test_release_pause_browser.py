@@ -12,7 +12,7 @@ from django.contrib.admin.models import LogEntry
 
 from cleanup.broker.readers import queue_depth
 from cleanup.conf import cleanup_settings
-from cleanup.pipeline.pause import set_paused
+from cleanup.release.pause import set_paused
 
 from ..fleet import (
     Worker,

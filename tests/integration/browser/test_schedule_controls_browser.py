@@ -12,7 +12,7 @@ from django.urls import reverse
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
 from cleanup.models import CleanupSchedule
-from cleanup.pipeline.schedule import SWEEP_PREFIX, install_schedule, sweep_entry_name
+from cleanup.release.schedule import SWEEP_PREFIX, install_schedule, sweep_entry_name
 
 pytestmark = [pytest.mark.browser]
 

@@ -1,0 +1,205 @@
+"""Redeliveries per idempotency key, counted outside the task's transaction; and a per-minute
+tally of release attempts.
+
+The counter bounds loops: a message whose delivery kills its worker, times out or keeps
+failing comes back as a redelivery or as a retry; above ``CLEANUP_MAX_DELIVERIES`` deliveries
+in all (the uncounted first one included) it is dead-lettered before any work. A redelivery is
+counted only on the word of whatever made it, never on a flag in the message, which any
+publisher can set:
+
+- kombu's Redis transport restoring an unacknowledged message (after a crash, a lost pool
+  process, a shutdown): counted as it is restored (``count_restored``, called by the worker's
+  transport);
+- the project's own retry: counted as it is published (``CleanupTask.retry``);
+- RabbitMQ's ``redelivered`` flag, which the broker sets in the delivery itself: counted when
+  the message arrives (``increment``).
+
+A message marked as a redelivery or a retry then only *reads* its key's count (``current``): a
+forged mark costs nothing and spends no real hold's budget. A first delivery cannot be a loop
+yet, so it is not counted: the common path makes no round trip here.
+Redis ``INCR`` + ``EXPIRE`` (one pipelined round trip) when a Redis URL is configured;
+otherwise an autocommit upsert in PostgreSQL.
+
+The tally (the health page's "delivery attempts" per minute, and the drills' attempt counts)
+counts every release attempt, per hold, in this process's memory; a daemon thread adds it to
+Redis every ``TALLY_FLUSH_SECONDS`` (and the process adds the rest when it stops): a process
+that is killed loses at most that much of its tally.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from django.db import models
+from kombu.utils.json import loads
+
+from cleanup import redis_clients, sql
+from cleanup.conf import cleanup_settings
+from cleanup.models import DeliveryCount
+from cleanup.release.messages import BATCH_KIND, MalformedMessage, validate, validate_batch
+from common.db import scalar
+
+logger = logging.getLogger("cleanup.deliveries")
+
+KEY_PREFIX = "reservation-cleanup:deliveries:"
+# Release attempts per minute: one key per UTC minute, kept for two hours.
+TALLY_PREFIX = "reservation-cleanup:attempts:"
+TALLY_TTL = 7200
+TALLY_FLUSH_SECONDS = 1.0
+
+_pending: dict[int, int] = {}  # minute -> attempts not yet added to Redis
+_pending_lock = threading.Lock()
+_flusher: list[threading.Thread] = []  # this process's flush thread, once started
+
+
+def message_key(message: Any, task_id: str) -> str:
+    """The key a task's deliveries are counted under: a valid release message counts by its
+    idempotency key (a batch by its items' keys), anything else by its task id, which
+    redelivery and retries keep. A malformed message never counts against a real key."""
+    try:
+        if isinstance(message, dict) and message.get("kind") == BATCH_KIND:
+            return validate_batch(message).batch_key
+        return validate(message).idempotency_key
+    except MalformedMessage:
+        return f"task:{task_id}"
+
+
+def envelope_key(envelope: Any) -> str | None:
+    """``message_key`` of a kombu Redis envelope (a task message as it sits in a queue or in
+    the ``unacked`` hash); ``None`` when it is not a task message this can read."""
+    try:
+        headers = envelope["headers"]
+        task_id = headers["id"]
+        args, kwargs, _embed = loads(base64.b64decode(envelope["body"]))
+        message = args[0] if args else kwargs.get("message")
+    except Exception:  # noqa: BLE001 - the envelope was screened; anything odd is not counted
+        return None
+    return message_key(message, str(task_id)) if isinstance(task_id, str) else None
+
+
+def count_restored(envelope: Any) -> None:
+    """Count one redelivery of a message kombu's Redis transport is restoring; never
+    raises (a counter that cannot be written only weakens the loop bound for this message)."""
+    key = envelope_key(envelope)
+    if key is None:
+        return
+    try:
+        increment(key)
+    except Exception as exc:  # noqa: BLE001 - the counter is a guard, not a dependency
+        logger.warning("restored message not counted", extra={"key": key, "error": repr(exc)[:200]})
+
+
+def increment(key: str) -> int:
+    """Count one more redelivery of ``key`` and return the redeliveries counted so far."""
+    url = cleanup_settings().counter_redis_url
+    if url:
+        pipe = redis_clients.client(url).pipeline(transaction=False)
+        pipe.incr(KEY_PREFIX + key)
+        pipe.expire(KEY_PREFIX + key, cleanup_settings().delivery_counter_ttl)
+        return int(pipe.execute()[0])
+    # autocommit: outside any transaction by design
+    return int(scalar(sql.COUNT_DELIVERY, [key]))
+
+
+def tally(attempts: int = 1) -> None:
+    """Count release attempts (one per hold) for the per-minute tally; never raises."""
+    if not cleanup_settings().counter_redis_url:
+        return
+    minute = current_minute()
+    with _pending_lock:
+        _pending[minute] = _pending.get(minute, 0) + attempts
+    if not _flusher:  # first use in this process (a pool process is forked without it)
+        thread = threading.Thread(target=_flush_forever, name="attempt-tally", daemon=True)
+        _flusher.append(thread)
+        thread.start()
+
+
+def _flush_forever() -> None:
+    while True:
+        time.sleep(TALLY_FLUSH_SECONDS)
+        flush_tally()
+
+
+def flush_tally() -> None:
+    """Add this process's pending tally to Redis (one pipelined round trip); never raises."""
+    url = cleanup_settings().counter_redis_url
+    with _pending_lock:
+        pending = dict(_pending)
+        _pending.clear()
+    if not pending or not url:
+        return
+    try:
+        pipe = redis_clients.client(url).pipeline(transaction=False)
+        for minute, attempts in pending.items():
+            pipe.incrby(f"{TALLY_PREFIX}{minute}", attempts)
+            pipe.expire(f"{TALLY_PREFIX}{minute}", TALLY_TTL)
+        pipe.execute()
+    except Exception as exc:  # noqa: BLE001 - the tally is informative; the work is done
+        logger.warning("attempt tally not written", extra={"error": repr(exc)[:200]})
+
+
+def _forget_after_fork() -> None:
+    # A forked child has no flush thread (threads do not survive fork) and a fresh lock.
+    global _pending_lock
+    _pending_lock = threading.Lock()
+    _pending.clear()
+    _flusher.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def current(key: str) -> int:
+    url = cleanup_settings().counter_redis_url
+    if url:
+        value = redis_clients.client(url).get(KEY_PREFIX + key)
+        return int(value) if value is not None else 0
+    row = DeliveryCount.objects.filter(pk=key).values_list("count", flat=True).first()
+    return int(row or 0)
+
+
+def current_minute(now: float | None = None) -> int:
+    """The tally's minute number (epoch minutes) of ``now`` (default: the current time)."""
+    return int(time.time() if now is None else now) // 60
+
+
+def _tallied(first: int, last: int) -> int | None:
+    """Attempts flushed for minutes ``first``..``last``; None without a Redis counter."""
+    url = cleanup_settings().counter_redis_url
+    if not url:
+        return None
+    keys = [f"{TALLY_PREFIX}{m}" for m in range(first, last + 1)]
+    return sum(int(v) for v in redis_clients.client(url).mget(keys) if v is not None)
+
+
+def attempts_since(minutes: int, *, now: float | None = None) -> int | None:
+    """Release attempts (per hold) in the last ``minutes`` whole minutes plus the current one,
+    as flushed so far (None when deliveries are counted in PostgreSQL: no tally is kept)."""
+    current = current_minute(now)
+    return _tallied(current - minutes + 1, current)
+
+
+def attempts_from(minute: int) -> int:
+    """Release attempts tallied (and flushed) from ``minute`` (a ``current_minute()``) to now;
+    0 without a Redis counter."""
+    return _tallied(minute, current_minute()) or 0
+
+
+def total(keys: list[str]) -> int:
+    """Redeliveries counted for these keys, summed (the burst drill's report)."""
+    url = cleanup_settings().counter_redis_url
+    if not url:
+        return int(
+            DeliveryCount.objects.filter(pk__in=keys).aggregate(n=models.Sum("count"))["n"] or 0
+        )
+    client = redis_clients.client(url)
+    counted = 0
+    for start in range(0, len(keys), 5000):
+        chunk = [KEY_PREFIX + k for k in keys[start : start + 5000]]
+        counted += sum(int(v) for v in client.mget(chunk) if v is not None)
+    return counted
