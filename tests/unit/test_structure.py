@@ -124,7 +124,7 @@ def test_the_product_never_imports_the_tooling() -> None:
 
 
 def test_the_benchmarks_never_import_the_tests() -> None:
-    offenders = set()
+    offenders: set[tuple[str, str]] = set()
     for path in (ROOT / "bench").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = (
