@@ -1,7 +1,7 @@
 """Admin for dead letters (list, filter, requeue, discard) and receipts (read-only), and the
 hold's records and story on the reservation page.
 
-The hold's page gets its sections through ``reservations.admin.add_hold_section``, the domain
+The hold's page gets its sections through ``reservations.admin.add_reservation_section``, the domain
 admin's hook for other apps: ``reservations`` never imports ``cleanup``, and neither admin
 module depends on being imported first (tests/unit/test_admin_order.py).
 """
@@ -34,7 +34,7 @@ from cleanup.release import dead_letters, delivery_cap, periodic_guard
 from cleanup.release.messages import idempotency_key
 from cleanup.release.schedule import MANAGED_NOTE, SWEEP_PREFIX, apply_schedule, is_managed
 from common import admin_guard
-from reservations.admin import EMPTY, HoldSection, add_hold_section
+from reservations.admin import EMPTY, ReservationSection, add_reservation_section
 from reservations.models import OutboxEvent, Reservation
 
 # Dead letters one requeue may send (the confirmation page says so when more match).
@@ -123,7 +123,7 @@ def _changelist_link(model: str, query: dict[str, Any], text: str) -> str:
     return format_html('<a href="{}">{}</a>', url, text)
 
 
-class ByHoldLookupMixin:
+class ByReservationLookupMixin:
     """Allows ``?reservation_id=<id>`` in the list URL (the links from a hold's page)."""
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
@@ -132,7 +132,7 @@ class ByHoldLookupMixin:
         return bool(super().lookup_allowed(lookup, value, request))  # type: ignore[misc]
 
 
-class HoldRecordAdmin(ByHoldLookupMixin, ReadOnlyAdmin):
+class ReservationRecordAdmin(ByReservationLookupMixin, ReadOnlyAdmin):
     """Dead letters and receipts: records of one hold's message, found by hold, trace, task or
     message key, newest first, each linking to its hold."""
 
@@ -146,7 +146,7 @@ class HoldRecordAdmin(ByHoldLookupMixin, ReadOnlyAdmin):
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(HoldRecordAdmin):
+class DeadLetterAdmin(ReservationRecordAdmin):
     list_display = (
         "id",
         "reason",
@@ -316,7 +316,7 @@ class DeadLetterAdmin(HoldRecordAdmin):
 
 
 @admin.register(CleanupReceipt)
-class CleanupReceiptAdmin(HoldRecordAdmin):
+class CleanupReceiptAdmin(ReservationRecordAdmin):
     list_display = (
         "id",
         "idempotency_key",
@@ -408,11 +408,13 @@ def _hold_story(hold: Reservation) -> str:
 
 # Added to the domain's ReservationAdmin (its documented hook), not a second registration: the
 # hold's page is the same whatever the order of INSTALLED_APPS.
-add_hold_section(HoldSection("related", "linked records", _linked_records, above=True))
-add_hold_section(
-    HoldSection("deliveries_counted", "redeliveries (current version)", _hold_deliveries)
+add_reservation_section(
+    ReservationSection("related", "linked records", _linked_records, above=True)
 )
-add_hold_section(HoldSection("story", "story (explain_hold)", _hold_story))
+add_reservation_section(
+    ReservationSection("deliveries_counted", "redeliveries (current version)", _hold_deliveries)
+)
+add_reservation_section(ReservationSection("story", "story (explain_hold)", _hold_story))
 
 
 # --- The release pause ------------------------------------------------------------------------

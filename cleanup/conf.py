@@ -233,7 +233,7 @@ class CleanupSettings:
         "CLEANUP_ELIGIBLE_COUNT_CAP", 100000, "eligible holds counted at most", minimum=1
     )
     beat_lock_id: int = setting(
-        "CLEANUP_BEAT_LOCK_ID", 727_001, "PostgreSQL advisory lock key of the beat lease"
+        "CLEANUP_BEAT_LOCK_ID", 727_001, "PostgreSQL advisory lock key of the beat lock"
     )
     beat_idle_session_timeout: int = setting(
         "CLEANUP_BEAT_IDLE_SESSION_TIMEOUT",
@@ -243,7 +243,7 @@ class CleanupSettings:
     )
     # A staff user can give a periodic task any interval in django-celery-beat's admin, down to
     # microseconds; a project task sent that often floods its queue (cleanup.admin refuses it).
-    # How soon a worker follows the console's "pause releases" switch (cleanup.worker.pause):
+    # How soon a worker follows the console's "pause releases" switch (cleanup.worker.pause_step):
     # one small query per worker instance each time.
     pause_poll_interval: float = setting(
         "CLEANUP_PAUSE_POLL_INTERVAL",

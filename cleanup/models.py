@@ -199,7 +199,7 @@ class HealthSample(models.Model):
 
 class ReleasePause(models.Model):
     """The operator's "pause releases" switch (one row, pk 1): while paused, workers stop
-    consuming the release queue (cleanup.worker.pause); sweeps, their backpressure and every
+    consuming the release queue (cleanup.worker.pause_step); sweeps, their backpressure and every
     gauge go on, so the backlog stays visible. Changes go through cleanup.release.pause, which
     the console audits."""
 

@@ -58,7 +58,7 @@ def release_batch_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, 
 @shared_task(bind=True, base=CleanupTask, name=SWEEP_TASK, periodic=True)
 def sweep_shard_task(self: CleanupTask, shard: int, shards: int) -> dict[str, Any]:
     result = sweep_shard(shard, shards, trace_id=self.request.id)
-    health.record_sweep(result)  # the health page's "last sweep" of this shard
+    health.note_sweep(result)  # the health page's "last sweep" of this shard
     return result.as_dict()
 
 

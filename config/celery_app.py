@@ -22,5 +22,5 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 # this many tasks instead; a broken one surfaces as a transient error and is retried.
 app.conf["CELERY_DB_REUSE_MAX"] = int(os.environ.get("CELERY_DB_REUSE_MAX", "1000"))
 app.autodiscover_tasks()
-# The operator's "pause releases" switch, followed by every worker (cleanup/worker/pause.py).
-app.steps["consumer"].add("cleanup.worker.pause:ReleasePause")
+# The operator's "pause releases" switch, followed by every worker (cleanup/worker/pause_step.py).
+app.steps["consumer"].add("cleanup.worker.pause_step:ReleasePause")

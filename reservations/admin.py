@@ -4,7 +4,7 @@ Holds change state only through ``reservations.services``: the admin cannot add,
 delete them; its one write is the "Release expired holds now" action, which calls
 ``services.release_if_expired`` exactly as the cleanup does.
 
-Another app shows more on a hold's page through ``add_hold_section`` (the cleanup adds the
+Another app shows more on a hold's page through ``add_reservation_section`` (the cleanup adds the
 hold's receipts and dead letters, its delivery count and its story) instead of registering an
 admin of its own for ``Reservation``: this module registers the one ``ReservationAdmin``, the
 sections are read per request, and so the page is the same whichever app's admin module Django
@@ -81,7 +81,7 @@ def _as_id(term: str) -> int | None:
 
 
 @dataclass(frozen=True)
-class HoldSection:
+class ReservationSection:
     """A read-only field another app adds to every hold's admin page: ``render`` gets the hold
     and returns text or HTML (``format_html``); ``label`` is the field's label. Shown above the
     hold's own fields when ``above``, below them otherwise, in the order added."""
@@ -92,20 +92,20 @@ class HoldSection:
     above: bool = False
 
 
-_hold_sections: dict[str, HoldSection] = {}
+_reservation_sections: dict[str, ReservationSection] = {}
 
 
-def add_hold_section(section: HoldSection) -> None:
+def add_reservation_section(section: ReservationSection) -> None:
     """Show ``section`` on every hold's page from the next request on. Its name must not be a
     field or attribute of ``ReservationAdmin``; adding a section of the same name again
     replaces it (an admin module imported twice adds each of its sections once)."""
     if section.name in ReservationAdmin.fields or hasattr(ReservationAdmin, section.name):
         raise ValueError(f"hold section {section.name!r} would hide ReservationAdmin's own")
-    _hold_sections[section.name] = section
+    _reservation_sections[section.name] = section
 
 
-def hold_sections() -> list[HoldSection]:
-    return list(_hold_sections.values())
+def reservation_sections() -> list[ReservationSection]:
+    return list(_reservation_sections.values())
 
 
 def _count_per_offering(holds: QuerySet[Reservation]) -> Coalesce:
@@ -260,7 +260,7 @@ class ReservationAdmin(admin_guard.ReadOnly, admin.ModelAdmin):
     )
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
-        sections = hold_sections()
+        sections = reservation_sections()
         return [
             *(s.name for s in sections if s.above),
             *super().get_fields(request, obj),
@@ -268,12 +268,15 @@ class ReservationAdmin(admin_guard.ReadOnly, admin.ModelAdmin):
         ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
-        return (*super().get_readonly_fields(request, obj), *(s.name for s in hold_sections()))
+        return (
+            *super().get_readonly_fields(request, obj),
+            *(s.name for s in reservation_sections()),
+        )
 
     def __getattr__(self, name: str) -> Callable[[Reservation | None], str]:
         # A section's name resolves like a display method's: Django's admin looks read-only
         # fields up on the ModelAdmin by name (label and value).
-        section = _hold_sections.get(name)
+        section = _reservation_sections.get(name)
         if section is None:
             raise AttributeError(name)
 

@@ -25,12 +25,12 @@ from django.views.decorators.csrf import csrf_exempt
 from . import clients, idempotency, services
 from .clients import Principal
 from .errors import (
-    HoldExpired,
     InvalidTtl,
     NoSeatsAvailable,
     NotHeld,
     OfferingNotFound,
     ReservationError,
+    ReservationExpired,
     ReservationNotFound,
     StaleVersion,
 )
@@ -50,7 +50,7 @@ HOLDER_MAX_LENGTH = Reservation._meta.get_field("holder").max_length or 200
 # After the retries (reservations.retry) the client is told to come back (503 + Retry-After).
 RETRY_AFTER_SECONDS = 1
 
-_CONFLICTS = (NoSeatsAvailable, StaleVersion, NotHeld, HoldExpired)
+_CONFLICTS = (NoSeatsAvailable, StaleVersion, NotHeld, ReservationExpired)
 _NOT_FOUND = (OfferingNotFound, ReservationNotFound)
 
 

@@ -44,7 +44,7 @@ class NotHeld(ReservationError):
         self.status = status
 
 
-class HoldExpired(ReservationError):
+class ReservationExpired(ReservationError):
     """Renew or confirm of a hold whose expires_at has passed (even if cleanup has not run)."""
 
     code = "hold_expired"

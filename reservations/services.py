@@ -27,11 +27,11 @@ from common.db import fetch_prepared
 
 from . import sql
 from .errors import (
-    HoldExpired,
     InvalidTtl,
     NoSeatsAvailable,
     NotHeld,
     OfferingNotFound,
+    ReservationExpired,
     ReservationNotFound,
     StaleVersion,
 )
@@ -174,7 +174,7 @@ def _explain_refusal(
     if version != expected_version:
         raise StaleVersion(reservation_id, expected_version, version)
     if expired and check_expiry:
-        raise HoldExpired(reservation_id)
+        raise ReservationExpired(reservation_id)
     # The row changed between the update and this read; the caller may retry.
     raise StaleVersion(reservation_id, expected_version, version)
 

@@ -13,7 +13,7 @@ The sdists are fetched with pip by version and hash (requirements-library-suites
 their tests are extracted into .cache/library-suites/ (gitignored; the installed libraries are
 the ones tested), and the beat suite's test runner (pytest<9, ephem) is installed with its hashes
 into .cache/library-suites/tools/ (requirements-library-suites-tools.txt). Each pinned version
-must equal requirements.txt's, which is checked first. Needs DATABASE_URL (the beat lease's
+must equal requirements.txt's, which is checked first. Needs DATABASE_URL (the beat lock's
 PostgreSQL server). Exits non-zero when anything fails. docs/TESTING.md, "The libraries' own
 suites".
 """
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if not os.environ.get("DATABASE_URL"):
-        print("error: DATABASE_URL must be set (the beat lease's PostgreSQL)", file=sys.stderr)
+        print("error: DATABASE_URL must be set (the beat lock's PostgreSQL)", file=sys.stderr)
         return 2
     sdists = fetch(pins)
     tools = install_tools()

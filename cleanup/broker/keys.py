@@ -33,7 +33,7 @@ from cleanup import metrics
 logger = logging.getLogger("cleanup.broker.keys")
 
 # Where a set-aside key goes, and how long the copy is kept there.
-SET_ASIDE_PREFIX = "reservation-cleanup:set-aside:"
+QUARANTINE_PREFIX = "reservation-cleanup:set-aside:"
 KEPT_SECONDS = 7 * 86400
 
 # kombu's separator between a queue's name and its priority step (kombu.transport.redis).
@@ -94,7 +94,7 @@ def set_aside(
     moved: list[str] = []
     stamp = int(time.time() * 1000)
     for key, kind in expected.items():
-        target = f"{SET_ASIDE_PREFIX}{key}:{stamp}"
+        target = f"{QUARANTINE_PREFIX}{key}:{stamp}"
         try:
             found = client.eval(
                 _SET_ASIDE_SCRIPT,

@@ -21,7 +21,7 @@ from reservations.models import BUCKETS, Reservation
 
 
 @dataclass(frozen=True)
-class ClaimedHold:
+class ClaimedReservation:
     reservation_id: int
     version: int
     expires_at: datetime
@@ -39,7 +39,7 @@ def claim_expired(
     max_claims: int,
     trace_id: str = "",
     now: datetime | None = None,
-) -> list[ClaimedHold]:
+) -> list[ClaimedReservation]:
     """Claim up to ``batch_size`` eligible, due holds of a shard, oldest expiry first.
 
     A claim leases the hold: ``next_attempt_at = now() + lease``, so a lost message or a dead
@@ -68,7 +68,7 @@ def claim_expired(
         )
         rows = cur.fetchall()
     claimed = [
-        ClaimedHold(
+        ClaimedReservation(
             reservation_id=rid,
             version=version,
             expires_at=expires_at,

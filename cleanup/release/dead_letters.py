@@ -29,7 +29,7 @@ logger = logging.getLogger("cleanup.deadletters")
 
 # Reasons a later release settles: the failure was slowness or a transient error, not the
 # message. (Malformed, poison and unexpected-error letters stay open: they are evidence.)
-SETTLED_BY_A_LATER_RELEASE = (DeadLetter.Reason.TIME_LIMIT, DeadLetter.Reason.RETRIES_EXHAUSTED)
+RESOLVED_BY_A_LATER_RELEASE = (DeadLetter.Reason.TIME_LIMIT, DeadLetter.Reason.RETRIES_EXHAUSTED)
 RELEASED_LATER = "released_later"
 DISCARDED = "discarded"
 # A periodic task's letter: its key names the task and its arguments (delivery.CleanupTask); the
@@ -202,7 +202,7 @@ def resolve_released() -> int:
         idempotency_key=OuterRef("idempotency_key"), outcome="released"
     )
     settled = (
-        DeadLetter.objects.filter(resolved_at__isnull=True, reason__in=SETTLED_BY_A_LATER_RELEASE)
+        DeadLetter.objects.filter(resolved_at__isnull=True, reason__in=RESOLVED_BY_A_LATER_RELEASE)
         .exclude(idempotency_key="")
         .filter(Exists(released))
         .update(
@@ -213,11 +213,11 @@ def resolve_released() -> int:
         )
     )
     if settled:
-        logger.info("dead letters settled by a later release", extra={"resolved": settled})
+        logger.info("dead letters resolved by a later release", extra={"resolved": settled})
     return settled
 
 
-def settle_periodic(key: str) -> int:
+def resolve_periodic(key: str) -> int:
     """Resolve the open ``periodic_failed`` letters of one periodic run (``key``: the task and
     its arguments) after that run succeeded, and return how many (``succeeded_later``). A
     periodic task has no message to requeue: the next tick runs it again, and once it succeeds
@@ -233,7 +233,7 @@ def settle_periodic(key: str) -> int:
         resolution_note="the next run of the same periodic task succeeded",
     )
     if settled:
-        logger.info("periodic dead letters settled", extra={"key": key, "resolved": settled})
+        logger.info("periodic dead letters resolved", extra={"key": key, "resolved": settled})
     return settled
 
 

@@ -283,7 +283,7 @@ class CleanupTask(Task):  # type: ignore[misc]
         if isinstance(retval, dict) and retval.get("skipped_locked"):
             return  # another sweep of the shard is running: this one proved nothing
         try:
-            dead_letters.settle_periodic(self.periodic_key(tuple(args), dict(kwargs)))
+            dead_letters.resolve_periodic(self.periodic_key(tuple(args), dict(kwargs)))
         except Exception:  # the run succeeded; its next success settles the letters
             logger.exception("periodic dead letters not settled", extra={"task": self.name})
 

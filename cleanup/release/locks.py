@@ -3,7 +3,7 @@
 Advisory locks are keyed by two integers. All of ours share the first (``NAMESPACE``), so
 they cannot collide with another application's locks on the same database; the second says
 which lock it is. Keys never overlap: the publish lock is 0, the outbox relay 1, the
-dead-letter cap 2, shard locks start above 4096, and the beat lease uses
+dead-letter cap 2, shard locks start above 4096, and the beat lock uses
 ``CLEANUP_BEAT_LOCK_ID`` (727001 by default).
 """
 
@@ -35,8 +35,8 @@ def sweep_shard(shard: int, shards: int) -> tuple[int, int]:
     return (NAMESPACE, shards * 4096 + shard + 1)
 
 
-def beat_lease(lock_id: int) -> tuple[int, int]:
-    """The single-active-beat lease (``CLEANUP_BEAT_LOCK_ID``)."""
+def beat_lock(lock_id: int) -> tuple[int, int]:
+    """The beat lock (``CLEANUP_BEAT_LOCK_ID``)."""
     return (NAMESPACE, lock_id)
 
 

@@ -1,13 +1,13 @@
 """The beat schedule: per-shard sweep entries, and a scheduler that only sends while it holds
-the single-beat lease.
+the beat lock.
 
 django-celery-beat has no lock of its own: two beats both send (docs/LIBRARY-NOTES.md §4).
-The lease is a
+The lock is a
 PostgreSQL *session* advisory lock held on a dedicated autocommit connection — not Django's,
 which django-celery-beat closes each tick via ``close_old_connections()``. The connection sets
 ``idle_session_timeout`` so a frozen or partitioned leader loses the lock on the server side;
 the leader pings it every tick (at most ``beat_max_loop_interval``, below the timeout).
-On acquiring the lease the schedule is re-read from the database, and ``beat_sync_every=1``
+On acquiring the lock the schedule is re-read from the database, and ``beat_sync_every=1``
 persists ``last_run_at`` after each send, so a new leader does not re-send what the old one
 just sent.
 """
@@ -225,12 +225,12 @@ def installed_shards() -> int | None:
     return None
 
 
-LEASE_APP_PREFIX = "cleanup-beat-lease "
+BEAT_LOCK_APP_PREFIX = "cleanup-beat-lease "
 
 
-def lease_application_name() -> str:
+def beat_lock_application_name() -> str:
 
-    return f"{LEASE_APP_PREFIX}{socket.gethostname()}:{_pid()}"[:63]
+    return f"{BEAT_LOCK_APP_PREFIX}{socket.gethostname()}:{_pid()}"[:63]
 
 
 def _lock_conninfo() -> dict[str, Any]:
@@ -241,7 +241,7 @@ def _lock_conninfo() -> dict[str, Any]:
     params: dict[str, Any] = {
         "autocommit": True,
         # Names the beat on the server side: the health page shows which process leads.
-        "application_name": lease_application_name(),
+        "application_name": beat_lock_application_name(),
         # The server drops a leader that stops pinging; keepalives catch a dead peer.
         "options": f"-c idle_session_timeout={timeout_ms}",
         "keepalives": 1,
@@ -274,16 +274,16 @@ class RunRecordingEntry(ModelEntry):  # type: ignore[misc]
 
 
 class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
-    """A DatabaseScheduler that sends only while it holds the single-beat lease."""
+    """A DatabaseScheduler that sends only while it holds the beat lock."""
 
     Entry = RunRecordingEntry
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._lease_conn: psycopg.Connection[Any] | None = None
+        self._lock_conn: psycopg.Connection[Any] | None = None
         self._is_leader = False
-        # The error of the last failed attempt to take the lease ("" after a success), so a
+        # The error of the last failed attempt to take the lock ("" after a success), so a
         # beat that cannot reach PostgreSQL says why once per distinct error, not every tick.
-        self._lease_error = ""
+        self._lock_error = ""
         super().__init__(*args, **kwargs)
         # Keep the ping interval below the server's idle-session timeout.
         self.max_interval: float = min(
@@ -294,64 +294,64 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
     def is_leader(self) -> bool:
         return self._is_leader
 
-    def _drop_lease(self, why: str) -> None:
+    def _drop_lock(self, why: str) -> None:
         if self._is_leader:
-            logger.warning("beat lease lost", extra={"why": why})
+            logger.warning("beat lock lost", extra={"why": why})
         self._is_leader = False
-        if self._lease_conn is not None:
+        if self._lock_conn is not None:
             try:
-                self._lease_conn.close()
+                self._lock_conn.close()
             except Exception:  # noqa: BLE001
                 pass
-        self._lease_conn = None
+        self._lock_conn = None
 
     def _still_leader(self) -> bool:
-        """Ping the lease session: False (and the lease dropped) when the server has ended it,
+        """Ping the lock session: False (and the lock dropped) when the server has ended it,
         e.g. after this process was frozen past the idle-session timeout."""
-        if not self._is_leader or self._lease_conn is None:
+        if not self._is_leader or self._lock_conn is None:
             return False
         try:
-            self._lease_conn.execute(sql.PING)
+            self._lock_conn.execute(sql.PING)
             return True
         except psycopg.Error as exc:
-            self._drop_lease(repr(exc))
+            self._drop_lock(repr(exc))
             return False
 
-    def _hold_lease(self) -> bool:
+    def _hold_lock(self) -> bool:
         if self._still_leader():
             return True
         try:
-            if self._lease_conn is None or self._lease_conn.closed:
-                self._lease_conn = psycopg.connect(**_lock_conninfo())
-            row = self._lease_conn.execute(
+            if self._lock_conn is None or self._lock_conn.closed:
+                self._lock_conn = psycopg.connect(**_lock_conninfo())
+            row = self._lock_conn.execute(
                 sql.TRY_ADVISORY_LOCK,
-                list(locks.beat_lease(cleanup_settings().beat_lock_id)),
+                list(locks.beat_lock(cleanup_settings().beat_lock_id)),
             ).fetchone()
         except psycopg.Error as exc:
-            self._drop_lease(repr(exc))
-            self._lease_failed(exc)
+            self._drop_lock(repr(exc))
+            self._lock_failed(exc)
             return False
-        if self._lease_error:
-            logger.info("beat reaches the database for its lease again")
-            self._lease_error = ""
+        if self._lock_error:
+            logger.info("beat reaches the database for its lock again")
+            self._lock_error = ""
         if not row or not row[0]:
             return False
         # pg_try_advisory_lock is re-entrant; we only call it while not leader, so one hold.
         self._is_leader = True
-        logger.info("beat lease acquired; this beat now sends", extra={"pid": _pid()})
+        logger.info("beat lock acquired; this beat now sends", extra={"pid": _pid()})
         self._reload_from_database()
         return True
 
-    def _lease_failed(self, exc: psycopg.Error) -> None:
-        """A beat that cannot connect (or query) for its lease sends nothing, and before this
+    def _lock_failed(self, exc: psycopg.Error) -> None:
+        """A beat that cannot connect (or query) for its lock sends nothing, and before this
         said nothing either: a standby or a restarted beat failing to connect was silent."""
         error = " ".join(str(exc).split())[:300] or type(exc).__name__
-        if error != self._lease_error:
+        if error != self._lock_error:
             logger.warning(
-                "beat cannot take its lease: nothing is sent until it can",
+                "beat cannot take its lock: nothing is sent until it can",
                 extra={"error": error},
             )
-        self._lease_error = error
+        self._lock_error = error
 
     def _reload_from_database(self) -> None:
         """Re-read every entry (and its last_run_at, written by the previous leader) before the
@@ -368,7 +368,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
 
         django-celery-beat reloads its entries when it notices a schedule change and flags the
         heap for a rebuild on the next tick. A change noticed while the heap is being built
-        (right after the lease is taken, or between the two reads of one tick) leaves the flag
+        (right after the lock is taken, or between the two reads of one tick) leaves the flag
         set, and the next tick rebuilds the heap from these entries: without this, the entry
         just sent still carried its previous run and was sent again at once. Only an entry
         that is still the scheduler's own is replaced (after a reload it is not)."""
@@ -379,12 +379,12 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
         return new_entry
 
     def apply_entry(self, entry: ModelEntry, producer: Any = None) -> None:
-        """Send, after checking the lease once more: a tick checks it first, then reads the
+        """Send, after checking the lock once more: a tick checks it first, then reads the
         schedule from the database, and a leader frozen in between (seen with SIGSTOP in a
-        test) must not send when it wakes on a lease the server has since ended. What is left
+        test) must not send when it wakes on a lock the server has since ended. What is left
         is the instant between this ping and the publish."""
         if not self._still_leader():
-            logger.warning("beat lease lost before a send; not sent", extra={"entry": entry.name})
+            logger.warning("beat lock lost before a send; not sent", extra={"entry": entry.name})
             return
         producer = producer or self.producer
         if not confirms_available(producer.channel):
@@ -409,7 +409,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
             entry.options = options
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
-        if not self._hold_lease():
+        if not self._hold_lock():
             return float(self.max_interval)
         return float(super().tick(*args, **kwargs))
 
@@ -417,7 +417,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
         try:
             super().close()
         finally:
-            self._drop_lease("shutdown")
+            self._drop_lock("shutdown")
 
 
 def _pid() -> int:

@@ -48,7 +48,7 @@ from django.utils import timezone
 
 from cleanup import metrics, sql
 from cleanup.conf import cleanup_settings
-from cleanup.release.claim import ClaimedHold
+from cleanup.release.claim import ClaimedReservation
 from cleanup.release.messages import BatchMessage, ReleaseMessage
 from common.db import scalar
 from reservations.models import BUCKETS
@@ -217,7 +217,7 @@ def _messages_per_second() -> float:
 
 
 def size_batch(
-    holds: list[ClaimedHold],
+    holds: list[ClaimedReservation],
     depth: int,
     rate: ServiceRate,
     now: Any = None,
@@ -292,7 +292,7 @@ def _eligible_in_all_shards(bound: int) -> int:
 
 
 def messages_for(
-    holds: list[ClaimedHold],
+    holds: list[ClaimedReservation],
     shard: int,
     trace_id: str,
     *,

@@ -32,7 +32,7 @@ from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.release import admission, dead_letters, locks
 from cleanup.release.admission import Reason, Stop
-from cleanup.release.claim import ClaimedHold, claim_expired
+from cleanup.release.claim import ClaimedReservation, claim_expired
 from cleanup.release.messages import ReleaseMessage
 from cleanup.release.publish import publish_release_messages
 from cleanup.release.sizing import DueBacklog, ServiceRate, messages_for, note_sizing
@@ -333,7 +333,7 @@ def _sweep_batches(
             break
 
 
-def _dead_letter_set_aside(hold: ClaimedHold, shard: int, trace_id: str) -> None:
+def _dead_letter_set_aside(hold: ClaimedReservation, shard: int, trace_id: str) -> None:
     dead_letters.record(
         DeadLetter.Reason.CLAIMS_EXHAUSTED,
         error=(

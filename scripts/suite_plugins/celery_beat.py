@@ -78,7 +78,7 @@ def _schedulers_let_go_of_the_lease_when_the_test_ends() -> Iterator[None]:
 
     for scheduler in gc.get_objects():
         if isinstance(scheduler, LeaderDatabaseScheduler):
-            scheduler._drop_lease("the test ended")
+            scheduler._drop_lock("the test ended")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

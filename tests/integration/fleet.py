@@ -580,17 +580,17 @@ class Beat(CeleryProcess):
         return log_lines([self.log_path], needle)
 
     def is_leader(self) -> bool:
-        return bool(self.lines("beat lease acquired"))
+        return bool(self.lines("beat lock acquired"))
 
-    def lease_pinged_at(self) -> datetime | None:
+    def lock_pinged_at(self) -> datetime | None:
         """When this beat's lease session last ran a statement, by PostgreSQL's clock
         (``pg_stat_activity.query_start``): a leading beat pings it at every tick, before it
         sends what is due."""
-        from cleanup.release.schedule import LEASE_APP_PREFIX
+        from cleanup.release.schedule import BEAT_LOCK_APP_PREFIX
 
         pinged: datetime | None = scalar(
             "SELECT max(query_start) FROM pg_stat_activity WHERE application_name LIKE %s",
-            [f"{LEASE_APP_PREFIX}%:{self.pid}"],
+            [f"{BEAT_LOCK_APP_PREFIX}%:{self.pid}"],
         )
         return pinged
 

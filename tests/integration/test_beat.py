@@ -108,7 +108,7 @@ def _health_samples_through_the_sweep_queue(span: float) -> list[HealthSample]:
 
 def test_beat_paused_for_several_intervals_catches_up(workers, schedule, beat_logs):
     with beats(beat_logs, 1) as (beat,):
-        wait_until(beat.is_leader, timeout=60, what="beat lease acquired")
+        wait_until(beat.is_leader, timeout=60, what="beat lock acquired")
         first = create_eligible_holds(100, offerings=2)
         wait_until(lambda: released_count(first) == len(first), timeout=60, what="first batch")
         # when: beat stops; holds expire for several intervals with nobody sending sweeps
@@ -167,7 +167,7 @@ def _never_twice_within(sent: dict[str, list[float]], every: float) -> bool:
 
 def _log_clock_offset(beat: Beat) -> float:
     """Seconds to add to time.time() to compare with the beat's log stamps (UTC or local)."""
-    line = beat.lines("beat lease acquired")[0]
+    line = beat.lines("beat lock acquired")[0]
     stamp = re.search(r"(\d{4}-\d\d-\d\d)[ T](\d\d:\d\d:\d\d)", line)
     assert stamp, line
     logged = datetime.fromisoformat(f"{stamp[1]}T{stamp[2]}").replace(tzinfo=UTC).timestamp()
@@ -211,7 +211,7 @@ def _median_gaps(fast: dict[str, list[float]], slow: dict[str, list[float]]) -> 
 
 def test_schedule_edits_take_effect_without_restarting_beat(workers, schedule, beat_logs):
     with beats(beat_logs, 1) as (beat,):
-        wait_until(beat.is_leader, timeout=60, what="beat lease acquired")
+        wait_until(beat.is_leader, timeout=60, what="beat lock acquired")
         offset = _log_clock_offset(beat)
         # every=1: each entry is sent again and again, never twice within its interval
         wait_until(lambda: _all_sent_at_least(beat, 3), timeout=60, what="sends at every=1")
@@ -308,13 +308,13 @@ def test_a_leader_that_stops_pinging_loses_its_lease_and_sends_nothing_after(
         finally:
             os.killpg(leader.pid, signal.SIGCONT)
         # then: the old leader notices it lost the lease and never sends again
-        wait_until(lambda: leader.lines("beat lease lost"), timeout=60, what="old leader notices")
+        wait_until(lambda: leader.lines("beat lock lost"), timeout=60, what="old leader notices")
         wait_until(lambda: _all_sent_at_least(standby, 2), timeout=60, what="standby sends")
         holds = create_eligible_holds(100, offerings=2)
         wait_until(lambda: released_count(holds) == len(holds), timeout=60, what="released")
         assert leader.sends() == sends_while_frozen
         assert leader.alive() and standby.alive()
-        assert len(leader.lines("beat lease acquired")) == 1  # it never took the lease back
+        assert len(leader.lines("beat lock acquired")) == 1  # it never took the lease back
     assert takeover >= beat_idle_timeout() - 1  # the server, not a ping, ended the lease
     assert invariant_violations(expected_released=holds) == []
     print(f"\nfrozen leader: standby took over after {takeover:.2f}s")
@@ -349,7 +349,7 @@ def test_a_real_beat_follows_schedule_edits_saved_in_the_admin(workers, clean, b
     operator = Client()
     operator.force_login(User.objects.create_superuser("op", "op@example.com", "pw"))
     with beats(beat_logs, 1) as (beat,):
-        wait_until(beat.is_leader, timeout=60, what="beat lease acquired")
+        wait_until(beat.is_leader, timeout=60, what="beat lock acquired")
         wait_until(lambda: _sends_of(beat, 4) >= 4, timeout=30, what="first sends of 4 shards")
         offset = _log_clock_offset(beat)
         # when: 2 shards every 1 s

@@ -446,7 +446,7 @@ def test_a_worker_whose_redis_dies_during_brpop_reconnects_and_releases(
 def test_a_beat_that_cannot_connect_for_its_lease_says_why_sends_nothing_and_recovers(
     clean, tmp_path: Path
 ) -> None:
-    from cleanup.release.schedule import LEASE_APP_PREFIX, install_schedule
+    from cleanup.release.schedule import BEAT_LOCK_APP_PREFIX, install_schedule
 
     install_schedule(1, 1)
     database = connection.settings_dict["NAME"]
@@ -459,7 +459,7 @@ def test_a_beat_that_cannot_connect_for_its_lease_says_why_sends_nothing_and_rec
             admin.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS {allowed}')
 
     with fleet.beats(tmp_path, 1) as (beat,):
-        fleet.wait_until(beat.is_leader, timeout=60, what="beat lease acquired")
+        fleet.wait_until(beat.is_leader, timeout=60, what="beat lock acquired")
         fleet.wait_until(lambda: beat.sends() >= 1, timeout=60, what="a send")
         try:
             # when: the lease session ends and no new connection is accepted
@@ -468,7 +468,7 @@ def test_a_beat_that_cannot_connect_for_its_lease_says_why_sends_nothing_and_rec
                 cur.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                     "WHERE application_name LIKE %s",
-                    [LEASE_APP_PREFIX + "%"],
+                    [BEAT_LOCK_APP_PREFIX + "%"],
                 )
             fleet.wait_until(
                 lambda: beat.lines("beat cannot take its lease"),
@@ -483,11 +483,11 @@ def test_a_beat_that_cannot_connect_for_its_lease_says_why_sends_nothing_and_rec
             allow_connections(True)
         # when: the database takes connections again, the beat leads and sends again
         fleet.wait_until(
-            lambda: len(beat.lines("beat lease acquired")) == 2, timeout=60, what="lease again"
+            lambda: len(beat.lines("beat lock acquired")) == 2, timeout=60, what="lease again"
         )
         fleet.wait_until(lambda: beat.sends() > sends_while_down, timeout=60, what="sends again")
         assert beat.lines("beat reaches the database for its lease again")
-        assert beat.lines("beat lease lost")
+        assert beat.lines("beat lock lost")
         assert beat.alive()
 
 

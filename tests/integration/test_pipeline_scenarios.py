@@ -373,7 +373,7 @@ def test_a_beat_send_rabbitmq_refuses_is_logged_and_the_next_one_arrives(caplog)
         sweeps.purge()
     scheduler = LeaderDatabaseScheduler(app=sweep_shard_task.app)
     try:
-        assert scheduler._hold_lease()
+        assert scheduler._hold_lock()
         entry = next(e for e in scheduler.schedule.values() if e.task == SWEEP_TASK)
         with (
             caplog.at_level(logging.ERROR, logger="cleanup.schedule"),

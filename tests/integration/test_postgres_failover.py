@@ -42,7 +42,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from cleanup.release.schedule import LEASE_APP_PREFIX, install_schedule
+from cleanup.release.schedule import BEAT_LOCK_APP_PREFIX, install_schedule
 from config.env import parse_database_url
 from tests.missing_tools import skip_for_missing
 
@@ -407,12 +407,12 @@ def _sender_switches(two: list[Beat]) -> int:
 
 
 def _lease_holders(server: Server) -> int:
-    """Sessions of the server holding the beat lease (a beat's connection, by its name)."""
+    """Sessions of the server holding the beat lock (a beat's connection, by its name)."""
     return int(
         server.ask(
             "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
             "WHERE l.locktype = 'advisory' AND l.granted AND a.application_name LIKE %s",
-            [LEASE_APP_PREFIX + "%"],
+            [BEAT_LOCK_APP_PREFIX + "%"],
         )
     )
 
@@ -510,7 +510,7 @@ def test_a_primary_stopped_mid_drain_is_followed_to_the_promoted_standby_each_ho
                 )
                 beats_alive = [b.alive() for b in two]
                 sends = [_sends(b) for b in two]
-                acquired = [len(b.lines("beat lease acquired")) for b in two]
+                acquired = [len(b.lines("beat lock acquired")) for b in two]
                 lease_failures = [b.lines("beat cannot take its lease") for b in two]
                 switches = _sender_switches(two)
             alive = [w.alive() for w in workers]

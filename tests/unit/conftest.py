@@ -38,7 +38,7 @@ def leading_beat(settings: Any) -> Iterator[tuple[Any, Any]]:
     install_schedule(shards=1, every=1)
     scheduler = LeaderDatabaseScheduler(app=app)
     try:
-        assert scheduler._hold_lease()
+        assert scheduler._hold_lock()
         yield scheduler, next(e for e in scheduler.schedule.values() if e.task == SWEEP_TASK)
     finally:
         scheduler.close()

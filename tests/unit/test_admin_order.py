@@ -1,6 +1,6 @@
 """The admin is the same whatever the order of ``reservations`` and ``cleanup`` in
 INSTALLED_APPS: the same admin class for every model, and a hold's page with the same fields
-(the cleanup's sections through ``reservations.admin.add_hold_section``, not a second
+(the cleanup's sections through ``reservations.admin.add_reservation_section``, not a second
 registration that only wins when its module is imported last).
 
 Each order is loaded in a fresh interpreter (Django imports the admin modules once per

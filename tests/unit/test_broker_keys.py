@@ -43,7 +43,7 @@ def set_aside_count(key: str) -> float:
 
 
 def copies(client: redis.Redis, key: str) -> list[bytes]:
-    return list(client.scan_iter(f"{keys.SET_ASIDE_PREFIX}{key}:*"))
+    return list(client.scan_iter(f"{keys.QUARANTINE_PREFIX}{key}:*"))
 
 
 def channel() -> Any:

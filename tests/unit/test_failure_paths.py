@@ -318,7 +318,7 @@ def test_a_periodic_success_settles_only_the_letters_of_the_same_run() -> None:
         letter(shard0, DeadLetter.Reason.FAILED),  # not a periodic letter
     ]
     # when: shard 0 of 4 succeeds
-    assert dead_letters.settle_periodic(shard0) == 2
+    assert dead_letters.resolve_periodic(shard0) == 2
     # then: its two letters are settled, by the cleanup; nothing else
     for settled in mine:
         settled.refresh_from_db()

@@ -191,7 +191,7 @@ def test_an_old_backlog_shows_red_and_a_capped_count_says_so(
 def test_the_last_sweep_of_each_shard_is_shown(admin_client_, broker):
     install_schedule(shards=2, every=10)
     result = SweepResult(1, 2, "trace-x", claimed=12, published=11, backpressure=True)
-    health.record_sweep(result)
+    health.note_sweep(result)
     html = admin_client_.get(reverse(HEALTH) + "?workers=0").content.decode()
     assert metric(html, 1, "claimed") == "12"
     assert metric(html, 1, "published") == "11"

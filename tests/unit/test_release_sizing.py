@@ -420,7 +420,7 @@ def test_the_last_sweep_shows_messages_and_holds_on_the_health_page(adaptive, br
 
     expired(1_000, seconds_ago=1, offerings=2)
     result = sweep_shard(0, 1, batch_size=500)
-    health.record_sweep(result)
+    health.note_sweep(result)
     page = admin_client.get("/admin/cleanup/health/").content.decode()
     assert f'data-metric="published">{result.published}<' in page
     assert f'data-metric="messages">{result.messages}<' in page

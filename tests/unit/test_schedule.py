@@ -340,7 +340,7 @@ def test_a_leader_whose_lease_the_server_ended_sends_nothing(
 ):
     # given: beat holding its lease and a sweep entry due
     scheduler, entry = leading_beat
-    lease = scheduler._lease_conn
+    lease = scheduler._lock_conn
     assert lease is not None
     # and the server ends the lease's session (beat was frozen past the idle timeout, say):
     # its lock is free for another beat, which may be sending already
@@ -352,4 +352,4 @@ def test_a_leader_whose_lease_the_server_ended_sends_nothing(
     # then: nothing is sent (two leaders would double every sweep), and it says why
     sent = broker.llen(settings.CLEANUP_SWEEP_QUEUE)
     assert sent == 0, f"{sent} sweep sent on a lease the server had ended"
-    assert "beat lease lost before a send; not sent" in caplog.text
+    assert "beat lock lost before a send; not sent" in caplog.text

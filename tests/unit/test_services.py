@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from cleanup.release.claim import ClaimedHold, claim_expired, reschedule_claim
+from cleanup.release.claim import ClaimedReservation, claim_expired, reschedule_claim
 from reservations import errors, services
 from reservations.models import Offering, OutboxEvent, Reservation
 from reservations.services import ReleaseOutcome
@@ -314,7 +314,7 @@ def test_renewing_an_expired_but_unreleased_hold_is_refused_with_hold_expired(of
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
     later = t0 + timedelta(seconds=60)  # expires_at <= now: eligible, its seat counts as free
 
-    with pytest.raises(errors.HoldExpired, match=f"hold {hold.pk} has expired") as err:
+    with pytest.raises(errors.ReservationExpired, match=f"hold {hold.pk} has expired") as err:
         services.renew(hold.pk, 1, ttl_seconds=60, now=later)
 
     assert err.value.code == "hold_expired"
@@ -328,7 +328,7 @@ def test_renewing_a_hold_expired_by_the_database_clock_is_refused_with_hold_expi
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=600)
     expire_in_db(hold.pk)
 
-    with pytest.raises(errors.HoldExpired):
+    with pytest.raises(errors.ReservationExpired):
         services.renew(hold.pk, 1, ttl_seconds=600)
 
 
@@ -380,7 +380,7 @@ def test_confirming_bumps_the_version_keeps_the_seat_and_writes_a_confirmed_even
 def test_confirming_an_expired_hold_is_refused_with_hold_expired(offering, t0):
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
 
-    with pytest.raises(errors.HoldExpired, match=str(hold.pk)):
+    with pytest.raises(errors.ReservationExpired, match=str(hold.pk)):
         services.confirm(hold.pk, 1, now=t0 + timedelta(seconds=61))
 
     assert row(hold.pk)["status"] == Reservation.Status.HELD
@@ -626,7 +626,7 @@ def test_releasing_with_a_custom_reason_records_it_on_the_hold_and_the_event(off
 # --- claim_expired / reschedule_claim --------------------------------------------------------
 
 
-def claim(now: datetime, **overrides: object) -> list[ClaimedHold]:
+def claim(now: datetime, **overrides: object) -> list[ClaimedReservation]:
     options: dict[str, object] = {
         "batch_size": 100,
         "lease_seconds": 300,
@@ -672,7 +672,7 @@ def test_a_claim_leases_the_hold_and_counts_it_without_bumping_the_version(offer
 
     (claimed,) = claim(later, lease_seconds=30, trace_id="trace-abc")
 
-    assert claimed == ClaimedHold(
+    assert claimed == ClaimedReservation(
         reservation_id=hold.pk,
         version=1,
         expires_at=t0 + timedelta(seconds=60),

@@ -30,7 +30,7 @@ from hypothesis.stateful import (
 
 from cleanup.release import claim
 from reservations import services
-from reservations.errors import HoldExpired, NoSeatsAvailable, NotHeld, StaleVersion
+from reservations.errors import NoSeatsAvailable, NotHeld, ReservationExpired, StaleVersion
 from reservations.models import Offering, OutboxEvent, Reservation
 from reservations.services import ReleaseOutcome
 
@@ -118,7 +118,7 @@ class ReservationMachine(RuleBasedStateMachine):
         if hold.version != version:
             return StaleVersion
         if check_expiry and self._expired(hold, self.clock):
-            return HoldExpired
+            return ReservationExpired
         return None
 
     # --- rules -----------------------------------------------------------------------------
@@ -163,7 +163,7 @@ class ReservationMachine(RuleBasedStateMachine):
         expected = self._expected_refusal(hold, version, check_expiry=True)
         try:
             renewed = services.renew(hold.id, version, ttl_seconds=ttl, now=self.clock)
-        except (NotHeld, StaleVersion, HoldExpired) as err:
+        except (NotHeld, StaleVersion, ReservationExpired) as err:
             assert type(err) is expected, (err, expected)
             event(f"renew: {type(err).__name__}")
             return
@@ -181,7 +181,7 @@ class ReservationMachine(RuleBasedStateMachine):
         expected = self._expected_refusal(hold, version, check_expiry=True)
         try:
             services.confirm(hold.id, version, now=self.clock)
-        except (NotHeld, StaleVersion, HoldExpired) as err:
+        except (NotHeld, StaleVersion, ReservationExpired) as err:
             assert type(err) is expected, (err, expected)
             return
         assert expected is None

@@ -29,7 +29,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from cleanup import sql
 from cleanup.release import locks
-from cleanup.release.schedule import LEASE_APP_PREFIX, LeaderDatabaseScheduler
+from cleanup.release.schedule import BEAT_LOCK_APP_PREFIX, LeaderDatabaseScheduler
 from cleanup.release.sweep import SweepResult, sweep_shard
 from common.db import psycopg_params, rows, scalar, session_alias
 from config.celery_app import app as celery_app
@@ -302,12 +302,12 @@ def test_beats_lease_is_held_by_a_session_opened_to_the_direct_address(
 ) -> None:
     # given: a lease key no other beat of this database takes
     settings.CLEANUP_BEAT_LOCK_ID = 900_000 + os.getpid() % 100_000
-    key = locks.beat_lease(settings.CLEANUP_BEAT_LOCK_ID)
+    key = locks.beat_lock(settings.CLEANUP_BEAT_LOCK_ID)
     scheduler = LeaderDatabaseScheduler(app=celery_app)
     try:
         # when: beat takes its lease
-        assert scheduler._hold_lease() is True
-        lease = scheduler._lease_conn
+        assert scheduler._hold_lock() is True
+        lease = scheduler._lock_conn
         assert lease is not None
         # then: the session holding it was opened to the direct address (the relay's port),
         # not the default one's, and to the tests' database
@@ -324,6 +324,6 @@ def test_beats_lease_is_held_by_a_session_opened_to_the_direct_address(
                 "SELECT application_name FROM pg_stat_activity WHERE pid = %s",
                 [lease.info.backend_pid],
             )
-        ).startswith(LEASE_APP_PREFIX)
+        ).startswith(BEAT_LOCK_APP_PREFIX)
     finally:
         scheduler.close()

@@ -1,4 +1,4 @@
-"""The workers' side of "pause releases" (cleanup.worker.pause): the consumer bootstep driven
+"""The workers' side of "pause releases" (cleanup.worker.pause_step): the consumer bootstep driven
 directly, reading the real switch in PostgreSQL, with a stand-in for Celery's worker consumer.
 
 Celery's real consumer needs a broker connection to be built; the stand-in keeps only what the
@@ -28,7 +28,7 @@ from kombu import Queue
 
 from cleanup.conf import cleanup_settings
 from cleanup.release import pause
-from cleanup.worker.pause import ReleasePause
+from cleanup.worker.pause_step import ReleasePause
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

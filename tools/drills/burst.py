@@ -28,7 +28,7 @@ from cleanup.release.messages import ReleaseMessage, idempotency_key
 from cleanup.release.publish import publish_release_messages, send_sweep
 from common.db import rows, scalar
 from reservations import services
-from reservations.errors import HoldExpired, NotHeld, StaleVersion
+from reservations.errors import NotHeld, ReservationExpired, StaleVersion
 from tools.drills import sql
 from tools.drills.invariants import invariant_violations
 from tools.drills.report import write_outputs
@@ -63,7 +63,7 @@ def _renew_due(cfg: BurstConfig, state: BurstState) -> None:
         try:
             services.renew(rid, version, ttl_seconds=RENEW_TTL_SECONDS)
             state.renewed.append(rid)
-        except (HoldExpired, StaleVersion, NotHeld):
+        except (ReservationExpired, StaleVersion, NotHeld):
             state.renew_missed += 1
         state.renew_set.discard(rid)
     # Those that expired before we got to them are ordinary eligible holds now.

@@ -4,7 +4,7 @@ being scheduled), 1 otherwise. For docker-compose and Kubernetes probes of the b
     healthcheck: {test: ["CMD", "python", "manage.py", "beat_health"]}
 
 The lock is the PostgreSQL session advisory lock
-``cleanup.release.locks.beat_lease(CLEANUP_BEAT_LOCK_ID)`` that ``cleanup.release.schedule.
+``cleanup.release.locks.beat_lock(CLEANUP_BEAT_LOCK_ID)`` that ``cleanup.release.schedule.
 LeaderDatabaseScheduler`` takes before it sends anything; ``pg_locks`` shows it as an advisory
 lock with classid/objid = the two keys (objsubid 2: the two-key form). A standby beat is healthy
 while a leader exists; when no beat holds the lock, nothing is being scheduled and every beat
@@ -23,9 +23,9 @@ from common.db import rows
 
 
 def leaders() -> int:
-    """Sessions of this database holding the beat lease (1 when a beat leads)."""
+    """Sessions of this database holding the beat lock (1 when a beat leads)."""
     return len(
-        rows(sql.ADVISORY_LOCK_HOLDERS, list(locks.beat_lease(cleanup_settings().beat_lock_id)))
+        rows(sql.ADVISORY_LOCK_HOLDERS, list(locks.beat_lock(cleanup_settings().beat_lock_id)))
     )
 
 

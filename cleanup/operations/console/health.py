@@ -28,7 +28,7 @@ from cleanup.operations.scaling.capacity import DESIRED_WINDOW_S, desired_consum
 from cleanup.release import delivery_cap, locks
 from cleanup.release.claim import shard_buckets
 from cleanup.release.schedule import (
-    LEASE_APP_PREFIX,
+    BEAT_LOCK_APP_PREFIX,
     SWEEP_PREFIX,
     current_schedule,
     installed_shards,
@@ -176,13 +176,13 @@ def read_open_dead_letters() -> list[tuple[str, str, int]]:
 def read_lease() -> dict[str, Any] | None:
 
     rows = db.rows(
-        sql.ADVISORY_LOCK_HOLDERS, list(locks.beat_lease(cleanup_settings().beat_lock_id))
+        sql.ADVISORY_LOCK_HOLDERS, list(locks.beat_lock(cleanup_settings().beat_lock_id))
     )
     if not rows:
         return None
     app_name, client, pid, since = rows[0]
     return {
-        "process": str(app_name).removeprefix(LEASE_APP_PREFIX) or "(unnamed)",
+        "process": str(app_name).removeprefix(BEAT_LOCK_APP_PREFIX) or "(unnamed)",
         "client": client or "local socket",
         "backend_pid": pid,
         "since": since,
@@ -299,7 +299,7 @@ def collect(*, with_workers: bool = True) -> Health:
 # --- Records written by the pipeline ---------------------------------------------------------
 
 
-def record_sweep(result: Any) -> None:
+def note_sweep(result: Any) -> None:
     """Keep the last sweep of the shard (one upsert per sweep; never fails the sweep)."""
     try:
         db.rows(

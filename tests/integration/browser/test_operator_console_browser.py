@@ -256,7 +256,7 @@ def test_a_schedule_edit_in_the_browser_is_followed_by_a_real_beat(
     page = signed_in
     install_schedule(shards=4, every=1)
     with beats(tmp_path, 1) as (beat,):
-        wait_until(beat.is_leader, timeout=60, what="beat lease acquired")
+        wait_until(beat.is_leader, timeout=60, what="beat lock acquired")
         wait_until(lambda: beat.sends() >= 4, timeout=30, what="sends")
         # when: the operator disables the schedule in the admin
         page.goto(live_server.url + reverse("admin:cleanup_cleanupschedule_changelist"))
@@ -271,7 +271,7 @@ def test_a_schedule_edit_in_the_browser_is_followed_by_a_real_beat(
         # then: beat goes on ticking (it pings its lease at each tick, then sends what is due:
         # a 1 s sweep every time) for five seconds by PostgreSQL's clock, and sends no sweep
         until = scalar("SELECT now() + interval '5 seconds'")
-        wait_until(lambda: (beat.lease_pinged_at() or until) > until, timeout=30,
+        wait_until(lambda: (beat.lock_pinged_at() or until) > until, timeout=30,
                    what="beat to tick five seconds on")  # fmt: skip
         assert beat.sends() == stopped_at
         assert set(claim_counts(held).values()) == {0}
