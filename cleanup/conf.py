@@ -36,7 +36,7 @@ RABBITMQ_QUEUE_TYPES = ("classic", "quorum")
 QUORUM_DELIVERY_LIMIT = 100
 # The pools of `celery worker --pool` (celery.concurrency.ALIASES less "custom", "processes").
 WORKER_POOLS = ("prefork", "threads", "solo", "gevent", "eventlet")
-MAX_RELEASE_BATCH_SIZE = 1000  # items a worker accepts in one message (pipeline.messages)
+MAX_RELEASE_BATCH_SIZE = 1000  # items a worker accepts in one message (release.messages)
 DEFAULT_REMOTE_CONTROL_COMMANDS = (
     "ping",
     "stats",

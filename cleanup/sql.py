@@ -1,7 +1,7 @@
 """Every raw SQL statement of the cleanup, by name (the domain's are in reservations/sql.py).
 
-Grouped by the room that runs them: the pipeline (receipts, advisory locks, retention, dead
-letters), telemetry (the delivery counter), the operator console and the autoscaler (reads).
+Grouped by the module that runs them: the release core (the claim, receipts, advisory locks,
+retention, dead letters, the delivery cap), the operator console and the autoscaler (reads).
 The drills' checks live beside them, in tools/drills/sql.py. Callers use the names; the text
 lives here only. Tables are named as Django names them (``<app>_<model>``).
 
@@ -132,7 +132,7 @@ ROOM_RESERVED_BY_OTHERS = (
 PING = "SELECT 1"
 DATABASE_NOW = "SELECT now()"
 
-# --- Receipts (pipeline.release) -------------------------------------------------------------
+# --- Receipts (release.release) -------------------------------------------------------------
 
 RECEIPT_COLUMNS = (
     "idempotency_key, reservation_id, version, outcome, attempt, worker, task_id, trace_id, "
@@ -171,7 +171,7 @@ OTHER_RECEIPTS = (
     f"ON CONFLICT (idempotency_key) DO NOTHING RETURNING reservation_id"
 )
 
-# --- Retention (pipeline.outbox.prune): bounded batches of finished rows ---------------------
+# --- Retention (release.outbox.prune): bounded batches of finished rows ---------------------
 
 
 def _delete_batch(table: str, condition: str) -> str:
@@ -189,7 +189,7 @@ PRUNE_RESOLVED_DEAD_LETTERS = _delete_batch(
     "cleanup_deadletter", "resolved_at IS NOT NULL AND resolved_at < %(before)s"
 )
 
-# --- Dead letters (pipeline.deadletters) -----------------------------------------------------
+# --- Dead letters (release.dead_letters) -----------------------------------------------------
 
 # Resolve open letters as discarded; the ids actually resolved (not resolved meanwhile).
 DISCARD_DEAD_LETTERS = (

@@ -91,7 +91,7 @@ def prune(
     """Delete published outbox events and receipts older than ``CLEANUP_RETENTION_DAYS``,
     and dead letters resolved more than ``CLEANUP_DEAD_LETTER_RETENTION_DAYS`` ago (open
     letters are never deleted: the open-letter cap summarises them instead,
-    ``deadletters.summarise_beyond_cap``)."""
+    ``dead_letters.summarise_beyond_cap``)."""
     now = timezone.now()
     cutoff = now - timedelta(days=retention_days or cleanup_settings().retention_days)
     letters_cutoff = now - timedelta(
