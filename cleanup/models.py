@@ -169,8 +169,8 @@ class SweepRecord(models.Model):
         return f"shard {self.shard} of {self.shards} at {self.finished_at:%H:%M:%S}"
 
 
-class RoomClaim(models.Model):
-    """Room under the release queue's cap that a sweep claimed for the batch it claims and
+class QueueRoom(models.Model):
+    """Room under the release queue's cap that a sweep took for the batch it claims and
     publishes after letting go of the publish lock (far from the cap: cleanup.release.admission
     decides, cleanup.release.sweep writes it). One row per shard lock, overwritten by each
     batch. A row counts only while the session that wrote it (``pid``) holds that shard lock: a
@@ -180,8 +180,11 @@ class RoomClaim(models.Model):
     pid = models.IntegerField()  # the sweep's PostgreSQL backend
     holds = models.PositiveIntegerField(default=0)
 
+    class Meta:
+        db_table = "cleanup_roomclaim"  # its name before the model was renamed
+
     def __str__(self) -> str:
-        return f"{self.holds} holds of room claimed by backend {self.pid}"
+        return f"{self.holds} holds of room taken by backend {self.pid}"
 
 
 class HealthSample(models.Model):

@@ -111,7 +111,7 @@ ADVISORY_LOCK_QUEUE = (
 )
 
 # Room under the release queue's cap claimed by sweeps that claim and publish without the
-# publish lock (cleanup.models.RoomClaim; written by cleanup.release.sweep, counted by
+# publish lock (cleanup.models.QueueRoom; written by cleanup.release.sweep, counted by
 # cleanup.release.admission). Written under the publish lock; a row counts while the session
 # that wrote it holds its shard lock, so a sweep that died reserves nothing.
 RESERVE_ROOM = (

@@ -103,7 +103,7 @@ def unlock_all() -> None:
     _session_scalar(sql.ADVISORY_UNLOCK_ALL)
 
 
-# Room under the release queue's cap (sql.RESERVE_ROOM, cleanup.models.RoomClaim): a sweep that
+# Room under the release queue's cap (sql.RESERVE_ROOM, cleanup.models.QueueRoom): a sweep that
 # lets go of the publish lock before it claims keeps the room it took reserved, keyed by its
 # shard lock, until its messages are in the queue. On the session's connection: a claim's
 # pg_backend_pid() must be the session that holds the shard lock.
