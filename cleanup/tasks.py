@@ -11,12 +11,12 @@ from typing import Any
 
 from celery import shared_task
 
-from cleanup.operations.console import health
+from cleanup.operations import samples
 from cleanup.release import dead_letters, outbox
 from cleanup.release.delivery import RELEASE_TASK_OPTIONS, CleanupTask, queue_age
 from cleanup.release.messages import MalformedMessage, validate, validate_batch
 from cleanup.release.release import run_attempt
-from cleanup.release.sweep import sweep_shard
+from cleanup.release.sweep import record_last_sweep, sweep_shard
 from cleanup.wire import (
     PRUNE_TASK,
     RELAY_OUTBOX_TASK,
@@ -58,7 +58,7 @@ def release_batch_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, 
 @shared_task(bind=True, base=CleanupTask, name=SWEEP_TASK, periodic=True)
 def sweep_shard_task(self: CleanupTask, shard: int, shards: int) -> dict[str, Any]:
     result = sweep_shard(shard, shards, trace_id=self.request.id)
-    health.note_sweep(result)  # the health page's "last sweep" of this shard
+    record_last_sweep(result)  # the health page's "last sweep" of this shard
     return result.as_dict()
 
 
@@ -70,7 +70,7 @@ def relay_outbox_task(self: CleanupTask) -> dict[str, Any]:
 @shared_task(bind=True, base=CleanupTask, name=PRUNE_TASK, periodic=True)
 def prune_task(self: CleanupTask) -> dict[str, Any]:
     counts = outbox.prune()
-    counts["health_samples"] = health.prune_samples()
+    counts["health_samples"] = samples.prune_samples()
     counts["idempotency_keys"] = idempotency.prune_expired()
     return counts
 
@@ -83,7 +83,7 @@ def sample_health_task(self: CleanupTask) -> dict[str, Any]:
     point of the health page's chart."""
     resolved = dead_letters.resolve_released()
     summarised = dead_letters.summarise_beyond_cap()
-    sample = health.take_sample()
+    sample = samples.take_sample()
     return {
         "dead_letters_resolved": resolved,
         "dead_letters_summarised": summarised,

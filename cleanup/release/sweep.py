@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, transaction
 
-from cleanup import metrics
+from cleanup import metrics, sql
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.release import admission, dead_letters, locks
@@ -36,6 +36,7 @@ from cleanup.release.claim import ClaimedReservation, claim_expired
 from cleanup.release.messages import ReleaseMessage
 from cleanup.release.publish import publish_release_messages
 from cleanup.release.sizing import DueBacklog, ServiceRate, messages_for, note_sizing
+from common import db
 
 logger = logging.getLogger("cleanup.sweep")
 
@@ -348,3 +349,28 @@ def _dead_letter_set_aside(hold: ClaimedReservation, shard: int, trace_id: str) 
             hold.reservation_id, hold.version, hold.expires_at, shard, trace_id
         ).as_dict(),
     )
+
+
+def record_last_sweep(result: Any) -> None:
+    """Keep the last sweep of the shard for the health page (one upsert per sweep; never fails
+    the sweep)."""
+    try:
+        db.rows(
+            sql.RECORD_SWEEP,
+            [
+                result.shard,
+                result.shards,
+                result.claimed,
+                result.published,
+                getattr(result, "messages", result.published),
+                getattr(result, "largest_message", 0),
+                getattr(result, "sizing_reason", "")[:16],
+                result.set_aside,
+                result.backpressure,
+                result.skipped_locked,
+                round(result.duration_s * 1000, 3),
+                result.trace_id[:64],
+            ],
+        )
+    except DatabaseError:
+        logger.exception("last sweep not recorded", extra={"shard": result.shard})

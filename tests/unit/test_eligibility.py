@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from cleanup.operations.console import health
+from cleanup.operations import samples
 from cleanup.operations.console.gauges import BacklogCollector
 from cleanup.release import claim, delivery_cap
 from common.db import rows, scalar
@@ -79,7 +79,7 @@ def test_every_reader_of_eligibility_sees_the_same_holds() -> None:
     assert services.eligible_backlog(all_buckets, cap=n - 1).capped
 
     # the health page, shard by shard, and the /metrics gauges
-    shards = health.read_shards(SHARDS, cap=1000)
+    shards = samples.read_shards(SHARDS, cap=1000)
     assert sum(count for _age, count, _capped in shards) == n
     assert oldest_age <= max(age for age, _count, _capped in shards) < oldest_age + 60
     gauges = BacklogCollector().read_eligible()

@@ -19,10 +19,11 @@ from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
 from cleanup.broker.readers import PEEK_ENTRIES, QueueStats
 from cleanup.models import CleanupReceipt, CleanupSchedule, DeadLetter, SweepRecord
+from cleanup.operations import samples
 from cleanup.operations.console import health
 from cleanup.release.messages import ReleaseMessage, build, idempotency_key
 from cleanup.release.schedule import PRUNE_NAME, RELAY_NAME, install_schedule, sweep_entry_name
-from cleanup.release.sweep import SweepResult
+from cleanup.release.sweep import SweepResult, record_last_sweep
 from common.db import rows as sql
 from reservations import services
 from reservations.models import Reservation
@@ -172,7 +173,7 @@ def test_the_health_page_numbers_equal_sql_and_the_broker(admin_client_, broker,
     assert metric(html, None, "retries-60") == "2"
     assert metric(html, None, "outcome-renewed-60") == "1"
     assert metric(html, None, "outcome-released-5") == "1"
-    assert metric(html, None, "lease").startswith("nobody")
+    assert metric(html, None, "beat_lock").startswith("nobody")
 
 
 def test_an_old_backlog_shows_red_and_a_capped_count_says_so(
@@ -191,7 +192,7 @@ def test_an_old_backlog_shows_red_and_a_capped_count_says_so(
 def test_the_last_sweep_of_each_shard_is_shown(admin_client_, broker):
     install_schedule(shards=2, every=10)
     result = SweepResult(1, 2, "trace-x", claimed=12, published=11, backpressure=True)
-    health.note_sweep(result)
+    record_last_sweep(result)
     html = admin_client_.get(reverse(HEALTH) + "?workers=0").content.decode()
     assert metric(html, 1, "claimed") == "12"
     assert metric(html, 1, "published") == "11"
@@ -216,7 +217,7 @@ def test_samples_feed_the_chart_and_are_pruned_after_a_day(admin_client_, broker
 
     install_schedule(shards=2, every=10)
     expired_holds(make_offering(capacity=5).pk, 3, seconds_ago=120)
-    sample = health.take_sample()
+    sample = samples.take_sample()
     assert sample.eligible == 3
     assert 110 < sample.oldest_eligible_age_seconds < 200
     assert sample.queue_depth == 0
@@ -229,7 +230,7 @@ def test_samples_feed_the_chart_and_are_pruned_after_a_day(admin_client_, broker
         eligible=0,
         released_last_minute=0,
     )
-    assert health.prune_samples() == 1
+    assert samples.prune_samples() == 1
     assert not HealthSample.objects.filter(pk=old.pk).exists()
 
 

@@ -416,11 +416,11 @@ def test_a_failed_batch_is_dead_lettered_hold_by_hold_and_each_letter_settles_al
 
 @pytest.mark.django_db(transaction=True)
 def test_the_last_sweep_shows_messages_and_holds_on_the_health_page(adaptive, broker, admin_client):
-    from cleanup.operations.console import health
+    from cleanup.release.sweep import record_last_sweep
 
     expired(1_000, seconds_ago=1, offerings=2)
     result = sweep_shard(0, 1, batch_size=500)
-    health.note_sweep(result)
+    record_last_sweep(result)
     page = admin_client.get("/admin/cleanup/health/").content.decode()
     assert f'data-metric="published">{result.published}<' in page
     assert f'data-metric="messages">{result.messages}<' in page

@@ -16,17 +16,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from celery import current_app as app
-from django.db import DatabaseError, transaction
+from django.db import transaction
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
 from cleanup import sql
 from cleanup.broker.readers import QueueStats, queue_stats
 from cleanup.conf import cleanup_settings
-from cleanup.models import CleanupReceipt, DeadLetter, HealthSample, SweepRecord
+from cleanup.models import DeadLetter, HealthSample, SweepRecord
+from cleanup.operations.samples import read_shards
 from cleanup.operations.scaling.capacity import DESIRED_WINDOW_S, desired_consumers
 from cleanup.release import delivery_cap, locks
-from cleanup.release.claim import shard_buckets
 from cleanup.release.schedule import (
     BEAT_LOCK_APP_PREFIX,
     SWEEP_PREFIX,
@@ -34,7 +34,6 @@ from cleanup.release.schedule import (
     installed_shards,
 )
 from common import db
-from reservations.services import eligible_backlog
 
 logger = logging.getLogger("cleanup.health")
 
@@ -42,7 +41,6 @@ WINDOWS_MINUTES = (5, 60)
 # Remote-control replies are awaited this long at most: the page never blocks for longer.
 PING_TIMEOUT_S = 1.0
 CHART_MINUTES = 60
-SAMPLE_RETENTION = timedelta(days=1)
 
 
 def slo_state(age_seconds: float, slo_seconds: float) -> str:
@@ -100,7 +98,7 @@ class Health:
     windows: list[WindowCounts]
     open_dead_letters: list[tuple[str, str, int]]  # (reason, label, count)
     open_dead_letter_cap: int
-    lease: dict[str, Any] | None
+    beat_lock: dict[str, Any] | None
     last_sent: datetime | None
     workers: list[WorkerInfo] | None
     workers_error: str
@@ -124,17 +122,6 @@ class Health:
     def worst_state(self) -> str:
         order = ("green", "amber", "red")
         return max((s.state for s in self.shard_rows), key=order.index, default="green")
-
-
-def read_shards(shards: int, cap: int) -> list[tuple[float, int, bool]]:
-    """(oldest eligible age, eligible count up to cap, capped) per shard, as /metrics reads
-    them: one bounded statement each."""
-
-    readings = []
-    for k in range(shards):
-        backlog = eligible_backlog(shard_buckets(k, shards), cap)
-        readings.append((backlog.oldest_age_seconds, backlog.eligible, backlog.capped))
-    return readings
 
 
 def window_start(minutes: int, now: float | None = None) -> datetime:
@@ -173,7 +160,7 @@ def read_open_dead_letters() -> list[tuple[str, str, int]]:
     return [(r, str(labels.get(r, r)), int(n)) for r, n in sorted(counts.items())]
 
 
-def read_lease() -> dict[str, Any] | None:
+def read_beat_lock() -> dict[str, Any] | None:
 
     rows = db.rows(
         sql.ADVISORY_LOCK_HOLDERS, list(locks.beat_lock(cleanup_settings().beat_lock_id))
@@ -286,7 +273,7 @@ def collect(*, with_workers: bool = True) -> Health:
         windows=[read_window(m, now) for m in WINDOWS_MINUTES],
         open_dead_letters=read_open_dead_letters(),
         open_dead_letter_cap=conf.dead_letter_open_cap,
-        lease=read_lease(),
+        beat_lock=read_beat_lock(),
         last_sent=read_last_sent(),
         workers=workers,
         workers_error=workers_error,
@@ -294,62 +281,3 @@ def collect(*, with_workers: bool = True) -> Health:
         desired=read_desired(samples),
         samples=samples,
     )
-
-
-# --- Records written by the pipeline ---------------------------------------------------------
-
-
-def note_sweep(result: Any) -> None:
-    """Keep the last sweep of the shard (one upsert per sweep; never fails the sweep)."""
-    try:
-        db.rows(
-            sql.RECORD_SWEEP,
-            [
-                result.shard,
-                result.shards,
-                result.claimed,
-                result.published,
-                getattr(result, "messages", result.published),
-                getattr(result, "largest_message", 0),
-                getattr(result, "sizing_reason", "")[:16],
-                result.set_aside,
-                result.backpressure,
-                result.skipped_locked,
-                round(result.duration_s * 1000, 3),
-                result.trace_id[:64],
-            ],
-        )
-    except DatabaseError:
-        logger.exception("last sweep not recorded", extra={"shard": result.shard})
-
-
-def take_sample() -> HealthSample:
-    """One chart point: worst oldest-eligible age and total eligible over the shards, release
-    queue depth (None when the broker does not answer), releases in the last minute."""
-
-    schedule = current_schedule()
-    shards = schedule.shards if schedule else (installed_shards() or 1)
-    cap = cleanup_settings().eligible_count_cap
-    readings = read_shards(shards, cap)
-    depth: int | None
-    try:
-        stats = queue_stats(cleanup_settings().release_queue)
-        depth = stats.depth if stats.readable else None
-    except Exception:  # noqa: BLE001 - a gap in the chart, not a failed sample
-        depth = None
-    released = CleanupReceipt.objects.filter(
-        outcome="released", created_at__gte=timezone.now() - timedelta(minutes=1)
-    ).count()
-    return HealthSample.objects.create(
-        taken_at=timezone.now(),
-        oldest_eligible_age_seconds=max((r[0] for r in readings), default=0.0),
-        eligible=sum(r[1] for r in readings),
-        queue_depth=depth,
-        released_last_minute=released,
-    )
-
-
-def prune_samples(now: datetime | None = None) -> int:
-    cutoff = (now or timezone.now()) - SAMPLE_RETENTION
-    deleted, _ = HealthSample.objects.filter(taken_at__lt=cutoff).delete()
-    return int(deleted)

@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from cleanup.models import CleanupSchedule, DeadLetter
-from cleanup.operations.console import health
+from cleanup.operations import samples
 from cleanup.release.messages import ReleaseMessage, build
 from cleanup.release.publish import publish_release_messages
 from cleanup.release.schedule import install_schedule
@@ -81,7 +81,7 @@ def test_the_health_page_shows_a_real_backlog_as_sql_and_the_broker_see_it(
     for reason in ("malformed", "malformed", "retries_exhausted"):
         DeadLetter.objects.create(reason=reason)
     for _ in range(3):  # real samples of this state feed the chart
-        health.take_sample()
+        samples.take_sample()
 
     def backlog_by_sql() -> list[tuple[int, float]]:
         """(eligible holds, age of the oldest) of each shard, now."""
@@ -117,7 +117,7 @@ def test_the_health_page_shows_a_real_backlog_as_sql_and_the_broker_see_it(
     shown_age = number(page.inner_text('[data-metric="queue-age"]'))
     assert 0 <= shown_age <= time.time() - published + 1, shown_age
     assert page.inner_text('[data-metric="dead-open-malformed"]') == "2"
-    assert "nobody" in page.inner_text('[data-metric="lease"]')
+    assert "nobody" in page.inner_text('[data-metric="beat_lock"]')
     assert "none answered" in page.inner_text('[data-metric="workers"]')
     assert page.locator("svg.health-chart").count() == 3
     page.screenshot(path=str(shots / "health.png"), full_page=True)
