@@ -155,7 +155,7 @@ def initialize_worker_series() -> None:
         CONTROL_DROPS.labels(reason=reason)
     for reader in KNOWN_SKIP_READERS:
         BROKER_ENTRIES_SKIPPED.labels(reader=reader)
-    # kombu's ack bookkeeping keys: the set-aside alert reads 0 from them until a key is planted
+    # kombu's ack bookkeeping keys: the quarantine alert reads 0 from them until a key is planted
     for key in ("unacked", "unacked_index", "unacked_mutex"):
         BROKER_KEYS_SET_ASIDE.labels(key=key)
 
@@ -221,7 +221,7 @@ def record_skipped_entry(reader: str) -> None:
     BROKER_ENTRIES_SKIPPED.labels(reader=reader).inc()
 
 
-def record_key_set_aside(key: str) -> None:
+def record_key_quarantined(key: str) -> None:
     BROKER_KEYS_SET_ASIDE.labels(key=key).inc()
 
 

@@ -1,4 +1,4 @@
-"""Redis keys of the wrong type, set aside so that one planted key never stops a fleet.
+"""Redis keys of the wrong type, quarantined so that one planted key never stops a fleet.
 
 kombu keeps a queue as a list per priority step, its ack emulation in a hash (``unacked``) and
 a sorted set (``unacked_index``), the restore lock as a string with an expiry
@@ -9,7 +9,7 @@ connection errors: from ``BRPOP`` it stopped every worker, from the ack bookkeep
 each worker on its next delivery, from the binding set it stopped every publish, and a restore
 lock without an expiry disabled the restore of crashed workers' messages for good.
 
-``set_aside`` renames such a key out of the way (atomically: a Lua script checks the type and
+``quarantine`` renames such a key out of the way (atomically: a Lua script checks the type and
 renames in one step, so a key that became right in between is left alone), keeps the renamed
 copy for ``KEPT_SECONDS`` for whoever investigates, logs it and counts it in
 ``reservation_cleanup_broker_keys_set_aside_total{key}``. A key of the wrong type holds nothing
@@ -32,7 +32,7 @@ from cleanup import metrics
 
 logger = logging.getLogger("cleanup.broker.keys")
 
-# Where a set-aside key goes, and how long the copy is kept there.
+# Where a quarantined key goes, and how long the copy is kept there.
 QUARANTINE_PREFIX = "reservation-cleanup:set-aside:"
 KEPT_SECONDS = 7 * 86400
 
@@ -44,7 +44,7 @@ LIST, HASH, ZSET, SET, STRING = "list", "hash", "zset", "set", "string"
 
 # KEYS[1] the key, KEYS[2] where it goes; ARGV[1] the type it must have, ARGV[2] the longest
 # expiry (ms) a string may have, or -1 when any expiry (none included) is fine; ARGV[3] how long
-# the copy is kept (ms). Returns the type that was set aside, or false when the key is absent
+# the copy is kept (ms). Returns the type that was quarantined, or false when the key is absent
 # or as it should be.
 _SET_ASIDE_SCRIPT = """
 local kind = redis.call('TYPE', KEYS[1]).ok
@@ -80,7 +80,7 @@ def describe(key: str | bytes) -> str:
     return f"{name} (priority {step})" if sep else text
 
 
-def set_aside(
+def quarantine(
     client: Any,
     expected: dict[str, str],
     where: str,
@@ -113,9 +113,9 @@ def set_aside(
         if found:
             found_kind = found.decode() if isinstance(found, bytes) else str(found)
             moved.append(key)
-            metrics.record_key_set_aside(describe(key))
+            metrics.record_key_quarantined(describe(key))
             logger.error(
-                "broker key of the wrong type set aside",
+                "broker key of the wrong type quarantined",
                 extra={
                     "key": describe(key),
                     "found": found_kind,

@@ -112,10 +112,10 @@ class DeadLetteringConsumer(_Consumer):
         finally:
             super().on_decode_error(message, exc)
 
-    def _set_aside(self, message: Any, reason: str, error: str) -> None:
+    def _dead_letter(self, message: Any, reason: str, error: str) -> None:
         """Dead-letter and reject one message; never raises but for the connection."""
         logger.error(
-            "message set aside before reaching a task", extra={"reason": reason, "error": error}
+            "message dead-lettered before reaching a task", extra={"reason": reason, "error": error}
         )
         dead_letter_message(message, reason, error)
         if not message.acknowledged:
@@ -191,7 +191,7 @@ class DeadLetteringConsumer(_Consumer):
                 problem = self._screen(message)
                 if problem is None:
                     return handler(message)
-                self._set_aside(message, *problem)
+                self._dead_letter(message, *problem)
             except fatal:
                 raise
             except Exception as exc:  # one message must never stop the worker
@@ -199,7 +199,7 @@ class DeadLetteringConsumer(_Consumer):
                 # _screen (they did: docs/TESTING.md); it stays as the last line of defence.
                 logger.error("message raised before reaching a task", exc_info=True)
                 try:
-                    self._set_aside(message, DeadLetter.Reason.REJECTED, repr(exc)[:2000])
+                    self._dead_letter(message, DeadLetter.Reason.REJECTED, repr(exc)[:2000])
                 except fatal:
                     raise
                 except Exception:

@@ -49,33 +49,35 @@ T = TypeVar("T")
 
 # How often one operation sets a key aside and tries again before giving up: a key planted
 # again at once, over and over, is an attack in progress, not a stray value.
-SET_ASIDE_ATTEMPTS = 3
+QUARANTINE_ATTEMPTS = 3
 
 
 class KeyKeptWrong(redis_py.ConnectionError):
-    """A key was set aside and replaced with the wrong type again on every attempt. Raised as a
+    """A key was quarantined and replaced with the wrong type again on every attempt. Raised as a
     connection error so that kombu and Celery reconnect (and the broker redelivers what was not
     acknowledged) instead of the worker exiting."""
 
 
-def retry_after_set_aside(
-    operation: Callable[[], T], set_aside: Callable[[], list[str]], where: str
+def retry_after_quarantine(
+    operation: Callable[[], T], quarantine: Callable[[], list[str]], where: str
 ) -> T:
-    """Run ``operation``; when Redis answers WRONGTYPE, set the offending keys aside and run it
-    again (at most ``SET_ASIDE_ATTEMPTS`` times in all)."""
-    for _ in range(SET_ASIDE_ATTEMPTS - 1):
+    """Run ``operation``; when Redis answers WRONGTYPE, quarantine the offending keys and run it
+    again (at most ``QUARANTINE_ATTEMPTS`` times in all)."""
+    for _ in range(QUARANTINE_ATTEMPTS - 1):
         try:
             return operation()
         except redis_py.ResponseError as exc:
             if not is_wrong_type(exc):
                 raise
-            set_aside()
+            quarantine()
     try:
         return operation()
     except redis_py.ResponseError as exc:
         if not is_wrong_type(exc):
             raise
-        raise KeyKeptWrong(f"{where}: a key stays of the wrong type after being set aside") from exc
+        raise KeyKeptWrong(
+            f"{where}: a key stays of the wrong type after being quarantined"
+        ) from exc
 
 
 def dead_letter_entry(item: bytes | str, queue: str, error: str) -> None:
@@ -83,7 +85,7 @@ def dead_letter_entry(item: bytes | str, queue: str, error: str) -> None:
     from cleanup.release import dead_letters  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
 
     raw = item if isinstance(item, bytes) else item.encode("utf-8", "surrogatepass")
-    logger.error("broker entry set aside", extra={"queue": queue, "error": error})
+    logger.error("broker entry dead-lettered", extra={"queue": queue, "error": error})
     dead_letters.record(
         DeadLetter.Reason.REJECTED,
         error=error,
@@ -143,7 +145,7 @@ def screen_broadcast(data: bytes | str) -> str | None:
     return screening.check_envelope(payload, content=True)
 
 
-def set_aside_unacked(raw: bytes | str, where: str, problem: str) -> None:
+def dead_letter_unacked(raw: bytes | str, where: str, problem: str) -> None:
     """One bad unacked entry, already removed from the hash and its index: counted and kept as
     one dead letter (never raises)."""
     metrics.record_skipped_entry("unacked_restore")
@@ -168,9 +170,9 @@ class ScreenedQoS(_RedisQoS):
     and the restore at shutdown.
 
     A key of the wrong type where the bookkeeping lives (``unacked``, ``unacked_index``, the
-    queue a message is restored to) is set aside (``cleanup.broker.keys``) and the operation
+    queue a message is restored to) is quarantined (``cleanup.broker.keys``) and the operation
     runs again, so a delivery is still recorded and an ack still lands. A restore lock that
-    would never expire (planted without an expiry, or of another type) is set aside too:
+    would never expire (planted without an expiry, or of another type) is quarantined too:
     kombu's scan otherwise skips, silently and for good, while it exists.
     """
 
@@ -179,38 +181,38 @@ class ScreenedQoS(_RedisQoS):
     def _ack_keys(self) -> dict[str, str]:
         return {self.unacked_key: HASH, self.unacked_index_key: ZSET}
 
-    def _set_aside_ack_keys(self) -> list[str]:
+    def _quarantine_ack_keys(self) -> list[str]:
         with self.channel.conn_or_acquire() as client:
-            return keys.set_aside(client, self._ack_keys(), "ack bookkeeping")
+            return keys.quarantine(client, self._ack_keys(), "ack bookkeeping")
 
     def append(self, message: Any, delivery_tag: Any) -> None:
-        retry_after_set_aside(
+        retry_after_quarantine(
             lambda: super(ScreenedQoS, self).append(message, delivery_tag),
-            self._set_aside_ack_keys,
+            self._quarantine_ack_keys,
             "recording a delivery",
         )
 
     def ack(self, delivery_tag: Any) -> None:
-        retry_after_set_aside(
+        retry_after_quarantine(
             lambda: super(ScreenedQoS, self).ack(delivery_tag),
-            self._set_aside_ack_keys,
+            self._quarantine_ack_keys,
             "acknowledging a delivery",
         )
 
     def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
-        retry_after_set_aside(
+        retry_after_quarantine(
             lambda: super(ScreenedQoS, self).reject(delivery_tag, requeue=requeue),
-            self._set_aside_ack_keys,
+            self._quarantine_ack_keys,
             "rejecting a delivery",
         )
 
     def restore_visible(self, start: int = 0, num: int = 10, interval: int = 10) -> None:
         """kombu's scan (run every ``interval``-th call); before it, a restore lock that could
-        never expire is set aside, and a scan that meets a key of the wrong type sets it aside
+        never expire is quarantined, and a scan that meets a key of the wrong type quarantines it
         and runs again."""
         if (self._vrestore_count % (interval or 1)) == 0:
             with self.channel.conn_or_acquire() as client:
-                keys.set_aside(
+                keys.quarantine(
                     client,
                     {self.unacked_mutex_key: STRING},
                     "the restore lock",
@@ -229,8 +231,8 @@ class ScreenedQoS(_RedisQoS):
         except redis_py.ResponseError as exc:
             if not is_wrong_type(exc):
                 raise
-            self._set_aside_ack_keys()
-            retry_after_set_aside(scan_again, self._set_aside_ack_keys, "restoring messages")
+            self._quarantine_ack_keys()
+            retry_after_quarantine(scan_again, self._quarantine_ack_keys, "restoring messages")
 
     def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
         refused: list[tuple[bytes | str, str]] = []
@@ -244,8 +246,8 @@ class ScreenedQoS(_RedisQoS):
             if entry is not None:
                 # The push runs inside MULTI after the entry is removed from the hash: a
                 # destination key of the wrong type would fail only the push and lose the
-                # message, so such a key is set aside before the transaction starts.
-                self.channel.set_aside_restore_targets(entry[1], entry[2])
+                # message, so such a key is quarantined before the transaction starts.
+                self.channel.quarantine_restore_targets(entry[1], entry[2])
                 # The redelivery is counted here, where it is made, and before the message is
                 # back in its queue: counted after the push, another worker could pop it and
                 # read the count without it, and run a poison message once past the cap. (If
@@ -267,9 +269,9 @@ class ScreenedQoS(_RedisQoS):
             with self.channel.conn_or_acquire(client) as conn:
                 conn.transaction(restore_transaction, self.unacked_key)
 
-        retry_after_set_aside(restore, self._set_aside_ack_keys, "restoring a message")
+        retry_after_quarantine(restore, self._quarantine_ack_keys, "restoring a message")
         for raw, problem in refused:
-            set_aside_unacked(raw, str(self.unacked_key), problem)
+            dead_letter_unacked(raw, str(self.unacked_key), problem)
 
 
 def _count_redelivery(envelope: Any) -> None:
@@ -287,14 +289,14 @@ def _count_redelivery(envelope: Any) -> None:
 
 
 # Every binding this process made, by exchange: put back when the exchange's binding set had to
-# be set aside (it held none of them any more), so routing by that exchange goes on.
+# be quarantined (it held none of them any more), so routing by that exchange goes on.
 _bindings_made: dict[str, set[tuple[str, str, str]]] = {}
 
 
 class ScreenedPublishBatch(_PublishBatch):
     """kombu's pipelined publish, where a queue key of the wrong type fails only the commands
     for it. A non-transactional pipeline runs every command; the ones that failed are exactly
-    those for keys of the wrong type (an LPUSH onto a string). Those keys are set aside and
+    those for keys of the wrong type (an LPUSH onto a string). Those keys are quarantined and
     exactly their commands are sent again: sending the whole pipeline again would publish the
     others twice."""
 
@@ -315,7 +317,7 @@ class ScreenedPublishBatch(_PublishBatch):
         pushes = [(args, options) for args, options in stack if _is_push(args)]
         with self.channel.conn_or_acquire() as client:
             moved = set(
-                keys.set_aside(
+                keys.quarantine(
                     client, {bytes_to_str(args[1]): LIST for args, _ in pushes}, "publishing"
                 )
             )
@@ -334,13 +336,13 @@ class ScreenedPublishBatch(_PublishBatch):
             if failed:
                 raise failed[0][1]
 
-        def set_aside_again() -> list[str]:
+        def quarantine_again() -> list[str]:
             with self.channel.conn_or_acquire() as client:
-                return keys.set_aside(
+                return keys.quarantine(
                     client, {bytes_to_str(args[1]): LIST for args, _ in again}, "publishing"
                 )
 
-        retry_after_set_aside(publish_again, set_aside_again, "publishing")
+        retry_after_quarantine(publish_again, quarantine_again, "publishing")
 
 
 def _is_push(args: Any) -> bool:
@@ -352,36 +354,36 @@ class Channel(_RedisChannel):
 
     # --- keys of the wrong type ------------------------------------------------------------
 
-    def _set_aside_queues(self, queues: Any, where: str) -> list[str]:
+    def _quarantine_queues(self, queues: Any, where: str) -> list[str]:
         expected: dict[str, str] = {}
         for queue in queues:
             expected.update(keys.queue_keys(queue, self.priority_steps))
         with self.conn_or_acquire() as client:
-            return keys.set_aside(client, expected, where)
+            return keys.quarantine(client, expected, where)
 
-    def _set_aside_bindings(self, exchange: str) -> list[str]:
+    def _quarantine_bindings(self, exchange: str) -> list[str]:
         expected = {
             self.keyprefix_queue % (exchange,): SET,
             self.keyprefix_binding_permanent % (exchange,): SET,
         }
         with self.conn_or_acquire() as client:
-            moved = keys.set_aside(client, expected, f"the bindings of exchange {exchange!r}")
+            moved = keys.quarantine(client, expected, f"the bindings of exchange {exchange!r}")
         if moved:
             for routing_key, pattern, queue in sorted(_bindings_made.get(exchange, ())):
                 super()._queue_bind(exchange, routing_key, pattern, queue)
         return moved
 
-    def set_aside_restore_targets(self, exchange: str, routing_key: str) -> list[str]:
+    def quarantine_restore_targets(self, exchange: str, routing_key: str) -> list[str]:
         """Before a message is restored by ``(exchange, routing_key)``: its queue's keys, if any
         is of the wrong type."""
-        return self._set_aside_queues(self._lookup(exchange, routing_key), "restoring a message")
+        return self._quarantine_queues(self._lookup(exchange, routing_key), "restoring a message")
 
     def _size(self, queue: str) -> int:
         """kombu's depth reading (a worker's queue declare at start-up makes one), with a key
-        of the wrong type set aside first."""
-        size: int = retry_after_set_aside(
+        of the wrong type quarantined first."""
+        size: int = retry_after_quarantine(
             lambda: super(Channel, self)._size(queue),
-            lambda: self._set_aside_queues([queue], "reading a queue's depth"),
+            lambda: self._quarantine_queues([queue], "reading a queue's depth"),
             "reading a queue's depth",
         )
         return size
@@ -390,9 +392,9 @@ class Channel(_RedisChannel):
         if kwargs.get("_publish_batch") is not None:
             super()._put(queue, message, **kwargs)  # errors surface at the batch's flush
             return
-        retry_after_set_aside(
+        retry_after_quarantine(
             lambda: super(Channel, self)._put(queue, message, **kwargs),
-            lambda: self._set_aside_queues([queue], "publishing"),
+            lambda: self._quarantine_queues([queue], "publishing"),
             "publishing",
         )
 
@@ -403,16 +405,16 @@ class Channel(_RedisChannel):
         _bindings_made.setdefault(exchange, set()).add(
             (routing_key or "", pattern or "", queue or "")
         )
-        retry_after_set_aside(
+        retry_after_quarantine(
             lambda: super(Channel, self)._queue_bind(exchange, routing_key, pattern, queue),
-            lambda: self._set_aside_bindings(exchange),
+            lambda: self._quarantine_bindings(exchange),
             "binding a queue",
         )
 
     def get_table(self, exchange: str) -> Any:
-        return retry_after_set_aside(
+        return retry_after_quarantine(
             lambda: super(Channel, self).get_table(exchange),
-            lambda: self._set_aside_bindings(exchange),
+            lambda: self._quarantine_bindings(exchange),
             "routing a message",
         )
 
@@ -448,7 +450,7 @@ class Channel(_RedisChannel):
                 # aside; the next poll reads on.
                 if not is_wrong_type(exc):
                     raise
-                self._set_aside_queues(list(self.active_queues), "consuming")
+                self._quarantine_queues(list(self.active_queues), "consuming")
                 raise Empty() from None
             if dest__item:
                 dest, item = dest__item
@@ -473,13 +475,13 @@ class Channel(_RedisChannel):
                 except redis_py.ResponseError as exc:
                     if not is_wrong_type(exc):
                         raise
-                    keys.set_aside(client, {name: LIST}, "consuming")
+                    keys.quarantine(client, {name: LIST}, "consuming")
                     continue
                 if item:
                     self._maybe_update_queues_expire(client, queue)
                     payload = screen_entry(item, queue)
                     if payload is None:
-                        raise Empty()  # set aside; the next poll reads on
+                        raise Empty()  # dead-lettered; the next poll reads on
                     return payload
             self._maybe_update_queues_expire(client, queue)
             raise Empty()

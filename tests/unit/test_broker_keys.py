@@ -58,7 +58,7 @@ def test_set_aside_moves_only_keys_of_another_type_and_keeps_a_copy(broker: redi
     broker.rpush("a-list", "m")
     before = set_aside_count("planted")
     # when
-    moved = keys.set_aside(
+    moved = keys.quarantine(
         broker, {"planted": keys.LIST, "a-list": keys.LIST, "absent": keys.LIST}, "test"
     )
     # then: only the string moved, its copy kept with an expiry, counted once by name
@@ -89,7 +89,7 @@ def test_consuming_a_queue_whose_key_is_not_a_list_sets_it_aside_and_reads_the_r
         delivered = chan._get(QUEUE)
     finally:
         conn.release()
-    # then: the planted key is set aside and the good message is read
+    # then: the planted key is quarantined and the good message is read
     assert depth == 1
     assert delivered["headers"]["task"] == "cleanup.release_reservation"
     assert broker.exists(planted) == 0 and len(copies(broker, planted)) == 1
@@ -108,7 +108,7 @@ def test_a_worker_blocked_on_brpop_sets_a_planted_key_aside_and_keeps_polling(
             # when: the consumer polls (BRPOP over every priority key answers WRONGTYPE)
             with pytest.raises(queue.Empty):
                 queue.get(timeout=1.5)
-            # then: the key was set aside, and a message published now is delivered
+            # then: the key was quarantined, and a message published now is delivered
             publish_release_messages([ReleaseMessage.for_hold(1, 1, _utc_now(), 0, "t")])
             got.append(queue.get(timeout=5))
     finally:
@@ -340,5 +340,5 @@ def test_readers_report_a_planted_queue_key_as_unreadable(broker: redis.Redis) -
 def test_a_planted_key_rename_is_atomic_with_its_type_check(broker: redis.Redis) -> None:
     """A key that became a list between the failed command and the check stays where it is."""
     broker.rpush(QUEUE, "m")
-    assert keys.set_aside(broker, {QUEUE: keys.LIST}, "test") == []
+    assert keys.quarantine(broker, {QUEUE: keys.LIST}, "test") == []
     assert broker.llen(QUEUE) == 1

@@ -300,16 +300,16 @@ def test_a_requeue_run_again_after_a_concurrent_change_counts_its_redelivery_onc
     monkeypatch.setattr(delivery_cap, "count_restored", counted.append)
     with app.connection_for_write() as conn:
         channel: Any = conn.default_channel
-        set_aside = channel.set_aside_restore_targets
+        quarantine = channel.quarantine_restore_targets
 
         def another_worker_takes_a_message(*args: Any) -> None:
             # the other worker writes the watched hash while this requeue's transaction reads
             # it, once: Redis refuses the transaction and it runs again
             if not counted:
                 broker.hset("unacked", "other-tag", unacked_entry())
-            set_aside(*args)
+            quarantine(*args)
 
-        monkeypatch.setattr(channel, "set_aside_restore_targets", another_worker_takes_a_message)
+        monkeypatch.setattr(channel, "quarantine_restore_targets", another_worker_takes_a_message)
         # when: this worker requeues its message
         channel.qos.restore_by_tag("tag", leftmost=True)
     # then: the requeue went through once and its redelivery was counted once, not once per
