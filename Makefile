@@ -1,42 +1,52 @@
-.PHONY: run test test-full lint lock bench bench-confirms flash-sale chaos sentinel-drill pg-failover-drill rabbitmq-cluster-drill embedded-status embedded-stop
+.PHONY: run test test-full lint unit drills lock bench bench-confirms flash-sale chaos sentinel-drill pg-failover-drill rabbitmq-cluster-drill embedded-status embedded-stop
 
 # Run the system: web + worker + beat + Flower, on local or embedded PostgreSQL/Redis.
 run:
 	bash scripts/run.sh
 
 # Run every check: ruff, mypy, pytest (with real workers); leaves out the drills (CI runs them).
+# The suite's phases are nox sessions (noxfile.py): `.venv/bin/nox -l` lists them.
 test:
 	bash scripts/test.sh
 
-# The same plus the production-stack drill and the chaos drills, as CI runs it.
+# The same plus the TLS and PgBouncer sessions and the drills, as CI runs it (nox -s full).
 test-full:
 	RESERVATIONS_DRILLS=1 bash scripts/test.sh
+
+# ruff, ruff format --check and mypy.
+lint:
+	.venv/bin/nox -s lint
+
+# The unit tests in a random order: make unit ARGS="--randomly-seed=N" replays one.
+unit:
+	.venv/bin/nox -s unit -- $(ARGS)
+
+# Every drill, one after another (the last phases of make test-full and CI).
+drills:
+	.venv/bin/nox -s drills -- $(ARGS)
 
 # Chaos drills with real services (minutes; part of make test-full and CI): a lost node at
 # the default recovery settings, a private Redis restarted mid-burst, every database connection
 # terminated, a partitioned worker.
 chaos:
-	RESERVATIONS_CHAOS=1 .venv/bin/python -m pytest tests/integration/test_chaos.py -s $(ARGS)
+	.venv/bin/nox -s chaos -- $(ARGS)
 
-# The Sentinel failover drill (about a minute; the last step of lane 3 in scripts/test.sh): its
+# The Sentinel failover drill (about a minute; after the chaos drills in make test-full): its
 # own master, replica and three sentinels on free ports, the master killed mid-drain.
 sentinel-drill:
-	RESERVATIONS_SENTINEL_DRILL=1 .venv/bin/python -m pytest tests/integration/test_sentinel_failover.py -s $(ARGS)
+	.venv/bin/nox -s sentinel -- $(ARGS)
 
-# The PostgreSQL failover drill (about a minute; after the Sentinel drill in scripts/test.sh):
+# The PostgreSQL failover drill (about a minute; after the Sentinel drill in make test-full):
 # its own primary and streaming standby on free ports, the primary stopped hard mid-drain and
 # the standby promoted, with synchronous and asynchronous replication.
 pg-failover-drill:
-	RESERVATIONS_PG_FAILOVER_DRILL=1 .venv/bin/python -m pytest tests/integration/test_postgres_failover.py -s $(ARGS)
+	.venv/bin/nox -s pg-failover -- $(ARGS)
 
-# The RabbitMQ cluster drill (about a minute; after the Sentinel drill in scripts/test.sh):
+# The RabbitMQ cluster drill (about a minute; the last drill of make test-full):
 # three RabbitMQ nodes of its own in one cluster, the release queue's leader killed mid-drain,
 # with quorum queues and then with classic ones.
 rabbitmq-cluster-drill:
-	RESERVATIONS_RABBITMQ_CLUSTER_DRILL=1 .venv/bin/python -m pytest tests/integration/test_rabbitmq_cluster.py -s $(ARGS)
-
-lint:
-	.venv/bin/ruff check . && .venv/bin/mypy .
+	.venv/bin/nox -s rabbitmq-cluster -- $(ARGS)
 
 # Recompile requirements*.txt (hashes) from requirements*.in: make lock ARGS="--upgrade-package celery"
 lock:

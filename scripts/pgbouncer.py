@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""A private PgBouncer in transaction pooling for the PgBouncer phase of scripts/test.sh and
-the pooling tests: ``start DIR`` / ``stop DIR``.
+"""A private PgBouncer in transaction pooling for noxfile.py's pgbouncer session and the
+pooling tests: ``start DIR`` / ``stop DIR``.
 
 ``start`` writes an ini and an auth file in DIR (never anywhere else) and starts Debian's
 ``pgbouncer`` on a free port of 127.0.0.1 in front of the PostgreSQL server that

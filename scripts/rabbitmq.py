@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Find (or, with CI=true, start) a RabbitMQ for the RabbitMQ test phase of scripts/test.sh and
-print ``export CELERY_BROKER_URL=amqp://…/<the tests' own vhost>``.
+"""Find (or, with CI=true, start) a RabbitMQ for noxfile.py's rabbitmq session (and the unit
+tests of confirmed publishing) and print
+``export CELERY_BROKER_URL=amqp://…/<the tests' own vhost>``.
 
 - ``RESERVATIONS_TEST_AMQP_URL`` set: used as given (its vhost must be the tests' own: the
   tests purge their queues in it).

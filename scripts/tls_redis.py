@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A private TLS Redis for the TLS phase of scripts/test.sh: ``start DIR`` / ``stop DIR``.
+"""A private TLS Redis for noxfile.py's tls session: ``start DIR`` / ``stop DIR``.
 
 ``start`` makes a throwaway certificate authority and a server certificate for ``localhost``
 and 127.0.0.1 with ``openssl`` (in DIR, never anywhere else), starts Debian's ``redis-server``

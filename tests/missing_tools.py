@@ -4,8 +4,8 @@ A test that cannot run because a program or package of the machine is missing (c
 prometheus, iptables, root for a network namespace, curl, docker-compose, …) calls
 ``skip_for_missing(tool, why)``. In a person's run that is a skip, and the hooks below (imported
 by ``tests/conftest.py``) list every such skip at the end of pytest's output and in the file
-named by ``RESERVATIONS_MISSING_TOOLS_FILE``, which ``scripts/test.sh`` prints after its last
-phase, so a partial run is never mistaken for a full one. With ``CI`` set the same skip is a
+named by ``RESERVATIONS_MISSING_TOOLS_FILE``, which the nox run (noxfile.py) prints at its
+end, so a partial run is never mistaken for a full one. With ``CI`` set the same skip is a
 failure: CI installs what the suite needs, and a tool it failed to install must fail the run,
 not shrink it.
 
@@ -105,7 +105,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Name every test this run left out (a missing tool, a broker or queue type that cannot
     show it), at the end of pytest's output and in the file named by
-    RESERVATIONS_MISSING_TOOLS_FILE (appended: one file per test.sh run)."""
+    RESERVATIONS_MISSING_TOOLS_FILE (appended: one file per nox run)."""
     lines = [
         f"skipped because {tool} is missing: {len(ids)} test(s): {', '.join(sorted(ids))}"
         for tool, ids in sorted(_missing.items())

@@ -53,7 +53,7 @@ def test_database_url() -> str:
 
 
 # host:port of a PgBouncer in transaction pooling in front of the tests' PostgreSQL
-# (scripts/pgbouncer.py; scripts/test.sh's phase pytest-pgbouncer): when set, every child
+# (scripts/pgbouncer.py; noxfile.py's session pgbouncer): when set, every child
 # process reaches the tests' database through it, with DATABASE_POOLING=transaction and the
 # direct URL as DATABASE_DIRECT_URL. The tests' own connections stay direct.
 PGBOUNCER = os.environ.get("RESERVATIONS_TEST_PGBOUNCER", "")

@@ -4,8 +4,8 @@ connection terminated at once. Invariants are asserted from SQL afterwards: ever
 released exactly once, nothing renewed released, seats conserved, nothing stuck.
 
 They take minutes (the node-loss drill waits out the default 75 s visibility timeout), so they
-run with RESERVATIONS_CHAOS=1: ``make test-full`` (phase ``pytest-chaos`` of
-``scripts/test.sh``, which CI runs) and ``make chaos``; a person's ``bash scripts/test.sh``
+run with RESERVATIONS_CHAOS=1: ``make test-full`` (session ``chaos`` of
+``noxfile.py``, which CI runs) and ``make chaos``; a person's ``bash scripts/test.sh``
 leaves them out and says so at its end. The Redis
 drills start a private ``redis-server`` on a free port the kernel hands out, in the test's
 temporary directory; the machine's shared servers are never stopped or

@@ -57,7 +57,7 @@ POISON = ["-I", "tests.integration.poison_tasks"]
 )
 def test_behind_pgbouncer_the_workers_really_reach_the_database_through_it(clean, workers):
     # given: the suites' processes sent through a PgBouncer in transaction pooling
-    # (scripts/test.sh, phase pytest-pgbouncer)
+    # (noxfile.py, session pgbouncer)
     hold_id, _ = one_eligible_hold()
     # when: a worker releases a hold
     publish_for(hold_id)

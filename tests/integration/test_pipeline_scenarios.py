@@ -1,5 +1,5 @@
 """Delivery scenarios with real ``celery worker`` processes on real Redis (or RabbitMQ, see
-scripts/test.sh) and PostgreSQL.
+noxfile.py's rabbitmq session) and PostgreSQL.
 
 Each test asserts from SQL (the invariants of docs/PIPELINE.md, receipts) and never from mocks:
 2. duplicated messages and concurrent sweeps of one shard → exactly one release per hold;

@@ -17,8 +17,8 @@ What the old primary had is read afterwards by starting its data directory alone
 port, so the losses are counted exactly. The drill prints the recovery time (stop to the
 first release through the promoted standby) and the losses; docs/TOPOLOGIES.md records them.
 
-It runs only in its own phase (RESERVATIONS_PG_FAILOVER_DRILL=1: scripts/test.sh's
-``pytest-pg-failover``; alone: ``make pg-failover-drill``).
+It runs only in its own phase (RESERVATIONS_PG_FAILOVER_DRILL=1: noxfile.py's session
+``pg-failover``; alone: ``make pg-failover-drill``).
 """
 
 from __future__ import annotations

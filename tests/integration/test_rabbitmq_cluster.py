@@ -23,8 +23,8 @@ kombu's failover) and are never restarted.
 
 It prints the recovery time (kill to the first release after it), redeliveries, the holds
 released late, and what the classic queues lost; docs/TOPOLOGIES.md records them. It runs only
-in its own phase (RESERVATIONS_RABBITMQ_CLUSTER_DRILL=1: scripts/test.sh's
-``pytest-rabbitmq-cluster``, after ``pytest-sentinel``).
+in its own phase (RESERVATIONS_RABBITMQ_CLUSTER_DRILL=1: noxfile.py's session
+``rabbitmq-cluster``, after ``sentinel``).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ unacknowledged entries, delivery counters) and shows the sweep's lease brings ba
 whose message was lost. It prints the recovery time (master killed to the first release through
 the new master) and the worst lateness; docs/TOPOLOGIES.md records them.
 
-It runs only in its own phase (RESERVATIONS_SENTINEL_DRILL=1: scripts/test.sh's
-``pytest-sentinel``, the last step of lane 3; alone: ``make sentinel-drill``).
+It runs only in its own phase (RESERVATIONS_SENTINEL_DRILL=1: noxfile.py's session
+``sentinel``, after the lanes; alone: ``make sentinel-drill``).
 """
 
 from __future__ import annotations
