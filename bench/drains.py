@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import profile
+from bench.arms import events as events_on
+from bench.arms import settings_env
 from bench.database import any_held, check, create_holds, released_count, reset, sql
 from bench.paths import LOGS
 from cleanup.broker.readers import redis_client
@@ -20,10 +22,12 @@ from tools.drills.workers import WorkerProcess
 @dataclass(frozen=True)
 class Variant:
     """A worker configuration measured side by side with the product's default: environment
-    settings and ``celery worker`` arguments added to the drain's own."""
+    variables, Django settings (bench/arms.py) and ``celery worker`` arguments added to the
+    drain's own."""
 
     name: str
     env: dict[str, str] = field(default_factory=dict)
+    settings: dict[str, object] = field(default_factory=dict)
     args: tuple[str, ...] = ()
     requires: str = ""  # a module that must be importable, else the variant is skipped
 
@@ -39,9 +43,14 @@ VARIANTS = (
     Variant("prefork, prefetch 2", {"CELERY_WORKER_PREFETCH_MULTIPLIER": "2"}),
     Variant("prefork, prefetch 4", {"CELERY_WORKER_PREFETCH_MULTIPLIER": "4"}),
     # Measured only: a cleanup worker refuses these pools unless CLEANUP_WORKER_POOLS allows them.
-    Variant("threads pool", {"CLEANUP_WORKER_POOLS": "threads"}, ("--pool", "threads")),
     Variant(
-        "gevent pool", {"CLEANUP_WORKER_POOLS": "gevent"}, ("--pool", "gevent"), requires="gevent"
+        "threads pool", settings={"CLEANUP_WORKER_POOLS": ["threads"]}, args=("--pool", "threads")
+    ),
+    Variant(
+        "gevent pool",
+        settings={"CLEANUP_WORKER_POOLS": ["gevent"]},
+        args=("--pool", "gevent"),
+        requires="gevent",
     ),
 )
 
@@ -110,7 +119,7 @@ def noop_drain(
     reset()
     publish_noops(n)
     r = redis_client()
-    env = {"CELERY_TASK_EVENTS": str(events).lower(), **variant.env}
+    env = {**settings_env(events_on(events) | variant.settings), **variant.env}
     workers = [
         WorkerProcess(
             f"bench-noop{i}-{os.getpid()}",
@@ -173,7 +182,8 @@ def product_drain(
 
     reset()
     create_holds(holds)
-    env = {"CELERY_TASK_EVENTS": str(events).lower(), "CLEANUP_RELEASE_MODE": mode, **variant.env}
+    chosen = events_on(events) | {"CLEANUP_RELEASE_MODE": mode} | variant.settings
+    env = {**settings_env(chosen), **variant.env}
     slug = "".join(c if c.isalnum() else "-" for c in variant.name)[:24]
     name = f"{mode}-{layout[0]}x{layout[1]}-{'ev' if events else 'noev'}-{slug}"
     workers = start_layout(name, layout, "", env, list(variant.args))

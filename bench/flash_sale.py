@@ -6,8 +6,9 @@
 Creates (or empties) the private database ``reservations_drill`` and Redis DB 6, migrates, and
 runs ``manage.py burst`` with the scenario of docs/PERFORMANCE.md ("The flash-sale drain"): 200
 offerings, 2 workers × 2 processes started by the drill, 10 % renewed, 5 % duplicated, sweeps
-every 2 s. ``default`` leaves CLEANUP_RELEASE_MODE unset (what a user who keeps the defaults
-runs: the adaptive mode); ``adaptive``, ``single`` and ``batch`` set it.
+every 2 s. ``default`` leaves the release mode (the Django setting CLEANUP_RELEASE_MODE) at its
+default (what a user who keeps the defaults runs: the adaptive mode); ``adaptive``, ``single``
+and ``batch`` set it, in the drill's settings (bench/arms.py).
 The report and plot go to reports/burst/flash-sale-100k-<mode>/ (git-ignored) unless --out
 is given.
 
@@ -28,6 +29,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script: bench/ is on the path, not the project
+    sys.path.insert(0, str(ROOT))
+
+from bench.arms import events, settings_env  # noqa: E402
+
 PG_SERVER = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
 DRILL_DB = "reservations_drill"
 BROKER = os.environ.get("DRILL_BROKER", "redis://127.0.0.1:6379/6")
@@ -52,17 +58,14 @@ def main() -> int:
         del rest[at : at + 2]
     env = dict(os.environ)
     env.update(
-        DJANGO_SETTINGS_MODULE="config.settings.base",
         SECRET_KEY=env.get("SECRET_KEY", "drill-only"),
         RESERVATIONS_API_TOKEN=env.get("RESERVATIONS_API_TOKEN", "drill-only"),
         DATABASE_URL=f"{PG_SERVER}/{DRILL_DB}",
         CELERY_BROKER_URL=BROKER,
-        CELERY_TASK_EVENTS="false",
         WORKER_METRICS_PORT="0",
     )
-    env.pop("CLEANUP_RELEASE_MODE", None)
-    if mode != "default":
-        env["CLEANUP_RELEASE_MODE"] = mode
+    chosen = events(False) | ({} if mode == "default" else {"CLEANUP_RELEASE_MODE": mode})
+    env.update(settings_env(chosen))
     import psycopg
     import redis
 

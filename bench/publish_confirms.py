@@ -53,15 +53,17 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: bench/ is on the path, not the project
     sys.path.insert(0, str(ROOT))
 
+from bench.arms import SETTINGS_MODULE, VARIABLE, events  # noqa: E402
+
 PG_SERVER = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
 BENCH_DB = "reservations_bench"
 AMQP_NODE = "guest:guest@127.0.0.1:5672"
 ENV = {
-    "DJANGO_SETTINGS_MODULE": "config.settings.base",
+    "DJANGO_SETTINGS_MODULE": SETTINGS_MODULE,
+    VARIABLE: json.dumps(events(False)),
     "SECRET_KEY": "bench-only",
     "RESERVATIONS_API_TOKEN": "bench-only",
     "DATABASE_URL": f"{PG_SERVER}/{BENCH_DB}",
-    "CELERY_TASK_EVENTS": "false",
     "WORKER_METRICS_PORT": "0",
 }
 # Always the bench's own settings module and database (broker and queue type: per case).

@@ -20,6 +20,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from bench.arms import events, settings_env
 from bench.database import reset, sql
 from bench.drains import DEFAULT, Variant, product_drain, publish_noops, wait_drained
 from bench.paths import LOGS
@@ -33,17 +34,19 @@ SHORT_VISIBILITY = {
     "CLEANUP_TASK_TIME_LIMIT": "10",
     "CLEANUP_TASK_SOFT_TIME_LIMIT": "8",
     "CLEANUP_RETRY_BACKOFF_MAX": "2",
-    "CLEANUP_UNACKED_RESTORE_INTERVAL": "1",
 }
+# ... and the scan for messages past it every second (a Django setting, not a variable).
+SHORT_RESTORE = {"CLEANUP_UNACKED_RESTORE_INTERVAL": 1}
 
 
-def _noop_worker(label: str, concurrency: int, env: dict[str, str]) -> WorkerProcess:
+def _noop_worker(label: str, concurrency: int, variant: Variant) -> WorkerProcess:
+    chosen = events(False) | SHORT_RESTORE | variant.settings
     return WorkerProcess(
         f"bench-{label}-{os.getpid()}",
         concurrency,
         LOGS / f"{label}.log",
         queues="bench",
-        env={"CELERY_TASK_EVENTS": "false", **SHORT_VISIBILITY, **env},
+        env={**settings_env(chosen), **SHORT_VISIBILITY, **variant.env},
         extra_args=["-I", "bench.tasks"],
     ).start()
 
@@ -61,7 +64,7 @@ def killed_worker(
     publish_noops(tasks, wait_ms, limits)
     r = redis_client()
     slug = "".join(c if c.isalnum() else "-" for c in variant.name)[:24]
-    first = _noop_worker(f"kill-{slug}", concurrency, variant.env)
+    first = _noop_worker(f"kill-{slug}", concurrency, variant)
     try:
         while r.llen("bench") > tasks * 0.8:  # let it reach full speed
             if not first.alive():
@@ -71,7 +74,7 @@ def killed_worker(
         first.kill()
     killed = time.perf_counter()
     stranded = int(r.hlen("unacked"))
-    second = _noop_worker(f"rescue-{slug}", concurrency, {})
+    second = _noop_worker(f"rescue-{slug}", concurrency, DEFAULT)
     try:
         second.wait_ready()
         waiting_emptied = None

@@ -11,22 +11,28 @@ Nothing happens at import: ``main()`` creates the database, sets up Django, then
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script: bench/ is on the path, not the project
+    sys.path.insert(0, str(ROOT))
+
+from bench.arms import SETTINGS_MODULE, VARIABLE, events  # noqa: E402
+
 PG_SERVER = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
 BENCH_DB = "reservations_bench"
 BROKER = os.environ.get("BENCH_BROKER", "redis://127.0.0.1:6379/5")
 
 ENV = {
-    "DJANGO_SETTINGS_MODULE": "config.settings.base",
+    "DJANGO_SETTINGS_MODULE": SETTINGS_MODULE,
+    VARIABLE: json.dumps(events(False)),
     "SECRET_KEY": "bench-only",
     "RESERVATIONS_API_TOKEN": "bench-only",
     "DATABASE_URL": f"{PG_SERVER}/{BENCH_DB}",
     "CELERY_BROKER_URL": BROKER,
-    "CELERY_TASK_EVENTS": "false",
     "CLEANUP_MAX_QUEUE_DEPTH": "1000000",
     "WORKER_METRICS_PORT": "0",
 }
@@ -36,7 +42,6 @@ FORCED = ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "CELERY_BROKER_URL")
 
 def main() -> int:
     os.environ.update({k: v for k, v in ENV.items() if k not in os.environ or k in FORCED})
-    sys.path.insert(0, str(ROOT))
     from bench.migrated import ensure_migrated_database
 
     ensure_migrated_database(ENV["DATABASE_URL"])

@@ -1,11 +1,14 @@
 """The cleanup's settings, as one typed object.
 
-Each field of ``CleanupSettings`` names its environment variable (also its name among Django's
-settings), its type, its default, its lower bound and a one-line doc; the checks that relate
-fields to each other live in ``CleanupSettings.check``. Django's settings stay the source a
-deployer sets and a test overrides: ``config/settings/base.py`` reads the environment with
+Each field of ``CleanupSettings`` names its Django setting, its type, its default, its lower
+bound and a one-line doc; the checks that relate fields to each other live in
+``CleanupSettings.check``. A field declared with ``setting`` is a decision a deployment makes and
+is read from the environment variable of the same name; one declared with ``tuning`` is an
+internal value or a benchmark's arm, a Django setting only: a deployment leaves it at its
+default, a test overrides it like any setting. Django's settings stay the source a deployer sets
+and a test overrides: ``config/settings/base.py`` builds the object with
 ``CleanupSettings.from_environment`` (start-up fails naming the variable) and publishes every
-field under its variable's name, and the code reads ``cleanup_settings()``, built from
+field under its name, and the code reads ``cleanup_settings()``, built from
 ``django.conf.settings`` and rebuilt whenever ``override_settings`` (or pytest-django's
 ``settings`` fixture) changes a setting. docs/ARCHITECTURE.md, "Settings".
 """
@@ -23,11 +26,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
 # The keys of a field's metadata (what tests/unit/test_conf.py checks docs/CONFIGURATION.md's
-# settings table against).
+# settings tables against). ENV is the field's name among Django's settings, and its
+# environment variable's when ENVIRONMENT is true.
 ENV = "env"
 DOC = "doc"
 MINIMUM = "minimum"
 DEFAULT_TEXT = "default_text"
+ENVIRONMENT = "environment"
 
 RELEASE_MODES = ("adaptive", "single", "batch")
 # RabbitMQ's queue types the project declares (cleanup.broker.queues) and the broker's fixed
@@ -36,7 +41,7 @@ RABBITMQ_QUEUE_TYPES = ("classic", "quorum")
 QUORUM_DELIVERY_LIMIT = 100
 # The pools of `celery worker --pool` (celery.concurrency.ALIASES less "custom", "processes").
 WORKER_POOLS = ("prefork", "threads", "solo", "gevent", "eventlet")
-MAX_RELEASE_BATCH_SIZE = 1000  # items a worker accepts in one message (release.messages)
+MAX_RELEASE_BATCH_SIZE = 1000  # items a worker accepts in one message (pipeline.messages)
 DEFAULT_REMOTE_CONTROL_COMMANDS = (
     "ping",
     "stats",
@@ -50,6 +55,18 @@ DEFAULT_REMOTE_CONTROL_COMMANDS = (
     "clock",
     "enable_events",
 )
+# CLEANUP_REMOTE_CONTROL_COMMANDS=none: no remote control at all (Celery's consumer of the
+# broadcast channel is not started).
+NO_REMOTE_CONTROL = "none"
+# Rows deleted per prune or summarise statement: short enough that a statement holds its locks
+# for well under a second, large enough that the hourly prune of a day's receipts is a few
+# hundred statements.
+PRUNE_BATCH_SIZE = 5000
+# Seconds per release of one pool process that the autoscaler and the adaptive release mode
+# assume until receipts have measured one, unless CLEANUP_CAPACITY_PER_CONSUMER_PER_S states it:
+# a release is one statement of a few milliseconds plus Celery's per-message cost, about 50 ms
+# on the 2-core machine of docs/PERFORMANCE.md (20 releases per second per process).
+ASSUMED_SERVICE_TIME_S = 0.05
 
 
 def setting(
@@ -65,18 +82,47 @@ def setting(
     (docs/CONFIGURATION.md) states a default that the project computes (the broker's URL, half
     the soft time limit). A ``secret`` (a token, a URL that may carry a password) is left out of
     the object's repr, which may reach a log."""
-    metadata = {ENV: env, DOC: doc, MINIMUM: minimum, DEFAULT_TEXT: default_text}
+    metadata = {
+        ENV: env,
+        DOC: doc,
+        MINIMUM: minimum,
+        DEFAULT_TEXT: default_text,
+        ENVIRONMENT: True,
+    }
     return field(default=default, metadata=metadata, repr=not secret)
+
+
+def tuning(
+    name: str,
+    default: object,
+    doc: str,
+    *,
+    minimum: float | None = None,
+    default_text: str | None = None,
+) -> Any:
+    """A field that is a Django setting only, never read from the environment: an internal
+    value (a lock key, a poll interval, a cost cap) or a benchmark's arm (the release mode, the
+    worker pools). A deployment leaves it at its default; a test overrides it like any setting,
+    and a settings module built on ``config.settings.base`` may set it before importing it
+    (``config.settings.tuning``). Bounds and checks apply as to any field."""
+    metadata = {
+        ENV: name,
+        DOC: doc,
+        MINIMUM: minimum,
+        DEFAULT_TEXT: default_text,
+        ENVIRONMENT: False,
+    }
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
 class CleanupSettings:
     # --- queues and messages ---------------------------------------------------------------
-    sweep_queue: str = setting("CLEANUP_SWEEP_QUEUE", "sweep", "queue of beat's sweep messages")
-    release_queue: str = setting(
+    sweep_queue: str = tuning("CLEANUP_SWEEP_QUEUE", "sweep", "queue of beat's sweep messages")
+    release_queue: str = tuning(
         "CLEANUP_RELEASE_QUEUE", "cleanup", "queue of the release messages (Celery's default)"
     )
-    maintenance_queue: str = setting(
+    maintenance_queue: str = tuning(
         "CLEANUP_MAINTENANCE_QUEUE", "maintenance", "queue of relay, prune and health samples"
     )
     events_queue: str = setting(
@@ -90,7 +136,7 @@ class CleanupSettings:
         "'classic' or 'quorum': the type of the RabbitMQ queues the project declares",
     )
     # A batch of 1,000 holds is about 170 KB. docs/HARDENING.md.
-    max_message_bytes: int = setting(
+    max_message_bytes: int = tuning(
         "CLEANUP_MAX_MESSAGE_BYTES",
         1024 * 1024,
         "largest message body a worker reads; larger ones are dead-lettered unread",
@@ -114,24 +160,13 @@ class CleanupSettings:
     retry_backoff_max: int = setting(
         "CLEANUP_RETRY_BACKOFF_MAX", 30, "cap of the jittered retry backoff, seconds", minimum=1
     )
-    # Celery holds each message with an eta in the worker's memory until it is due, and raises
-    # the prefetch count for it: without a limit a flood of them grows the main process at will.
-    worker_eta_task_limit: int = setting(
-        "CLEANUP_WORKER_ETA_TASK_LIMIT",
-        64,
-        "retries (eta messages) a worker holds in memory at once (Celery's worker_eta_task_limit)",
-        minimum=1,
-    )
     # Bounds a poison message that kills its worker (reject_on_worker_lost requeues it without
     # limit).
-    max_deliveries: int = setting(
+    max_deliveries: int = tuning(
         "CLEANUP_MAX_DELIVERIES",
         8,
         "deliveries of one idempotency key before it is dead-lettered unworked",
         minimum=1,
-    )
-    delivery_counter_ttl: int = setting(
-        "CLEANUP_DELIVERY_COUNTER_TTL", 86400, "lifetime of a delivery counter, seconds", minimum=60
     )
     counter_redis_url: str = setting(
         "CLEANUP_COUNTER_REDIS_URL",
@@ -148,16 +183,14 @@ class CleanupSettings:
         "a claimed hold is retaken by a later sweep after this",
         minimum=1,
     )
-    sweep_batch_size: int = setting(
+    sweep_batch_size: int = tuning(
         "CLEANUP_SWEEP_BATCH_SIZE", 500, "holds claimed per sweep batch", minimum=1
     )
-    sweep_max_batches: int = setting(
-        "CLEANUP_SWEEP_MAX_BATCHES", 20, "batches per sweep", minimum=1
-    )
-    max_claims: int = setting(
+    sweep_max_batches: int = tuning("CLEANUP_SWEEP_MAX_BATCHES", 20, "batches per sweep", minimum=1)
+    max_claims: int = tuning(
         "CLEANUP_MAX_CLAIMS", 10, "claims of one hold before it is set aside", minimum=1
     )
-    sweep_time_budget: float = setting(
+    sweep_time_budget: float = tuning(
         "CLEANUP_SWEEP_TIME_BUDGET",
         0.0,
         "a sweep starts no batch after this many seconds; 0: half the soft time limit",
@@ -171,7 +204,7 @@ class CleanupSettings:
         minimum=1,
     )
     # docs/PIPELINE.md, "Release modes".
-    release_mode: str = setting(
+    release_mode: str = tuning(
         "CLEANUP_RELEASE_MODE",
         "adaptive",
         "'adaptive': a message per hold unless a burst would make the oldest hold later than "
@@ -181,13 +214,13 @@ class CleanupSettings:
     # batch is one message. A batched drain's cost is mostly per message (Celery's fetch,
     # acknowledgment and trace, the sweep's publish): 500 per message drained 1.4-1.6x as fast
     # as 100 on the same machine (docs/PERFORMANCE.md, "The batched path").
-    release_batch_size: int = setting(
+    release_batch_size: int = tuning(
         "CLEANUP_RELEASE_BATCH_SIZE",
         500,
         "holds per message in the batch mode, the most in the adaptive mode (at most 1,000)",
         minimum=1,
     )
-    release_target_seconds: float = setting(
+    release_target_seconds: float = tuning(
         "CLEANUP_RELEASE_TARGET_SECONDS",
         10.0,
         "adaptive mode: the age a claimed batch's oldest hold should not pass before its "
@@ -195,7 +228,7 @@ class CleanupSettings:
         minimum=0.1,
     )
     # A sweep waiting in line for the publish lock holds a pool process that could be releasing.
-    sweep_lock_wait: float = setting(
+    sweep_lock_wait: float = tuning(
         "CLEANUP_SWEEP_LOCK_WAIT",
         2.0,
         "how long a sweep waits in line for the publish lock (never past its time budget), seconds",
@@ -205,9 +238,6 @@ class CleanupSettings:
     retention_days: int = setting(
         "CLEANUP_RETENTION_DAYS", 14, "days receipts and relayed events are kept", minimum=1
     )
-    prune_batch_size: int = setting(
-        "CLEANUP_PRUNE_BATCH_SIZE", 5000, "rows deleted per prune statement", minimum=1
-    )
     dead_letter_retention_days: int = setting(
         "CLEANUP_DEAD_LETTER_RETENTION_DAYS",
         14,
@@ -216,42 +246,36 @@ class CleanupSettings:
     )
     # The summaries: one open letter per reason and task, written by cleanup.sample_health.
     # docs/OPERATOR-CONSOLE.md, "Dead-letter triage".
-    dead_letter_open_cap: int = setting(
+    dead_letter_open_cap: int = tuning(
         "CLEANUP_DEAD_LETTER_OPEN_CAP",
         10000,
         "open dead letters kept in full; the oldest beyond it are summarised",
         minimum=1,
     )
-    relay_batch_size: int = setting(
-        "CLEANUP_RELAY_BATCH_SIZE", 500, "outbox events relayed per batch", minimum=1
-    )
     # --- the operator's view and beat ------------------------------------------------------
     slo_seconds: int = setting(
         "CLEANUP_SLO_SECONDS", 300, "SLO for the age of the oldest eligible hold", minimum=1
     )
-    eligible_count_cap: int = setting(
+    # Counting eligible holds costs a row per hold: the cap bounds what a gauge or the health
+    # page pays in a large backlog, which is already past any SLO long before.
+    eligible_count_cap: int = tuning(
         "CLEANUP_ELIGIBLE_COUNT_CAP", 100000, "eligible holds counted at most", minimum=1
     )
-    beat_lock_id: int = setting(
+    # The second key of the beat lock's advisory lock (first: cleanup.release.locks.NAMESPACE):
+    # above the per-shard sweep keys (shards × 4096 + shard + 1) of any schedule of fewer than
+    # 170 shards. A test takes one of its own so that no other beat holds its lock.
+    beat_lock_id: int = tuning(
         "CLEANUP_BEAT_LOCK_ID", 727_001, "PostgreSQL advisory lock key of the beat lock"
     )
-    beat_idle_session_timeout: int = setting(
+    beat_idle_session_timeout: int = tuning(
         "CLEANUP_BEAT_IDLE_SESSION_TIMEOUT",
         30,
-        "seconds after which a silent beat leader's session (and lease) ends",
+        "seconds after which a silent beat leader's session (and lock) ends",
         minimum=1,
     )
     # A staff user can give a periodic task any interval in django-celery-beat's admin, down to
     # microseconds; a project task sent that often floods its queue (cleanup.admin refuses it).
-    # How soon a worker follows the console's "pause releases" switch (cleanup.worker.pause_step):
-    # one small query per worker instance each time.
-    pause_poll_interval: float = setting(
-        "CLEANUP_PAUSE_POLL_INTERVAL",
-        2.0,
-        "seconds between two readings of the pause switch by each worker",
-        minimum=0.1,
-    )
-    periodic_min_interval: float = setting(
+    periodic_min_interval: float = tuning(
         "CLEANUP_PERIODIC_MIN_INTERVAL",
         1.0,
         "shortest interval in seconds the admin accepts for a periodic task of this project",
@@ -273,7 +297,7 @@ class CleanupSettings:
         "seconds a fetched, unacked Redis message waits before it is delivered again",
         minimum=1,
     )
-    unacked_restore_interval: int = setting(
+    unacked_restore_interval: int = tuning(
         "CLEANUP_UNACKED_RESTORE_INTERVAL",
         5,
         "seconds between an idle consumer's scans for messages past the visibility timeout",
@@ -281,14 +305,15 @@ class CleanupSettings:
     )
     # The default is what `manage.py worker_health`, `celery inspect` and Flower's read-only
     # pages use; add e.g. pool_grow or shutdown only with a broker you trust. docs/HARDENING.md.
+    # "none" turns remote control off (the field is then empty).
     remote_control_commands: tuple[str, ...] = setting(
         "CLEANUP_REMOTE_CONTROL_COMMANDS",
         DEFAULT_REMOTE_CONTROL_COMMANDS,
-        "remote-control commands a worker runs; any other is dropped and counted",
+        "remote-control commands a worker runs; any other is dropped and counted; 'none': off",
     )
     # A cleanup worker relies on both task time limits and on losing one pool process at a time
     # (docs/LIBRARY-NOTES.md, "Pools"); only prefork gives both. cleanup.worker.consumer.
-    worker_pools: tuple[str, ...] = setting(
+    worker_pools: tuple[str, ...] = tuning(
         "CLEANUP_WORKER_POOLS",
         ("prefork",),
         "worker pools (`celery worker --pool`) a worker may start under; any other fails its "
@@ -299,7 +324,7 @@ class CleanupSettings:
     metrics_allow_ips: tuple[str, ...] = setting(
         "METRICS_ALLOW_IPS", (), "addresses and networks that may read /metrics without it"
     )
-    metrics_statement_timeout_ms: int = setting(
+    metrics_statement_timeout_ms: int = tuning(
         "METRICS_STATEMENT_TIMEOUT_MS", 2000, "statement timeout of /metrics' queries", minimum=1
     )
     # The worker metrics endpoint has no authentication: loopback unless a deployment binds it
@@ -310,17 +335,17 @@ class CleanupSettings:
     worker_metrics_addr: str = setting(
         "WORKER_METRICS_ADDR", "127.0.0.1", "address that endpoint binds (it has no auth)"
     )
-    worker_metrics_compact_interval: float = setting(
+    worker_metrics_compact_interval: float = tuning(
         "WORKER_METRICS_COMPACT_INTERVAL",
         30.0,
         "seconds between folds of dead pool children's metric files",
         minimum=0.1,
     )
     # --- capacity and the pool autoscaler --------------------------------------------------
-    # Inputs of cleanup.operations.scaling.capacity.desired_consumers (the desired_consumers gauge,
-    # the autoscaler); the autoscaler is cleanup.operations.scaling.autoscale (`celery worker
-    # --autoscale`),
-    # and CLEANUP_CAPACITY_PER_CONSUMER_PER_S overrides its assumed service time.
+    # Inputs of cleanup.operations.scaling.capacity.desired_consumers (the desired_consumers
+    # gauge, the autoscaler); the autoscaler is cleanup.operations.scaling.autoscale (`celery
+    # worker --autoscale`). CLEANUP_CAPACITY_PER_CONSUMER_PER_S, when set, is the service time
+    # both use (its inverse); otherwise the receipts' measured one, else ASSUMED_SERVICE_TIME_S.
     capacity_peak_arrivals_per_s: float = setting(
         "CLEANUP_CAPACITY_PEAK_ARRIVALS_PER_S",
         0.0,
@@ -333,25 +358,25 @@ class CleanupSettings:
         "measured releases per second of one consumer; 0: the receipts' mean duration",
         minimum=0,
     )
-    capacity_headroom: float = setting(
+    capacity_headroom: float = tuning(
         "CLEANUP_CAPACITY_HEADROOM", 0.5, "retry headroom on the arrival rate", minimum=0
     )
-    autoscale_interval: float = setting(
+    autoscale_interval: float = tuning(
         "CLEANUP_AUTOSCALE_INTERVAL", 5.0, "seconds between autoscaler decisions", minimum=0.2
     )
-    autoscale_window: float = setting(
+    autoscale_window: float = tuning(
         "CLEANUP_AUTOSCALE_WINDOW",
         60.0,
         "seconds the autoscaler's rates are measured over",
         minimum=1,
     )
-    autoscale_slo_target: float = setting(
+    autoscale_slo_target: float = tuning(
         "CLEANUP_AUTOSCALE_SLO_TARGET",
         0.5,
         "fraction of the SLO the oldest hold may reach before the backlog must be drained",
         minimum=0.01,
     )
-    autoscale_utilization: float = setting(
+    autoscale_utilization: float = tuning(
         "CLEANUP_AUTOSCALE_UTILIZATION", 0.7, "utilization the pool is sized for", minimum=0.01
     )
     autoscale_cooldown: float = setting(
@@ -360,13 +385,7 @@ class CleanupSettings:
         "seconds a lower target must persist before the pool shrinks",
         minimum=0,
     )
-    autoscale_service_time: float = setting(
-        "CLEANUP_AUTOSCALE_SERVICE_TIME",
-        0.05,
-        "seconds per release of a pool process, until one is measured",
-        minimum=0.0001,
-    )
-    autoscale_statement_timeout_ms: int = setting(
+    autoscale_statement_timeout_ms: int = tuning(
         "CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS",
         2000,
         "statement timeout of the autoscaler's queries",
@@ -374,6 +393,8 @@ class CleanupSettings:
     )
 
     def __post_init__(self) -> None:
+        if tuple(self.remote_control_commands) == (NO_REMOTE_CONTROL,):
+            object.__setattr__(self, "remote_control_commands", ())
         self.check()
         if not self.sweep_time_budget:
             # Half the soft limit: waiting for the publish lock or a slow broker never runs a
@@ -404,6 +425,11 @@ class CleanupSettings:
                 f"CLEANUP_MAX_DELIVERIES={self.max_deliveries} must be below the quorum "
                 f"queues' x-delivery-limit ({QUORUM_DELIVERY_LIMIT}) with "
                 f"CLEANUP_RABBITMQ_QUEUE_TYPE=quorum"
+            )
+        if NO_REMOTE_CONTROL in self.remote_control_commands:
+            raise ImproperlyConfigured(
+                f"CLEANUP_REMOTE_CONTROL_COMMANDS: {NO_REMOTE_CONTROL!r} turns remote control "
+                "off and stands alone, not among other commands"
             )
         unknown_pools = sorted(set(self.worker_pools) - set(WORKER_POOLS))
         if unknown_pools:
@@ -455,14 +481,19 @@ class CleanupSettings:
         read: Callable[[str, type, object], object],
         defaults: Mapping[str, object] | None = None,
     ) -> CleanupSettings:
-        """Every field read by ``read(variable, type, default)`` (``config.env.env_typed``,
-        which names the variable of a value it cannot parse); ``defaults`` replaces a default
-        the project computes, by variable name."""
+        """Every ``setting`` read by ``read(variable, type, default)``
+        (``config.env.env_typed``, which names the variable of a value it cannot parse), every
+        ``tuning`` field at its default; ``defaults`` replaces a default by name (one the
+        project computes, a tuning value a settings module chose)."""
         defaults = defaults or {}
         values: dict[str, Any] = {}
         for spec, kind in cls.specs():
             env = spec.metadata[ENV]
-            values[spec.name] = read(env, kind, defaults.get(env, spec.default))
+            default = defaults.get(env, spec.default)
+            if spec.metadata[ENVIRONMENT]:
+                values[spec.name] = read(env, kind, default)
+            else:
+                values[spec.name] = _as_type(env, kind, default)
         return cls(**values)
 
     @classmethod
@@ -483,6 +514,35 @@ class CleanupSettings:
             for spec in dataclasses.fields(self)
             for value in [getattr(self, spec.name)]
         }
+
+
+# Environment variables the cleanup no longer reads, and where each value lives now: a
+# deployment that still sets one is refused at start-up, naming it (config.env.refuse_retired),
+# instead of running without it.
+RETIRED_VARIABLES: dict[str, str] = {
+    **{
+        spec.metadata[ENV]: (
+            f"it is a Django setting only (default {spec.default!r}), which a deployment leaves "
+            "at its default"
+        )
+        for spec in dataclasses.fields(CleanupSettings)
+        if not spec.metadata[ENVIRONMENT]
+    },
+    "CLEANUP_AUTOSCALE_SERVICE_TIME": (
+        "set CLEANUP_CAPACITY_PER_CONSUMER_PER_S instead (releases per second of one consumer: "
+        "1 / the service time)"
+    ),
+    "CLEANUP_PRUNE_BATCH_SIZE": "it is a constant, cleanup.conf.PRUNE_BATCH_SIZE",
+    "CLEANUP_RELAY_BATCH_SIZE": "it is a constant, cleanup.release.outbox.RELAY_BATCH_SIZE",
+    "CLEANUP_DELIVERY_COUNTER_TTL": (
+        "it is a constant, cleanup.release.delivery_cap.COUNTER_TTL_SECONDS"
+    ),
+    "CLEANUP_WORKER_ETA_TASK_LIMIT": (
+        "it is a constant, CELERY_WORKER_ETA_TASK_LIMIT in config/settings/base.py"
+    ),
+    "CLEANUP_PAUSE_POLL_INTERVAL": "it is a constant, cleanup.worker.pause_step.POLL_INTERVAL_S",
+    "WORKER_NAME": "give the worker's name to `manage.py worker_health --name`",
+}
 
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", tuple: "a list of strings"}

@@ -13,9 +13,9 @@ Prepared statements: Django composes every query on the client (psycopg's ``Clie
 PostgreSQL parses and plans each one anew. The release statement is large (five CTEs) and runs
 once per hold: planning it took 0.56 ms of its 1 ms on the server (EXPLAIN ANALYZE, one hold).
 ``fetch_prepared`` runs such a statement with server-side binding, prepared once per
-connection (docs/PERFORMANCE.md). ``DATABASE_PREPARED_STATEMENTS=false`` turns it off, e.g.
-behind a pooler that does not track prepared statements (PgBouncer in transaction mode before
-1.21); ``DATABASE_POOLING=transaction`` always does.
+connection (docs/PERFORMANCE.md). The setting ``DATABASE_PREPARED_STATEMENTS`` is false, and
+the statement runs unprepared, only with ``DATABASE_POOLING=transaction``: a transaction pooler
+may run it on a server connection that never prepared it (PgBouncer before 1.21).
 
 The session's connection: advisory locks held across transactions and the rest of a session's
 state live on ``session_connection()``, which is Django's default connection except behind a

@@ -7,7 +7,7 @@ start-up instead of at 3 a.m. (healthchecks' ``envbool`` is the model).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
@@ -259,15 +259,21 @@ def database_aliases(
 
 
 def prepared_statements(pooling: str) -> bool:
-    """``DATABASE_PREPARED_STATEMENTS`` (default true), off behind a transaction pooler (PgBouncer
-    before 1.21 does not follow a prepared statement to the server connection that has it), where
-    asking for it is refused."""
-    if pooling != "transaction":
-        return env_bool("DATABASE_PREPARED_STATEMENTS", True)
-    if env_bool("DATABASE_PREPARED_STATEMENTS", False):
+    """Whether the release statement runs prepared: always, except behind a transaction pooler
+    (``DATABASE_POOLING=transaction``), where the next statement may run on another server
+    connection, one that never prepared it (PgBouncer before 1.21 does not follow it)."""
+    return pooling != "transaction"
+
+
+def refuse_retired(retired: Mapping[str, str]) -> None:
+    """Start-up fails when a variable that is no longer read is still set, naming each and
+    where its value lives now: a deployment that set one would otherwise run without it and
+    never know. ``retired`` maps each name to that place; an empty value counts as unset."""
+    found = [name for name in sorted(retired) if os.environ.get(name, "") != ""]
+    if found:
         raise ImproperlyConfigured(
-            "DATABASE_PREPARED_STATEMENTS=true cannot be used with DATABASE_POOLING=transaction: "
-            "a transaction pooler runs the next statement on another server connection, where "
-            "the statement was never prepared; leave DATABASE_PREPARED_STATEMENTS unset"
+            "; ".join(
+                f"{name} is no longer read from the environment: {retired[name]}" for name in found
+            )
+            + (". Unset it" if len(found) == 1 else ". Unset them")
         )
-    return False

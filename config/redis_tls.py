@@ -76,7 +76,7 @@ def options_from_environment() -> dict[str, Any]:
 
 def explicit_settings() -> list[str]:
     """The ``REDIS_TLS_*`` variables set in the environment."""
-    return [name for name in SETTING_FOR_QUERY.values() if os.environ.get(name, "").strip()]
+    return [name for name in SETTING_FOR_QUERY.values() if env_str(name, "").strip()]
 
 
 def for_url(variable: str, url: str, settings_options: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from cleanup import metrics, sql
-from cleanup.conf import cleanup_settings
+from cleanup.conf import PRUNE_BATCH_SIZE, cleanup_settings
 from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.release import locks
 from common.db import rows, scalar
@@ -270,7 +270,7 @@ def summarise_beyond_cap(
     someone triages.
     """
     cap = int(cap or cleanup_settings().dead_letter_open_cap)
-    batch = int(batch or cleanup_settings().prune_batch_size)
+    batch = int(batch or PRUNE_BATCH_SIZE)
     total = 0
     started = time.monotonic()
     for _ in range(max_batches):

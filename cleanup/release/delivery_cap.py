@@ -47,6 +47,10 @@ from common.db import scalar
 logger = logging.getLogger("cleanup.deliveries")
 
 KEY_PREFIX = "reservation-cleanup:deliveries:"
+# A counter outlives every redelivery of its message by far (a message comes back within the
+# visibility timeout, minutes at most, and is capped after a few deliveries), and a day bounds
+# the keys a flood of distinct messages leaves in Redis.
+COUNTER_TTL_SECONDS = 86400
 # Release attempts per minute: one key per UTC minute, kept for two hours.
 TALLY_PREFIX = "reservation-cleanup:attempts:"
 TALLY_TTL = 7200
@@ -100,7 +104,7 @@ def increment(key: str) -> int:
     if url:
         pipe = redis_clients.client(url).pipeline(transaction=False)
         pipe.incr(KEY_PREFIX + key)
-        pipe.expire(KEY_PREFIX + key, cleanup_settings().delivery_counter_ttl)
+        pipe.expire(KEY_PREFIX + key, COUNTER_TTL_SECONDS)
         return int(pipe.execute()[0])
     # autocommit: outside any transaction by design
     return int(scalar(sql.COUNT_DELIVERY, [key]))

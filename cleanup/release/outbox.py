@@ -22,17 +22,21 @@ from django.utils import timezone
 from cleanup import sql
 from cleanup.broker import queues
 from cleanup.broker.confirms import confirmed_producer
-from cleanup.conf import cleanup_settings
+from cleanup.conf import PRUNE_BATCH_SIZE, cleanup_settings
 from cleanup.release import locks
 from reservations.models import OutboxEvent
 
 logger = logging.getLogger("cleanup.outbox")
+# Events relayed per batch, under one transaction: the relay runs every few seconds, so 500 keeps
+# up with thousands of events a second while one batch's publish-and-confirm stays well inside
+# the task's time limit.
+RELAY_BATCH_SIZE = 500
 
 
 def relay_batch(limit: int | None = None) -> int:
 
     conf = cleanup_settings()
-    limit = limit or conf.relay_batch_size
+    limit = limit or RELAY_BATCH_SIZE
     # A quorum queue with CLEANUP_RABBITMQ_QUEUE_TYPE=quorum (cleanup.broker.queues).
     queue = queues.events_queue(conf)
     with transaction.atomic():
@@ -97,7 +101,7 @@ def prune(
     letters_cutoff = now - timedelta(
         days=dead_letter_retention_days or cleanup_settings().dead_letter_retention_days
     )
-    batch = cleanup_settings().prune_batch_size
+    batch = PRUNE_BATCH_SIZE
     return {
         "outbox_events": _delete_batches(sql.PRUNE_PUBLISHED_EVENTS, cutoff, batch),
         "receipts": _delete_batches(sql.PRUNE_RECEIPTS, cutoff, batch),

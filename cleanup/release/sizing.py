@@ -47,7 +47,7 @@ from typing import Any
 from django.utils import timezone
 
 from cleanup import metrics, sql
-from cleanup.conf import cleanup_settings
+from cleanup.conf import ASSUMED_SERVICE_TIME_S, cleanup_settings
 from cleanup.release.claim import ClaimedReservation
 from cleanup.release.messages import BatchMessage, ReleaseMessage
 from common.db import scalar
@@ -189,7 +189,7 @@ class ServiceRate:
     the floor would not already give one hold per message.
 
     The floor is one consumer at the capacity plan's service time
-    (``CLEANUP_CAPACITY_PER_CONSUMER_PER_S``, else 1 ÷ ``CLEANUP_AUTOSCALE_SERVICE_TIME``): a
+    (``CLEANUP_CAPACITY_PER_CONSUMER_PER_S``, else 1 ÷ ``ASSUMED_SERVICE_TIME_S``): a
     running fleet has at least that. The measurement counts the messages that wrote receipts
     in the last ``RATE_WINDOW_S`` seconds; while the fleet was idle for part of that window it
     reads low, which errs towards more holds per message, never fewer."""
@@ -200,11 +200,10 @@ class ServiceRate:
 
     @staticmethod
     def floor() -> float:
-        conf = cleanup_settings()
-        per_consumer = conf.capacity_per_consumer_per_s
+        per_consumer = cleanup_settings().capacity_per_consumer_per_s
         if per_consumer > 0:
             return per_consumer
-        return 1.0 / conf.autoscale_service_time
+        return 1.0 / ASSUMED_SERVICE_TIME_S
 
     def measured(self) -> float:
         if self._measured is None:

@@ -1,5 +1,8 @@
-"""Settings shared by every environment. Every value comes from the environment through the
-strict helpers in ``config.env``; a bad value fails at start-up and names the variable."""
+"""Settings shared by every environment. Every value a deployment decides comes from the
+environment through the strict helpers in ``config.env``; a bad value fails at start-up and
+names the variable, and so does a variable that is no longer read (``_RETIRED``). The rest are
+constants here, or the cleanup's tuning settings (``cleanup.conf``, ``config.settings.tuning``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
 
+from cleanup import conf as cleanup_conf
 from cleanup import redis_sentinel, wire
 from cleanup.broker import queues
 from cleanup.conf import CleanupSettings
@@ -24,9 +28,32 @@ from config.env import (
     env_typed,
     parse_database_url,
     prepared_statements,
+    refuse_retired,
 )
+from config.settings import tuning
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
+
+# Variables this project no longer reads (the cleanup's own: cleanup.conf.RETIRED_VARIABLES),
+# and where each value lives now; one still set fails the start naming it.
+_RETIRED = {
+    "CELERY_BEAT_MAX_LOOP_INTERVAL": "it is the Django setting of that name (5 s)",
+    "CELERY_DB_REUSE_MAX": "it is a constant, config.celery_app.DB_REUSE_MAX",
+    "CELERY_TASK_EVENTS": (
+        "task events are always sent (Flower shows nothing without them); a benchmark turns "
+        "them off with the Django settings CELERY_WORKER_SEND_TASK_EVENTS and "
+        "CELERY_TASK_SEND_SENT_EVENT"
+    ),
+    "CELERY_WORKER_ENABLE_REMOTE_CONTROL": (
+        "CLEANUP_REMOTE_CONTROL_COMMANDS=none turns remote control off"
+    ),
+    "CONTENT_SECURITY_POLICY": "it is the Django setting of that name",
+    "DATABASE_PREPARED_STATEMENTS": (
+        "the release statement runs prepared unless DATABASE_POOLING=transaction"
+    ),
+    "RESERVATIONS_API_MAX_BODY_BYTES": "it is the Django setting of that name (16384)",
+}
+refuse_retired({**cleanup_conf.RETIRED_VARIABLES, **_RETIRED})
 
 SECRET_KEY = env_str("SECRET_KEY")
 DEBUG = env_bool("DEBUG", False)
@@ -105,9 +132,8 @@ DATABASES = database_aliases(
 )
 # The alias whose connection holds session state (common.db.session_connection).
 DATABASE_SESSION_ALIAS = SESSION_ALIAS if SESSION_ALIAS in DATABASES else "default"
-# The release statement runs prepared (common.db.fetch_prepared); false for a connection
-# pooler that cannot keep prepared statements (PgBouncer in transaction mode before 1.21), and
-# always false with DATABASE_POOLING=transaction.
+# The release statement runs prepared (common.db.fetch_prepared), except behind a transaction
+# pooler, which cannot keep prepared statements (PgBouncer in transaction mode before 1.21).
 DATABASE_PREPARED_STATEMENTS = prepared_statements(DATABASE_POOLING)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -151,12 +177,12 @@ AXES_COOLOFF_TIME = timedelta(minutes=env_int("AXES_COOLOFF_MINUTES", 15, minimu
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 # Pages load scripts, styles and images from this site only; inline style attributes stay
-# allowed (the admin's widgets and the health page's bars use them), inline scripts do not.
-CONTENT_SECURITY_POLICY = env_str(
-    "CONTENT_SECURITY_POLICY",
+# allowed (the admin's widgets and the health page's bars use them), inline scripts do not. The
+# pages are the project's own, so the policy is too: a constant, not a deployment's choice.
+CONTENT_SECURITY_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
     "img-src 'self' data:; object-src 'none'; base-uri 'self'; form-action 'self'; "
-    "frame-ancestors 'none'",
+    "frame-ancestors 'none'"
 )
 
 # --- Reservations domain -------------------------------------------------------------------
@@ -171,7 +197,9 @@ RESERVATIONS_DEFAULT_HOLD_TTL_SECONDS = env_int(
     "RESERVATIONS_DEFAULT_HOLD_TTL_SECONDS", 600, minimum=1
 )
 RESERVATIONS_MAX_HOLD_TTL_SECONDS = env_int("RESERVATIONS_MAX_HOLD_TTL_SECONDS", 86400, minimum=1)
-RESERVATIONS_API_MAX_BODY_BYTES = env_int("RESERVATIONS_API_MAX_BODY_BYTES", 16384, minimum=256)
+# The largest request body the API reads: its largest request (a hold with metadata) is well
+# under 2 KB, so 16 KB refuses only what is not a request of this API.
+RESERVATIONS_API_MAX_BODY_BYTES = 16384
 
 # --- Celery --------------------------------------------------------------------------------
 # No default: local and test settings set a local Redis; production must name its broker.
@@ -205,9 +233,13 @@ BROKER_IS_REDIS = CELERY_BROKER_URL.startswith(("redis://", "rediss://")) or BRO
 # tests' overrides find them. docs/ARCHITECTURE.md, "Settings".
 _cleanup = CleanupSettings.from_environment(
     env_typed,
-    # The delivery counters live in the broker's Redis when it is Redis; with RabbitMQ and no
-    # Redis they are counted in PostgreSQL (autocommit upsert).
-    defaults={"CLEANUP_COUNTER_REDIS_URL": CELERY_BROKER_URL if BROKER_IS_REDIS else ""},
+    defaults={
+        # The tuning values a settings module built on this one chose (config.settings.tuning).
+        **tuning.VALUES,
+        # The delivery counters live in the broker's Redis when it is Redis; with RabbitMQ and
+        # no Redis they are counted in PostgreSQL (autocommit upsert).
+        "CLEANUP_COUNTER_REDIS_URL": CELERY_BROKER_URL if BROKER_IS_REDIS else "",
+    },
 )
 globals().update(_cleanup.as_django_settings())
 
@@ -277,7 +309,11 @@ CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True
 # the fewest messages behind a lost worker (each waits for the visibility timeout); higher
 # values hide the broker round trip between two tasks (docs/PERFORMANCE.md measures both).
 CELERY_WORKER_PREFETCH_MULTIPLIER = env_int("CELERY_WORKER_PREFETCH_MULTIPLIER", 1, minimum=1)
-CELERY_WORKER_ETA_TASK_LIMIT = _cleanup.worker_eta_task_limit
+# Celery holds each message with an eta (a retry waiting out its backoff) in the worker's
+# memory until it is due, and raises the prefetch count for it: without a limit a flood of them
+# grows the main process at will. 64 is far more retries than a worker's few pool processes
+# have waiting at once while anything is healthy.
+CELERY_WORKER_ETA_TASK_LIMIT = 64
 CELERY_TASK_TIME_LIMIT = _cleanup.task_time_limit
 CELERY_TASK_SOFT_TIME_LIMIT = _cleanup.task_soft_time_limit
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
@@ -297,15 +333,18 @@ CELERY_TASK_CREATE_MISSING_QUEUES = False
 # Sweeps to the sweep queue, releases to the release queue, the rest to maintenance
 # (cleanup.wire names each task and its queue).
 CELERY_TASK_ROUTES = wire.task_routes(_cleanup)
-# Flower shows nothing without task events; the benchmark measures their cost.
-CELERY_WORKER_SEND_TASK_EVENTS = env_bool("CELERY_TASK_EVENTS", True)
-CELERY_TASK_SEND_SENT_EVENT = CELERY_WORKER_SEND_TASK_EVENTS
+# Flower shows nothing without task events; a benchmark measures their cost by turning both off
+# in its settings module (bench/settings.py).
+CELERY_WORKER_SEND_TASK_EVENTS = True
+CELERY_TASK_SEND_SENT_EVENT = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULER = "cleanup.release.schedule:LeaderDatabaseScheduler"
 # Persist last_run_at after every send so a new beat leader does not re-send
 # (docs/LIBRARY-NOTES.md §4).
 CELERY_BEAT_SYNC_EVERY = 1
-CELERY_BEAT_MAX_LOOP_INTERVAL = env_int("CELERY_BEAT_MAX_LOOP_INTERVAL", 5, minimum=1)
+# Beat wakes at least this often (seconds) to look for due entries and edits made in the admin;
+# the schedule's shortest interval is seconds, so 5 s keeps sends close to due at no cost.
+CELERY_BEAT_MAX_LOOP_INTERVAL = 5
 CELERY_TIMEZONE = "UTC"
 
 # --- Observability and scaling (their settings: cleanup.conf) -----------------------------
@@ -338,5 +377,6 @@ LOGGING = {
 CELERY_WORKER_CONSUMER = "cleanup.worker.consumer:DeadLetteringConsumer"
 # Remote control (the pidbox broadcast channel): anyone who can write to the broker can send a
 # command, so a worker runs only these and drops the rest with a log line and a counted metric
-# (cleanup.worker.remote_control; CLEANUP_REMOTE_CONTROL_COMMANDS in cleanup.conf).
-CELERY_WORKER_ENABLE_REMOTE_CONTROL = env_bool("CELERY_WORKER_ENABLE_REMOTE_CONTROL", True)
+# (cleanup.worker.remote_control; CLEANUP_REMOTE_CONTROL_COMMANDS in cleanup.conf), and none at
+# all with CLEANUP_REMOTE_CONTROL_COMMANDS=none.
+CELERY_WORKER_ENABLE_REMOTE_CONTROL = bool(_cleanup.remote_control_commands)

@@ -6,6 +6,8 @@ number; they never flush or reconfigure a shared server.
 
 import os
 
+from config.settings import tuning
+
 TEST_DEFAULTS = {
     "SECRET_KEY": "test-only-not-secret",
     "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/reservations",
@@ -15,14 +17,21 @@ TEST_DEFAULTS = {
     "CLEANUP_TASK_SOFT_TIME_LIMIT": "8",
     "CLEANUP_RETRY_BACKOFF_MAX": "2",
     "CLEANUP_VISIBILITY_TIMEOUT": "15",
-    "CLEANUP_UNACKED_RESTORE_INTERVAL": "1",
     "CLEANUP_LEASE_SECONDS": "5",
-    "CELERY_BEAT_MAX_LOOP_INTERVAL": "1",
-    "CLEANUP_BEAT_IDLE_SESSION_TIMEOUT": "5",
 }
 for _name, _value in TEST_DEFAULTS.items():
     os.environ.setdefault(_name, _value)
+# Tuning settings (never read from the environment) shortened the same way; a test's child
+# process may choose its own first (config.settings.tuning, tests/child_settings.py).
+TEST_TUNING = {
+    "CLEANUP_UNACKED_RESTORE_INTERVAL": 1,
+    "CLEANUP_BEAT_IDLE_SESSION_TIMEOUT": 5,
+}
+for _name, _tuned in TEST_TUNING.items():
+    tuning.VALUES.setdefault(_name, _tuned)
 
 from .base import *  # noqa: E402,F403
+
+CELERY_BEAT_MAX_LOOP_INTERVAL = 1
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -16,7 +16,7 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -32,6 +32,7 @@ from cleanup.conf import cleanup_settings
 from cleanup.release.messages import ReleaseMessage
 from common.db import rows as sql
 from common.db import scalar as scalar
+from tests.child_python import settings_env
 from tools.drills.invariants import invariant_violations as invariant_violations
 from tools.drills.workers import CeleryProcess, WorkerProcess
 from tools.seed import seed_holds
@@ -74,8 +75,13 @@ def pooled_database_env(direct_url: str) -> dict[str, str]:
     }
 
 
-def service_env(**overrides: str) -> dict[str, str]:
-    """Environment for a child process: test settings, the test database, the test broker."""
+def service_env(
+    django_settings: Mapping[str, object] | None = None, /, **overrides: str
+) -> dict[str, str]:
+    """Environment for a child process: test settings, the test database, the test broker;
+    ``overrides`` as variables, ``django_settings`` as Django settings of the child's
+    (``tests.child_settings``: the cleanup's tuning settings such as ``CLEANUP_RELEASE_MODE``,
+    which are not environment variables)."""
     url = test_database_url()
     env = dict(os.environ)
     env.update(
@@ -87,6 +93,7 @@ def service_env(**overrides: str) -> dict[str, str]:
             **pooled_database_env(url),
         }
     )
+    env.update(settings_env(django_settings or {}))
     env.update(overrides)
     return env
 
@@ -101,12 +108,14 @@ class Worker(WorkerProcess):
         log_path: Path,
         extra_args: list[str] | None = None,
         env_overrides: dict[str, str] | None = None,
+        django_settings: Mapping[str, object] | None = None,
     ) -> None:
+        self.django_settings = dict(django_settings or {})
         super().__init__(
             name,
             concurrency,
             log_path,
-            env=service_env(**(env_overrides or {})),
+            env=service_env(django_settings, **(env_overrides or {})),
             extra_args=list(extra_args or []),
         )
 
@@ -383,8 +392,8 @@ def fleet(
 
 
 def dedicated(tmp_path: Path, *specs: dict[str, Any]) -> AbstractContextManager[list[Worker]]:
-    """One worker per spec (``concurrency``, default 1; ``extra_args``; ``env``), for one test:
-    killed at the end."""
+    """One worker per spec (``concurrency``, default 1; ``extra_args``; ``env``; ``settings``,
+    Django settings of its own), for one test: killed at the end."""
     return running(
         [
             Worker(
@@ -393,6 +402,7 @@ def dedicated(tmp_path: Path, *specs: dict[str, Any]) -> AbstractContextManager[
                 tmp_path / f"dedicated{i}.log",
                 extra_args=spec.get("extra_args", []),
                 env_overrides=spec.get("env", {}),
+                django_settings=spec.get("settings", {}),
             )
             for i, spec in enumerate(specs)
         ],
@@ -560,6 +570,7 @@ class Beat(CeleryProcess):
     name: str
     log_path: Path
     env_overrides: dict[str, str] = field(default_factory=dict)
+    django_settings: dict[str, object] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
 
     def celery_args(self) -> list[str]:
@@ -574,7 +585,7 @@ class Beat(CeleryProcess):
         ]
 
     def environment(self) -> dict[str, str]:
-        return service_env(**self.env_overrides)
+        return service_env(self.django_settings, **self.env_overrides)
 
     def lines(self, needle: str) -> list[str]:
         return log_lines([self.log_path], needle)
@@ -604,7 +615,12 @@ class Beat(CeleryProcess):
 
 @contextmanager
 def drill_workers(
-    tmp_dir: Path, prefix: str, env: dict[str, str], count: int = 2, concurrency: int = 2
+    tmp_dir: Path,
+    prefix: str,
+    env: dict[str, str],
+    count: int = 2,
+    concurrency: int = 2,
+    django_settings: Mapping[str, object] | None = None,
 ) -> Iterator[list[Worker]]:
     """``count`` workers of a drill's own (logs ``tmp_dir/worker<i>.log``), started and ready;
     stopped when the block ends, each given 30 s to finish its task."""
@@ -614,6 +630,7 @@ def drill_workers(
             concurrency,
             tmp_dir / f"worker{i}.log",
             env_overrides=env,
+            django_settings=django_settings,
         )
         for i in range(count)
     ]

@@ -39,7 +39,7 @@ def test_a_burst_in_the_default_mode_is_released_once_per_hold_in_multi_hold_mes
 ):
     # given: the default mode (nothing set) and 3,000 holds that expired a minute ago
     assert cleanup_settings().release_mode == "adaptive"
-    assert all("CLEANUP_RELEASE_MODE" not in w.env for w in workers)
+    assert all("CLEANUP_RELEASE_MODE" not in w.django_settings for w in workers)
     ids = fleet.create_eligible_holds(3_000, offerings=4)
     # when: the workers' sweeps run, as beat sends them
     fleet.sweep_until(lambda: fleet.released_count(ids) == len(ids), shards=4, timeout=180)

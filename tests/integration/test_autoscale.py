@@ -13,7 +13,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -40,11 +40,12 @@ from .fleet import (
 
 pytestmark = [pytest.mark.workers, pytest.mark.usefixtures("exclusive_workers", "clean")]
 
-FAST = {
-    "CLEANUP_AUTOSCALE_INTERVAL": "1",
-    "CLEANUP_AUTOSCALE_COOLDOWN": "5",
-    "CLEANUP_AUTOSCALE_WINDOW": "10",
-    "CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS": "500",
+FAST = {"CLEANUP_AUTOSCALE_COOLDOWN": "5"}
+# The autoscaler's tuning settings (Django settings of the worker's, not variables).
+FAST_SETTINGS = {
+    "CLEANUP_AUTOSCALE_INTERVAL": 1,
+    "CLEANUP_AUTOSCALE_WINDOW": 10,
+    "CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS": 500,
 }
 
 # SLO 20 s and a configured 5 releases/s per process: a backlog of B holds needs
@@ -94,14 +95,17 @@ class PoolWatch:
 
 @contextmanager
 def autoscaled_worker(
-    tmp_path: Path, autoscale: str, **env: str
+    tmp_path: Path, autoscale: str, tuned: Mapping[str, object] | None = None, /, **env: str
 ) -> Iterator[tuple[Worker, PoolWatch]]:
+    """A worker autoscaled between ``autoscale``'s bounds, with ``env`` and the Django settings
+    ``tuned`` on top of FAST's."""
     worker = Worker(
         f"as-{uuid.uuid4().hex[:6]}",
         int(autoscale.split(",")[0]),
         tmp_path / "autoscaled.log",
         extra_args=[f"--autoscale={autoscale}"],
         env_overrides={**FAST, **env},
+        django_settings={**FAST_SETTINGS, **(tuned or {})},
     ).start()
     try:
         worker.wait_ready()
@@ -159,16 +163,15 @@ def test_a_backlog_grows_the_pool_to_max_and_an_idle_queue_shrinks_it_to_min(
     # deadline once in clean-clone CI on a loaded machine. Readings get 3 s, not FAST's 500 ms:
     # on a loaded CI machine a 500 ms statement timeout turned readings into read errors, which
     # hold the size.)
-    # One hold per message (CLEANUP_RELEASE_MODE=single): this checks that a backlog of
+    # One hold per message (CLEANUP_RELEASE_MODE "single"): this checks that a backlog of
     # per-reservation messages grows the pool. In the default adaptive mode the sweeps answer
     # the same backlog with multi-hold messages, which one process drains before the pool has
     # grown (the sizing is covered by test_adaptive.py and tests/unit/test_sizing.py).
     with autoscaled_worker(
         tmp_path,
         "4,1",
+        {"CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS": 3000, "CLEANUP_RELEASE_MODE": "single"},
         **SLOW_SERVICE,
-        CLEANUP_AUTOSCALE_STATEMENT_TIMEOUT_MS="3000",
-        CLEANUP_RELEASE_MODE="single",
     ) as (worker, watch):
         wait_until(lambda: watch.now() == 1, timeout=30, what="the pool to start at min (1)")
         ids = create_eligible_holds(1200, expired_seconds_ago=1)
@@ -271,10 +274,10 @@ def test_a_database_read_error_keeps_the_current_size(tmp_path: Path) -> None:
     with autoscaled_worker(
         tmp_path,
         "4,1",
+        {"CLEANUP_RELEASE_MODE": "single"},
         **SLOW_SERVICE,
         **metrics_served(tmp_path, port),
         CLEANUP_AUTOSCALE_COOLDOWN="8",
-        CLEANUP_RELEASE_MODE="single",
     ) as (worker, watch):
         ids = create_eligible_holds(600, expired_seconds_ago=1)
         sweep_until(lambda: watch.now() == 4, shards=2, timeout=60)

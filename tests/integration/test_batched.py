@@ -1,4 +1,4 @@
-"""Scenarios 1–4 and 7 in the batched release mode (CLEANUP_RELEASE_MODE=batch), with real
+"""Scenarios 1–4 and 7 in the batched release mode (CLEANUP_RELEASE_MODE "batch"), with real
 workers: each hold gets the outcome it would get in per-reservation mode."""
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ from .fleet import (
 
 pytestmark = [pytest.mark.workers]
 
-BATCH_ENV = {"CLEANUP_RELEASE_MODE": "batch", "CLEANUP_RELEASE_BATCH_SIZE": "50"}
+# The workers' Django settings (tuning settings, not variables).
+BATCH_SETTINGS = {"CLEANUP_RELEASE_MODE": "batch", "CLEANUP_RELEASE_BATCH_SIZE": 50}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,12 @@ def batch_workers(
     logs = tmp_path_factory.mktemp("batch-workers")
     with running(
         [
-            Worker(f"bw{i}-{uuid.uuid4().hex[:6]}", 2, logs / f"bw{i}.log", env_overrides=BATCH_ENV)
+            Worker(
+                f"bw{i}-{uuid.uuid4().hex[:6]}",
+                2,
+                logs / f"bw{i}.log",
+                django_settings=BATCH_SETTINGS,
+            )
             for i in range(2)
         ]
     ) as workers:

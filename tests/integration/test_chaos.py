@@ -21,7 +21,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +31,7 @@ import psycopg
 import pytest
 
 from cleanup.broker.readers import queue_depth
-from cleanup.conf import cleanup_settings
+from cleanup.conf import CleanupSettings, cleanup_settings
 from cleanup.release.schedule import install_schedule
 from tests.missing_tools import skip_for_missing
 
@@ -72,21 +72,32 @@ DEFAULT_RECOVERY = {
     name: ""
     for name in (
         "CLEANUP_VISIBILITY_TIMEOUT",
-        "CLEANUP_UNACKED_RESTORE_INTERVAL",
         "CLEANUP_TASK_TIME_LIMIT",
         "CLEANUP_TASK_SOFT_TIME_LIMIT",
         "CLEANUP_RETRY_BACKOFF_MAX",
         "CLEANUP_LEASE_SECONDS",
     )
 }
+# ... and the tuning one (a Django setting, not a variable) at the product's default.
+DEFAULT_RESTORE = {
+    "CLEANUP_UNACKED_RESTORE_INTERVAL": CleanupSettings().unacked_restore_interval,
+}
 
 
-def _worker(tmp_path: Path, name: str, concurrency: int, **env: str) -> Worker:
+def _worker(
+    tmp_path: Path,
+    name: str,
+    concurrency: int,
+    tuned: Mapping[str, object] | None = None,
+    /,
+    **env: str,
+) -> Worker:
     return Worker(
         f"{name}-{uuid.uuid4().hex[:6]}",
         concurrency,
         tmp_path / f"{name}.log",
         env_overrides=env,
+        django_settings=tuned,
     )
 
 
@@ -98,8 +109,8 @@ def test_a_lost_worker_node_is_recovered_by_redelivery_at_default_settings(tmp_p
     ids = create_eligible_holds(400, offerings=4)
     first_offering = scalar("SELECT min(offering_id) FROM reservations_reservation")
     queue = cleanup_settings().release_queue
-    node_a = _worker(tmp_path, "node-a", 2, **DEFAULT_RECOVERY).start()
-    node_b = _worker(tmp_path, "node-b", 2, **DEFAULT_RECOVERY)
+    node_a = _worker(tmp_path, "node-a", 2, DEFAULT_RESTORE, **DEFAULT_RECOVERY).start()
+    node_b = _worker(tmp_path, "node-b", 2, DEFAULT_RESTORE, **DEFAULT_RECOVERY)
     try:
         node_a.wait_ready()
         with offering_locked(first_offering):
@@ -622,12 +633,14 @@ class Parked:
 
 
 @contextmanager
-def p_parked(tmp_path: Path, rig: dict[str, Any], **env: str) -> Iterator[Parked]:
+def p_parked(
+    tmp_path: Path, rig: dict[str, Any], tuned: Mapping[str, object] | None = None, /, **env: str
+) -> Iterator[Parked]:
     """Given: 400 eligible holds on 4 offerings, sweeps of 2 shards every second sent by a beat
     on the host, the partitioned-to-be node P alone with two of its releases parked
     mid-statement on the first offering's row lock, and the host's node H ready to start.
-    ``env`` goes to both nodes. At the end the beat stops, the lock goes, P is killed and H
-    stopped."""
+    ``env`` and the Django settings ``tuned`` go to both nodes. At the end the beat stops,
+    the lock goes, P is killed and H stopped."""
     ids = create_eligible_holds(400, offerings=4)
     first_offering = scalar("SELECT min(offering_id) FROM reservations_reservation")
     first = [
@@ -638,8 +651,9 @@ def p_parked(tmp_path: Path, rig: dict[str, Any], **env: str) -> Iterator[Parked
     ]
     install_schedule(shards=2, every=1)
     node_p = NetnsWorker(rig["netns"], f"np-{uuid.uuid4().hex[:6]}", 2, tmp_path / "node-p.log",
-                         env_overrides={**rig["ns_env"], **env})  # fmt: skip
-    node_h = _worker(tmp_path, "node-h", 2, **rig["host_env"], **env)
+                         env_overrides={**rig["ns_env"], **env},
+                         django_settings=tuned)  # fmt: skip
+    node_h = _worker(tmp_path, "node-h", 2, tuned, **rig["host_env"], **env)
     try:
         node_p.start().wait_ready()
         with (
@@ -685,8 +699,11 @@ def test_a_node_that_loses_the_broker_but_not_the_database_has_its_messages_rede
     # lock, measures a slow service rate, so the sweeps send it multi-hold messages, whose log
     # line has the outcomes' counts, not the ids (the lost-node drill runs at the defaults,
     # multi-hold messages included).
-    env = {"CLEANUP_LEASE_SECONDS": "120", "CLEANUP_RELEASE_MODE": "single"}
-    with partition_rig(tmp_path) as rig, p_parked(tmp_path, rig, **env) as given:
+    single = {"CLEANUP_RELEASE_MODE": "single"}
+    with (
+        partition_rig(tmp_path) as rig,
+        p_parked(tmp_path, rig, single, CLEANUP_LEASE_SECONDS="120") as given,
+    ):
         # when: P loses the broker (still reaches PostgreSQL); H starts; the lock goes
         rig["netns"].cut(rig["redis_port"])
         # then: everything is released — P's parked statements commit through its database

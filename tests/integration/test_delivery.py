@@ -345,12 +345,13 @@ def test_malformed_messages_are_dead_lettered_with_a_reason_and_valid_ones_keep_
     clean, exclusive_workers, tmp_path
 ):
     # given: two workers that cap deliveries at 3 and can run the poison task
-    env = {"CLEANUP_MAX_DELIVERIES": "3", "CLEANUP_MAX_RETRIES": "2"}
+    env = {"CLEANUP_MAX_RETRIES": "2"}
+    capped = {"CLEANUP_MAX_DELIVERIES": 3}
     holds = create_eligible_holds(50, offerings=2)
     with dedicated(
         tmp_path,
-        {"concurrency": 2, "extra_args": POISON, "env": env},
-        {"concurrency": 2, "extra_args": POISON, "env": env},
+        {"concurrency": 2, "extra_args": POISON, "env": env, "settings": capped},
+        {"concurrency": 2, "extra_args": POISON, "env": env, "settings": capped},
     ):
         # when: every kind of bad input is published raw, between valid messages
         task_ids = {}

@@ -46,12 +46,10 @@ pytestmark = [pytest.mark.workers]
 # A sweep waits in line for the publish lock for CLEANUP_SWEEP_LOCK_WAIT (2 s by default), then
 # ends its run: 10 s (below the sweep's 12.5 s time budget) keeps the parked sweep in line long
 # enough for the test to find its session in pg_locks and end it.
-ENV = {
-    "CLEANUP_MAX_RETRIES": "1",
-    "CLEANUP_RETRY_BACKOFF_MAX": "1",
-    "CLEANUP_MAX_DELIVERIES": "40",
-    "CLEANUP_SWEEP_LOCK_WAIT": "10",
-}
+ENV = {"CLEANUP_MAX_RETRIES": "1", "CLEANUP_RETRY_BACKOFF_MAX": "1"}
+# The tuning settings (Django settings of the worker's, not variables).
+TUNED = {"CLEANUP_MAX_DELIVERIES": 40, "CLEANUP_SWEEP_LOCK_WAIT": 10}
+WORKER = {"env": ENV, "settings": TUNED}
 
 
 @contextmanager
@@ -119,7 +117,7 @@ def test_a_sweep_whose_connection_dies_is_a_periodic_letter_the_next_sweep_settl
 ) -> None:
     parking, parked_sweeps = WHERE[where]
     ids = fleet.create_eligible_holds(6, offerings=2)
-    with fleet.dedicated(tmp_path, {"env": ENV}) as (worker,):
+    with fleet.dedicated(tmp_path, WORKER) as (worker,):
         # given: a sweep parked (a lock the test holds), its session then terminated
         with parking():
             fleet.run_sweeps(1)
@@ -186,7 +184,7 @@ def test_a_failure_whose_dead_letter_cannot_be_written_keeps_its_message(
     try:
         with connection.cursor() as cur:
             cur.execute(LETTERS_FAIL)
-        with fleet.dedicated(tmp_path, {"env": ENV}) as (worker,):
+        with fleet.dedicated(tmp_path, WORKER) as (worker,):
             # given: a release that fails, and a dead letter whose write loses its connection
             message = fleet.publish_for(hold_id)
             kept = "dead letter not stored: message sent again"
@@ -267,7 +265,7 @@ def test_an_outbox_relay_failing_mid_batch_publishes_again_and_its_letter_clears
     ids = fleet.create_eligible_holds(3, offerings=1)
     events = cleanup_settings().events_queue
     unpublished = "SELECT count(*) FROM reservations_outboxevent WHERE published_at IS NULL"
-    with fleet.dedicated(tmp_path, {"env": ENV}):
+    with fleet.dedicated(tmp_path, WORKER):
         fleet.run_sweeps(1)
         fleet.wait_until(lambda: fleet.released_count(ids) == 3, timeout=60, what="released")
         assert fleet.scalar(unpublished) == 3
@@ -294,7 +292,7 @@ def test_a_health_sample_that_cannot_be_written_is_a_letter_the_next_sample_sett
     from cleanup.tasks import sample_health_task
 
     HealthSample.objects.all().delete()
-    with fleet.dedicated(tmp_path, {"env": ENV}):
+    with fleet.dedicated(tmp_path, WORKER):
         letter = letter_of_a_failing_run(sample_health_task, "INSERT", "cleanup_healthsample")
         assert letter.task_name == "cleanup.sample_health"
         assert HealthSample.objects.count() == 0
@@ -399,7 +397,7 @@ def test_a_worker_whose_redis_dies_during_brpop_reconnects_and_releases(
     server.start()
     try:
         env = {**ENV, "CELERY_BROKER_URL": server.url}
-        with fleet.dedicated(tmp_path, {"env": env}) as (worker,):
+        with fleet.dedicated(tmp_path, {"env": env, "settings": TUNED}) as (worker,):
             # given: the worker waiting in BRPOP on the private broker
             fleet.wait_until(
                 lambda: "cmd=brpop" in server.client_list(), timeout=30, what="a BRPOP waiting"
@@ -564,7 +562,7 @@ def test_a_prune_that_fails_deletes_nothing_and_its_letter_clears_once_a_prune_s
         idempotency_key="release:1:1", reservation_id=1, version=1, outcome="released"
     )
     CleanupReceipt.objects.filter(pk=old.pk).update(created_at="2000-01-01T00:00:00Z")
-    with fleet.dedicated(tmp_path, {"env": ENV}):
+    with fleet.dedicated(tmp_path, WORKER):
         with failing("DELETE", "cleanup_cleanupreceipt"):
             prune_task.apply_async()
             fleet.wait_until(open_letters, timeout=60, what="the prune's dead letter")
@@ -602,7 +600,7 @@ def test_a_worker_under_a_pool_without_time_limits_refuses_to_start(
     assert f"celery worker --pool {pool}: the {pool} pool {why}" in out
     assert "CLEANUP_WORKER_POOLS=prefork" in out
     # and: allowed by the setting (to measure it), the same pool starts
-    allowed = {"extra_args": ["--pool", pool], "env": {"CLEANUP_WORKER_POOLS": pool}}
+    allowed = {"extra_args": ["--pool", pool], "settings": {"CLEANUP_WORKER_POOLS": [pool]}}
     with fleet.dedicated(tmp_path, allowed) as (worker,):
         worker.wait_ready()
         assert worker.alive()

@@ -71,8 +71,8 @@ def metric_worker(tmp_path: Path, name: str, port: int, *extra: str) -> Worker:
             "WORKER_METRICS_PORT": str(port),
             "WORKER_METRICS_ADDR": "127.0.0.1",
             "WORKER_METRICS_DIR": str(tmp_path / "prom"),
-            "WORKER_METRICS_COMPACT_INTERVAL": "1",
         },
+        django_settings={"WORKER_METRICS_COMPACT_INTERVAL": 1},
     )
 
 

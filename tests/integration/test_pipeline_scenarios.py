@@ -518,21 +518,22 @@ CAP = 500
 BATCH = 100
 BURST = 20_000
 CAP_QUEUES = {"sweep": "sweep-cap", "cleanup": "cleanup-cap", "maintenance": "maintenance-cap"}
-CAP_ENV = {
+CAP_ENV = {"CLEANUP_MAX_QUEUE_DEPTH": str(CAP), "CLEANUP_LEASE_SECONDS": "60"}
+# The workers' Django settings (the cleanup's tuning settings and Celery's, not variables).
+CAP_SETTINGS: dict[str, object] = {
     # One hold per message, so the queue's depth in messages is its depth in holds: this
     # scenario checks the cap itself. (In the default adaptive mode a claim is still bounded by
     # the room in holds, so multi-hold messages never fill the cap; tests/unit/
     # test_sizing.py and tests/integration/test_adaptive.py cover that mode.)
     "CLEANUP_RELEASE_MODE": "single",
-    "CLEANUP_MAX_QUEUE_DEPTH": str(CAP),
-    "CLEANUP_SWEEP_BATCH_SIZE": str(BATCH),
-    "CLEANUP_LEASE_SECONDS": "60",
+    "CLEANUP_SWEEP_BATCH_SIZE": BATCH,
     # queues of its own, so the session's fleet (same Redis database) never takes its work
     "CLEANUP_SWEEP_QUEUE": CAP_QUEUES["sweep"],
     "CLEANUP_RELEASE_QUEUE": CAP_QUEUES["cleanup"],
     "CLEANUP_MAINTENANCE_QUEUE": CAP_QUEUES["maintenance"],
     # no task-sent/received events: the burst measures the pipeline, not Flower's feed
-    "CELERY_TASK_EVENTS": "false",
+    "CELERY_WORKER_SEND_TASK_EVENTS": False,
+    "CELERY_TASK_SEND_SENT_EVENT": False,
 }
 
 
@@ -546,6 +547,7 @@ def capped_workers(
         count=2,
         concurrency=4,
         env_overrides=CAP_ENV,
+        django_settings=CAP_SETTINGS,
         extra_args=["-Q", ",".join(CAP_QUEUES.values())],
     ) as ws:
         yield ws

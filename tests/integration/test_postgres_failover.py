@@ -76,11 +76,12 @@ DATABASE = "drill"
 # A drain the stop falls in the middle of: one message per hold, 20 holds per sweep, so the
 # 2 shards' sweeps (beat, every second) release about 40 holds a second for 10 s. The lease is
 # config.settings.test's: a hold whose release was lost comes back about 5 s after its claim.
-DRAIN = {
+DRAIN = {"CLEANUP_LEASE_SECONDS": "5"}
+# The workers' tuning settings (Django settings, not variables).
+DRAIN_SETTINGS = {
     "CLEANUP_RELEASE_MODE": "single",
-    "CLEANUP_SWEEP_BATCH_SIZE": "20",
-    "CLEANUP_SWEEP_MAX_BATCHES": "1",
-    "CLEANUP_LEASE_SECONDS": "5",
+    "CLEANUP_SWEEP_BATCH_SIZE": 20,
+    "CLEANUP_SWEEP_MAX_BATCHES": 1,
 }
 # Seconds with no writable host between the stop and the promotion, as while a failover manager
 # makes up its mind: sweeps, releases, dead letters, the beat's lease and the web's readiness
@@ -443,7 +444,7 @@ def test_a_primary_stopped_mid_drain_is_followed_to_the_promoted_standby_each_ho
         install_schedule(shards=2, every=1)
         env = {"DATABASE_URL": pair.url, **DRAIN}
         logs = [tmp_path / f"worker{i}.log" for i in range(2)]
-        with drill_workers(tmp_path, "pg", env) as workers:
+        with drill_workers(tmp_path, "pg", env, django_settings=DRAIN_SETTINGS) as workers:
             with (
                 beats(tmp_path, 2, env_overrides=env) as two,
                 gunicorn(tmp_path, workers=1, threads=2, **env) as web,

@@ -79,12 +79,12 @@ LEASE_SECONDS = 5  # a hold whose message was lost comes back after this
 # One message per hold, up to 300 holds per sweep: the 2 shards' first sweeps (beat, every
 # second) publish every hold at once, faster than the two workers' four pool processes
 # release, so messages wait in the release queue when the kill comes (after a fifth of the
-# holds are released), in the middle of the drain.
+# holds are released), in the middle of the drain. The workers' tuning settings (Django
+# settings, not variables):
 DRAIN = {
     "CLEANUP_RELEASE_MODE": "single",
-    "CLEANUP_SWEEP_BATCH_SIZE": "150",
-    "CLEANUP_SWEEP_MAX_BATCHES": "2",
-    "CLEANUP_LEASE_SECONDS": str(LEASE_SECONDS),
+    "CLEANUP_SWEEP_BATCH_SIZE": 150,
+    "CLEANUP_SWEEP_MAX_BATCHES": 2,
 }
 RELEASE_QUEUE = "cleanup"
 
@@ -166,7 +166,7 @@ def _drain(
     env = {
         "CELERY_BROKER_URL": cluster.url(vhost, nodes),
         "CLEANUP_RABBITMQ_QUEUE_TYPE": queue_type,
-        **DRAIN,
+        "CLEANUP_LEASE_SECONDS": str(LEASE_SECONDS),
     }
     where = tmp_path / queue_type
     where.mkdir()
@@ -174,7 +174,13 @@ def _drain(
 
     def worker(slot: int) -> Worker:
         logs.append(where / f"worker{slot}-{len(logs)}.log")
-        return Worker(f"rq{slot}-{uuid.uuid4().hex[:6]}", 2, logs[-1], env_overrides=env)
+        return Worker(
+            f"rq{slot}-{uuid.uuid4().hex[:6]}",
+            2,
+            logs[-1],
+            env_overrides=env,
+            django_settings=DRAIN,
+        )
 
     workers = [worker(slot) for slot in range(2)]
     restarted: list[str] = []

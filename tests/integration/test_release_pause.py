@@ -9,6 +9,7 @@ import pytest
 from cleanup.broker.readers import queue_stats
 from cleanup.conf import cleanup_settings
 from cleanup.release.pause import set_paused
+from cleanup.worker.pause_step import POLL_INTERVAL_S
 
 from .fleet import (
     Worker,
@@ -49,9 +50,7 @@ def test_paused_releases_wait_in_the_queue_while_sweeps_go_on(
         # went on fetching sweeps sent after the release messages were waiting (a consumer of
         # the release queue would have taken them as well) for three of its polls of the
         # switch (a poll that wrongly resumed would have)
-        sweep_until_each_worker_swept(
-            workers, shards=2, span=3 * cleanup_settings().pause_poll_interval
-        )
+        sweep_until_each_worker_swept(workers, shards=2, span=3 * POLL_INTERVAL_S)
         assert released_count(held) == 0
         assert queue_stats(queue).depth > 0
         # when: resumed, every worker consumes again and the backlog drains

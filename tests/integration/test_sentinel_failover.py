@@ -73,11 +73,12 @@ LEASE_SECONDS = 5  # config.settings.test's lease: a hold whose message was lost
 DOWN_AFTER_MS = {False: 1000, True: 3000}
 REPLICA_BEHIND_S = 2.0
 # A drain the kill falls in the middle of: one message per hold, 20 holds per sweep, so the
-# 2 shards' sweeps (beat, every second) release about 40 holds a second for 20 s.
+# 2 shards' sweeps (beat, every second) release about 40 holds a second for 20 s: the
+# workers' tuning settings (Django settings, not variables).
 DRAIN = {
     "CLEANUP_RELEASE_MODE": "single",
-    "CLEANUP_SWEEP_BATCH_SIZE": "20",
-    "CLEANUP_SWEEP_MAX_BATCHES": "1",
+    "CLEANUP_SWEEP_BATCH_SIZE": 20,
+    "CLEANUP_SWEEP_MAX_BATCHES": 1,
 }
 QUEUE_KEYS = ("cleanup", "cleanup\x06\x163", "cleanup\x06\x166", "cleanup\x06\x169")
 
@@ -278,7 +279,6 @@ def test_a_master_killed_mid_drain_is_followed_without_restarts_and_every_hold_r
             "CELERY_BROKER_URL": cluster.url,
             "CELERY_BROKER_SENTINEL_MASTER": MASTER_NAME,
             "CLEANUP_LEASE_SECONDS": str(LEASE_SECONDS),
-            **DRAIN,
         }
         # This process's readers (queue depth and age, unacked count) go through the sentinels
         # too: one client, made before the failover and used after it.
@@ -288,7 +288,7 @@ def test_a_master_killed_mid_drain_is_followed_without_restarts_and_every_hold_r
 
         reader = readers.redis_client()
         logs = [tmp_path / f"worker{i}.log" for i in range(2)]
-        with drill_workers(tmp_path, "sw", env) as workers:
+        with drill_workers(tmp_path, "sw", env, django_settings=DRAIN) as workers:
             with beats(tmp_path, 1, env_overrides=env) as (beat,):
                 wait_until(
                     lambda: released_count(ids) >= HOLDS // 5,

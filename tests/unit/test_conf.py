@@ -1,6 +1,8 @@
-"""The cleanup's settings object (cleanup.conf): docs/CONFIGURATION.md's settings table matches
-it, bad values and broken rules are refused naming the variable, what a deployer sets in the
-environment and what a test overrides is what the code reads."""
+"""The cleanup's settings object (cleanup.conf) and the environment variables the project reads
+(tests/env_names.py): docs/CONFIGURATION.md's tables match them, the names stay fewer than 60
+and are read through the strict readers, a variable no longer read stops the start, bad values
+and broken rules are refused naming the variable, what a deployer sets in the environment and
+what a test overrides is what the code reads."""
 
 from __future__ import annotations
 
@@ -16,7 +18,17 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from cleanup.conf import DEFAULT_TEXT, DOC, ENV, CleanupSettings, cleanup_settings
+from cleanup.conf import (
+    DEFAULT_TEXT,
+    DOC,
+    ENV,
+    ENVIRONMENT,
+    RETIRED_VARIABLES,
+    CleanupSettings,
+    cleanup_settings,
+)
+from config.settings import base
+from tests import env_names
 from tests.child_python import run_python
 from tests.integration.fleet import service_env
 
@@ -27,11 +39,19 @@ OWNED_PREFIXES = ("CLEANUP_", "METRICS_", "WORKER_METRICS_")
 BACKTICKED = re.compile(r"`([^`]+)`")
 
 
-def table_rows() -> list[tuple[list[str], list[str], str]]:
-    """(variables, defaults, meaning) of each row of docs/CONFIGURATION.md's "Settings" table; a
-    row that documents several variables separates them, and their defaults, with " / "."""
+# The headings of docs/CONFIGURATION.md's two tables: the environment variables, and the
+# cleanup's tuning settings (Django settings only).
+VARIABLES = "## Settings"
+TUNING = "### Tuning settings: Django settings, not variables"
+
+
+def table_rows(heading: str = VARIABLES) -> list[tuple[list[str], list[str], str]]:
+    """(names, defaults, meaning) of each row of the table under ``heading`` in
+    docs/CONFIGURATION.md (up to the next heading); a row that documents several names
+    separates them, and their defaults, with " / "."""
     text = (ROOT / "docs" / "CONFIGURATION.md").read_text()
-    section = text.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    section = text.split(f"\n{heading}\n", 1)[1]
+    section = section.split("\n## ", 1)[0].split("\n### ", 1)[0]
     rows = []
     for line in section.splitlines():
         if not line.startswith("| `"):
@@ -61,10 +81,19 @@ def documented_default(spec: dataclasses.Field[Any]) -> str:
     return f"`{value}`"
 
 
-def table_problems(rows: list[tuple[list[str], list[str], str]]) -> list[str]:
-    """What the table gets wrong against the object: a setting without a row, with another
-    default or without a meaning, documented twice, or a row for a setting it does not have."""
-    declared = {spec.metadata[ENV] for spec in dataclasses.fields(CleanupSettings)}
+def table_problems(
+    rows: list[tuple[list[str], list[str], str]], *, environment: bool = True
+) -> list[str]:
+    """What a table gets wrong against the object: a setting without a row, with another
+    default or without a meaning, documented twice, or a row for a setting it does not have.
+    ``environment``: the variables' table (the fields read from the environment), else the
+    tuning table (the rest)."""
+    specs = [
+        spec
+        for spec in dataclasses.fields(CleanupSettings)
+        if spec.metadata[ENVIRONMENT] == environment
+    ]
+    declared = {spec.metadata[ENV] for spec in specs}
     problems = [
         f"{' / '.join(names)}: {len(names)} names, {len(defaults)} defaults"
         for names, defaults, _ in rows
@@ -76,7 +105,7 @@ def table_problems(rows: list[tuple[list[str], list[str], str]]) -> list[str]:
             if name in documented:
                 problems.append(f"{name}: documented twice")
             documented[name] = (default, meaning)
-    for spec in dataclasses.fields(CleanupSettings):
+    for spec in specs:
         env = spec.metadata[ENV]
         if env not in documented:
             problems.append(f"{env}: no row")
@@ -88,13 +117,23 @@ def table_problems(rows: list[tuple[list[str], list[str], str]]) -> list[str]:
     problems += [
         f"{name}: no such setting"
         for name in documented
-        if name.startswith(OWNED_PREFIXES) and name not in declared
+        if (name.startswith(OWNED_PREFIXES) or not environment)
+        and name not in declared
+        and not (environment and name in READ_ELSEWHERE)
     ]
     return problems
 
 
+# Variables with a prefix of the object's that something other than the object reads.
+READ_ELSEWHERE = {"WORKER_METRICS_DIR"}  # cleanup.metrics_boot, before the settings exist
+
+
 def test_the_settings_table_documents_every_setting_with_its_default_and_nothing_stale() -> None:
     assert table_problems(table_rows()) == []
+
+
+def test_the_tuning_table_documents_every_tuning_setting_with_its_default() -> None:
+    assert table_problems(table_rows(TUNING), environment=False) == []
 
 
 def test_the_table_check_notices_a_missing_row_a_wrong_default_and_a_stale_row() -> None:
@@ -167,6 +206,10 @@ VALID = CleanupSettings()
             {"autoscale_utilization": 1.5},
             "CLEANUP_AUTOSCALE_SLO_TARGET and CLEANUP_AUTOSCALE_UTILIZATION must be <= 1",
         ),
+        (
+            {"remote_control_commands": ("none", "ping")},
+            "CLEANUP_REMOTE_CONTROL_COMMANDS: 'none' turns remote control off and stands alone",
+        ),
     ],
 )
 def test_a_bad_value_or_a_broken_rule_is_refused_naming_the_variable(
@@ -236,31 +279,45 @@ def run_with(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 READ = (
     "import django, json; django.setup(); from cleanup.conf import cleanup_settings as c; "
-    "s = c(); print(json.dumps([s.release_batch_size, s.autoscale_window, "
-    "list(s.remote_control_commands), s.counter_redis_url, s.sweep_time_budget]))"
+    "from django.conf import settings; s = c(); print(json.dumps([s.max_queue_depth, "
+    "s.autoscale_cooldown, list(s.remote_control_commands), s.counter_redis_url, "
+    "s.sweep_time_budget, settings.CELERY_WORKER_ENABLE_REMOTE_CONTROL]))"
 )
 
 
 def test_what_the_environment_sets_is_what_the_code_reads() -> None:
     out = run_with(
         READ,
-        CLEANUP_RELEASE_BATCH_SIZE="77",
-        CLEANUP_AUTOSCALE_WINDOW="12.5",
+        CLEANUP_MAX_QUEUE_DEPTH="77",
+        CLEANUP_AUTOSCALE_COOLDOWN="12.5",
         CLEANUP_REMOTE_CONTROL_COMMANDS="ping, stats",
     )
     assert out.returncode == 0, out.stderr[-800:]
-    batch, window, commands, counter_url, budget = json.loads(out.stdout)
-    assert (batch, window, commands) == (77, 12.5, ["ping", "stats"])
+    depth, cooldown, commands, counter_url, budget, remote_control = json.loads(out.stdout)
+    assert (depth, cooldown, commands, remote_control) == (77, 12.5, ["ping", "stats"], True)
     # computed defaults: the counters in the broker's Redis; half the test settings' soft limit
     assert counter_url == django_settings.CELERY_BROKER_URL
     assert budget == 4.0
 
 
+def test_remote_control_none_turns_the_remote_control_consumer_off() -> None:
+    out = run_with(READ, CLEANUP_REMOTE_CONTROL_COMMANDS="none")
+    assert out.returncode == 0, out.stderr[-800:]
+    _, _, commands, _, _, remote_control = json.loads(out.stdout)
+    assert (commands, remote_control) == ([], False)
+
+
 @pytest.mark.parametrize(
     ("env", "words"),
     [
-        ({"CLEANUP_AUTOSCALE_WINDOW": "soon"}, "CLEANUP_AUTOSCALE_WINDOW='soon' is not a number"),
-        ({"CLEANUP_RELEASE_MODE": "bulk"}, "CLEANUP_RELEASE_MODE='bulk': expected"),
+        (
+            {"CLEANUP_AUTOSCALE_COOLDOWN": "soon"},
+            "CLEANUP_AUTOSCALE_COOLDOWN='soon' is not a number",
+        ),
+        (
+            {"CLEANUP_RABBITMQ_QUEUE_TYPE": "stream"},
+            "CLEANUP_RABBITMQ_QUEUE_TYPE='stream': expected",
+        ),
         # the test settings: time limit 10 + backoff cap 2
         ({"CLEANUP_VISIBILITY_TIMEOUT": "12"}, "CLEANUP_VISIBILITY_TIMEOUT=12 must exceed"),
     ],
@@ -269,3 +326,109 @@ def test_start_up_fails_naming_the_variable(env: dict[str, str], words: str) -> 
     out = run_with("import django; django.setup()", **env)
     assert out.returncode != 0
     assert f"ImproperlyConfigured: {words}" in out.stderr, out.stderr[-800:]
+
+
+# --- the environment's names (tests/env_names.py) ------------------------------------------
+
+# Reads past the strict readers, each for a reason: they run before Django's settings exist,
+# or the variable is a library's that the process sets itself.
+RAW_READS = {
+    # stdlib only, before the settings: the worker's metrics directory is prepared before
+    # prometheus_client is imported (the port is checked again by the settings)
+    ("cleanup/metrics_boot.py", "WORKER_METRICS_PORT"),
+    ("cleanup/metrics_boot.py", "WORKER_METRICS_DIR"),
+    # prometheus_client's own variable, set by gunicorn.conf.py and cleanup.metrics_boot
+    ("cleanup/operations/console/endpoints.py", "PROMETHEUS_MULTIPROC_DIR"),
+    ("cleanup/operations/worker_metrics.py", "PROMETHEUS_MULTIPROC_DIR"),
+    # gunicorn's configuration file, read by gunicorn's master before any Django import
+    ("gunicorn.conf.py", "WEB_METRICS_DIR"),
+}
+# The budget: a new variable is a decision each deployment must know about; a value that is not
+# one belongs in a constant or a tuning setting (cleanup.conf.tuning).
+MAX_NAMES = 59
+
+
+def documented_variables() -> set[str]:
+    return {name for names, _, _ in table_rows() for name in names}
+
+
+def test_the_settings_table_lists_exactly_the_variables_the_code_reads() -> None:
+    read = env_names.names()
+    documented = documented_variables()
+    assert sorted(read - documented) == [], "read but not in docs/CONFIGURATION.md's table"
+    assert sorted(documented - read) == [], "in docs/CONFIGURATION.md's table but never read"
+
+
+def test_the_product_reads_fewer_than_sixty_environment_variables() -> None:
+    assert len(env_names.names()) <= MAX_NAMES, sorted(env_names.names())
+
+
+def test_every_variable_is_read_through_the_strict_readers() -> None:
+    reads = env_names.reads()
+    raw = {(read.path, read.name) for read in reads if read.raw and read.name}
+    assert sorted(raw - RAW_READS) == []
+    # a name the scan cannot resolve is a reader's own parameter, in the readers' module only
+    unresolved = {read.path for read in reads if read.name is None}
+    assert unresolved == {"config/env.py"}
+
+
+def test_no_retired_variable_is_read_and_every_one_stops_the_start_naming_it() -> None:
+    retired = {**RETIRED_VARIABLES, **base._RETIRED}
+    assert sorted(set(retired) & env_names.names()) == []
+    out = run_with("import django; django.setup()", **dict.fromkeys(retired, "1"))
+    assert out.returncode != 0
+    refused = out.stderr.strip().splitlines()[-1]
+    assert refused.startswith("django.core.exceptions.ImproperlyConfigured: ")
+    for name, where in retired.items():
+        assert f"{name} is no longer read from the environment: {where}" in refused
+
+
+def test_a_retired_variable_left_empty_counts_as_unset() -> None:
+    out = run_with("import django; django.setup()", CLEANUP_RELEASE_MODE="")
+    assert out.returncode == 0, out.stderr[-800:]
+
+
+def test_a_tuning_setting_is_never_asked_of_the_environment_and_takes_a_chosen_value() -> None:
+    asked: list[str] = []
+
+    def read(name: str, kind: type, default: object) -> object:
+        asked.append(name)
+        return default
+
+    chosen = CleanupSettings.from_environment(
+        read, defaults={"CLEANUP_RELEASE_MODE": "single", "CLEANUP_SWEEP_MAX_BATCHES": 3}
+    )
+    tuning = {
+        spec.metadata[ENV]
+        for spec in dataclasses.fields(CleanupSettings)
+        if not spec.metadata[ENVIRONMENT]
+    }
+    assert tuning and not tuning & set(asked)
+    assert (chosen.release_mode, chosen.sweep_max_batches) == ("single", 3)
+
+
+def test_the_name_scan_finds_every_kind_of_read(tmp_path: Path) -> None:
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "reads.py").write_text(
+        "import os\n"
+        "NAME = 'G'\n"
+        "FILES = ('H', 'I')\n"
+        "TABLE = {'q': 'J'}\n"
+        "a = env_str('A')\n"
+        "b = setting('B', 1, 'doc')\n"
+        "c = os.environ.get('C')\n"
+        "d = os.environ['D']\n"
+        "e = os.getenv('E')\n"
+        "f = 'F' in os.environ\n"
+        "g = env_int(NAME)\n"
+        "h = [env_str(name) for name in FILES]\n"
+        "for _, name in TABLE.items():\n"
+        "    env_bool(name)\n"
+        "k = tuning('K', 1, 'doc')\n"
+        "os.environ.setdefault('L', 'x')\n"
+        "def reader(name):\n"
+        "    return os.environ.get(name)\n"
+    )
+    found = env_names.reads(tmp_path)
+    assert {read.name for read in found} == {*"ABCDEFGHIJL", None}
+    assert {read.name for read in found if read.raw} == {"C", "D", "E", "F", None}

@@ -17,6 +17,7 @@ import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command, load_command_class
 from django.core.management.base import CommandError
 from django.test import Client
@@ -25,6 +26,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from cleanup.broker.readers import queue_depth
+from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.operations import triage
 from cleanup.release import dead_letters, outbox
@@ -558,15 +560,31 @@ def test_metrics_export_the_open_letters_against_the_cap_and_discarding_clears_t
 
 
 @pytest.mark.parametrize(
-    ("name", "value", "words"),
+    ("value", "words"),
     [
-        ("CLEANUP_DEAD_LETTER_OPEN_CAP", "0", "CLEANUP_DEAD_LETTER_OPEN_CAP=0 must be >= 1"),
-        ("CLEANUP_DEAD_LETTER_OPEN_CAP", "lots", "CLEANUP_DEAD_LETTER_OPEN_CAP='lots' is not an"),
-        ("CLEANUP_DEAD_LETTER_RETENTION_DAYS", "0", "CLEANUP_DEAD_LETTER_RETENTION_DAYS=0 must be"),
-        ("CLEANUP_DEAD_LETTER_RETENTION_DAYS", "2w", "CLEANUP_DEAD_LETTER_RETENTION_DAYS='2w' is"),
+        ("0", "CLEANUP_DEAD_LETTER_RETENTION_DAYS=0 must be"),
+        ("2w", "CLEANUP_DEAD_LETTER_RETENTION_DAYS='2w' is"),
     ],
 )
-def test_the_dead_letter_settings_are_checked_at_start_up_naming_the_variable(name, value, words):
-    out = run_python("import django; django.setup()", service_env(**{name: value}))
+def test_the_dead_letter_retention_is_checked_at_start_up_naming_the_variable(value, words):
+    env = service_env(CLEANUP_DEAD_LETTER_RETENTION_DAYS=value)
+    out = run_python("import django; django.setup()", env)
     assert out.returncode != 0
     assert f"ImproperlyConfigured: {words}" in out.stderr, out.stderr[-800:]
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        (0, "CLEANUP_DEAD_LETTER_OPEN_CAP=0 must be >= 1"),
+        ("lots", "CLEANUP_DEAD_LETTER_OPEN_CAP='lots' is not an integer"),
+    ],
+)
+def test_the_open_letter_cap_is_checked_naming_the_setting(
+    settings: Any, value: object, words: str
+) -> None:
+    # a tuning setting (cleanup.conf.tuning): a Django setting, not a variable
+    settings.CLEANUP_DEAD_LETTER_OPEN_CAP = value
+    with pytest.raises(ImproperlyConfigured) as refused:
+        cleanup_settings()
+    assert str(refused.value).startswith(words)

@@ -57,19 +57,9 @@ def test_transaction_pooling_without_a_direct_url_is_refused_naming_it() -> None
         database_aliases(POOLED, "", "transaction", conn_max_age=60)
 
 
-def test_prepared_statements_are_off_behind_a_transaction_pooler_and_asking_for_them_is_refused(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv("DATABASE_PREPARED_STATEMENTS", raising=False)
+def test_prepared_statements_are_off_behind_a_transaction_pooler_only() -> None:
     assert prepared_statements("none") is True
     assert prepared_statements("transaction") is False
-    monkeypatch.setenv("DATABASE_PREPARED_STATEMENTS", "false")
-    assert prepared_statements("transaction") is False
-    monkeypatch.setenv("DATABASE_PREPARED_STATEMENTS", "true")
-    with pytest.raises(ImproperlyConfigured) as refused:
-        prepared_statements("transaction")
-    assert "DATABASE_PREPARED_STATEMENTS" in str(refused.value)
-    assert "DATABASE_POOLING" in str(refused.value)
 
 
 def _settings_env(**extra: str) -> dict[str, str]:

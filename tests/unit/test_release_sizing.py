@@ -173,7 +173,7 @@ def adaptive(settings: Any) -> Any:
     settings.CLEANUP_RELEASE_TARGET_SECONDS = 10
     settings.CLEANUP_RELEASE_BATCH_SIZE = 100
     settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 0
-    settings.CLEANUP_AUTOSCALE_SERVICE_TIME = 0.05  # a floor of 20 messages/s
+    # no measured rate: the floor is cleanup.conf.ASSUMED_SERVICE_TIME_S, 20 messages/s
     sizing._last_sizing.clear()
     return settings
 

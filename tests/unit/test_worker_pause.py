@@ -28,7 +28,7 @@ from kombu import Queue
 
 from cleanup.conf import cleanup_settings
 from cleanup.release import pause
-from cleanup.worker.pause_step import ReleasePause
+from cleanup.worker.pause_step import POLL_INTERVAL_S, ReleasePause
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -126,7 +126,7 @@ def test_a_release_worker_leaves_the_release_queue_while_paused_and_resumes_afte
     # given: a worker on every task queue, polling the switch
     c, _ = started(SWEEP, RELEASE, MAINTENANCE)
     assert c.calls == [] and c.consuming == {SWEEP, RELEASE, MAINTENANCE}
-    assert [e.interval for e in c.timer.active()] == [CONF.pause_poll_interval]
+    assert [e.interval for e in c.timer.active()] == [POLL_INTERVAL_S]
     # when: an operator pauses releases
     pause.set_paused(True, "ops", "migration")
     c.timer.tick()

@@ -111,7 +111,7 @@ class WorkerProcess(CeleryProcess):
     concurrency: int
     log_path: Path
     # Empty: every queue of the worker's settings (``CELERY_TASK_QUEUES``: sweep, release,
-    # maintenance, named by the CLEANUP_*_QUEUE variables in its environment).
+    # maintenance, named by the CLEANUP_*_QUEUE settings of its settings module).
     queues: str = ""
     env: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)

@@ -3,12 +3,11 @@ worker answers a ping (``celery inspect ping -d <name>``), 1 otherwise. For dock
 
     healthcheck: {test: ["CMD", "python", "manage.py", "worker_health"]}
 
-The name defaults to ``$WORKER_NAME`` or ``worker@<this host's name>`` (compose's ``-n worker@%h``).
+The name defaults to ``worker@<this host's name>`` (compose's ``-n worker@%h``).
 """
 
 from __future__ import annotations
 
-import os
 import socket
 from typing import Any
 
@@ -24,8 +23,8 @@ class Command(ProjectCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--name",
-            default=os.environ.get("WORKER_NAME") or f"worker@{socket.gethostname()}",
-            help="the worker's node name: $WORKER_NAME, else worker@<this host's name>",
+            default=f"worker@{socket.gethostname()}",
+            help="the worker's node name (default: worker@<this host's name>)",
         )
         parser.add_argument(
             "--timeout", type=float, default=5.0, help="seconds to wait for the answer"

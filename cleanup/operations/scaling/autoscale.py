@@ -39,7 +39,7 @@ from django.db import connection, transaction
 
 from cleanup import metrics, sql
 from cleanup.broker.readers import queue_stats
-from cleanup.conf import cleanup_settings
+from cleanup.conf import ASSUMED_SERVICE_TIME_S, cleanup_settings
 from cleanup.operations.scaling.capacity import compute_desired_consumers
 from cleanup.release.sizing import drain_consumers
 from common.db import rows, set_local_statement_timeout
@@ -342,7 +342,7 @@ class BacklogAutoscaler(Autoscaler):
             headroom=conf.capacity_headroom,
             cooldown_seconds=conf.autoscale_cooldown,
             stale_after_seconds=max(3 * self.interval, 10.0),
-            default_service_time_s=conf.autoscale_service_time,
+            default_service_time_s=ASSUMED_SERVICE_TIME_S,
         )
 
     def _procs(self) -> int:

@@ -13,6 +13,7 @@ from django.contrib.admin.models import LogEntry
 from cleanup.broker.readers import queue_depth
 from cleanup.conf import cleanup_settings
 from cleanup.release.pause import set_paused
+from cleanup.worker.pause_step import POLL_INTERVAL_S
 
 from ..fleet import (
     Worker,
@@ -66,9 +67,7 @@ def test_pausing_and_resuming_releases_from_the_health_page(
         # release messages were waiting (a consumer of the release queue would have taken them
         # as well) for three of its polls of the switch (a poll that wrongly resumed would
         # have)
-        sweep_until_each_worker_swept(
-            workers, shards=1, span=3 * cleanup_settings().pause_poll_interval
-        )
+        sweep_until_each_worker_swept(workers, shards=1, span=3 * POLL_INTERVAL_S)
         assert released_count(held) == 0
         # when: resumed from the page
         page.click("#resume-button")
