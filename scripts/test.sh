@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 in_ci() { case "${CI:-}" in 1|true|TRUE|True|yes) return 0 ;; esac; return 1; }
 
 # Everything this run left out, printed after the timings: pytest appends its skips for missing
-# tools to this file (tests/missing_tools.py), the phases below their own.
+# tools to this file (tests/support/missing_tools.py), the phases below their own.
 RESERVATIONS_MISSING_TOOLS_FILE=$(mktemp)
 export RESERVATIONS_MISSING_TOOLS_FILE
 left_out() { echo "$*" >>"$RESERVATIONS_MISSING_TOOLS_FILE"; }
@@ -95,7 +95,7 @@ phase "install" ensure_venv requirements-dev.txt
 phase "services" services_up
 
 # The tools some tests need. With CI=true (as root) a missing one is installed with apt, and one
-# that cannot be installed fails the tests that need it (tests/missing_tools.py turns their skips
+# that cannot be installed fails the tests that need it (tests/support/missing_tools.py turns their skips
 # into failures in CI). Elsewhere nothing is installed: the tests that need it skip, and the end
 # of the output lists them.
 #   browser tests (tests/integration/browser): Debian's chromium, never a downloaded browser;
@@ -248,7 +248,7 @@ tls_suites() {
 # (how large deployments pool connections): a private pgbouncer on a free port
 # (scripts/pgbouncer.py) in front of the tests' PostgreSQL; the worker and beat processes reach
 # the database through it with DATABASE_POOLING=transaction and the direct URL as DATABASE_DIRECT_URL
-# (tests/integration/fleet.py), while pytest creates and drops its test database (+ _pgb)
+# (tests/support/fleet.py), while pytest creates and drops its test database (+ _pgb)
 # directly. BROKER_URL ($1): a broker of their own (in lane 3, lane C's Redis database once
 # pytest-c is done with it). It runs with the drills (CI and make test-full, about 3½ minutes),
 # not in a person's run. Installed with apt in CI when missing; a test-full run without it

@@ -11,8 +11,8 @@ from reservations import services
 from reservations.models import Offering
 
 # A skip for a missing tool fails in CI and is listed at the end of a person's run.
-from .integration.fleet import SessionFleet, purge_broker
-from .missing_tools import (  # noqa: F401  (hooks: pytest finds them by name here)
+from tests.support.fleet import SessionFleet, purge_broker
+from tests.support.missing_tools import (  # noqa: F401  (hooks: pytest finds them by name here)
     pytest_runtest_logreport,
     pytest_runtest_makereport,
     pytest_terminal_summary,
@@ -38,7 +38,7 @@ def worker_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def session_fleet(django_db_blocker: object, worker_logs: Path) -> Iterator[SessionFleet]:
-    """The session's shared worker fleet (tests/integration/fleet.py): not started until a
+    """The session's shared worker fleet (tests/support/fleet.py): not started until a
     real-worker test asks for it (``workers``); paused by unit tests and exclusive tests."""
     with django_db_blocker.unblock():  # type: ignore[attr-defined]
         purge_broker()

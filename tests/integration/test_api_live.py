@@ -18,9 +18,8 @@ import pytest
 
 from reservations import clients, services
 from reservations.models import ApiClient, Offering, OutboxEvent, Reservation
-
-from .fleet import blocked_backends, offering_locked, wait_until
-from .web import Answer, WebServer, gunicorn
+from tests.support.fleet import blocked_backends, offering_locked, wait_until
+from tests.support.web import Answer, WebServer, gunicorn
 
 pytestmark = [pytest.mark.slow]
 

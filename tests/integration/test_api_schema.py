@@ -27,8 +27,7 @@ from schemathesis.specs.openapi.checks import (
 
 from reservations import clients, services
 from reservations.models import ApiClient
-
-from .web import WebServer, gunicorn
+from tests.support.web import WebServer, gunicorn
 
 pytestmark = [pytest.mark.slow]
 

@@ -21,8 +21,7 @@ import psycopg
 import pytest
 
 from cleanup.conf import cleanup_settings
-
-from .fleet import (
+from tests.support.fleet import (
     Worker,
     create_eligible_holds,
     free_port,

@@ -42,8 +42,7 @@ from cleanup.release.schedule import (
     sweep_entry_name,
 )
 from cleanup.tasks import sample_health_task
-
-from .fleet import (
+from tests.support.fleet import (
     Beat,
     beats,
     claim_counts,

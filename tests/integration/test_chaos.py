@@ -33,9 +33,7 @@ import pytest
 from cleanup.broker.readers import queue_depth
 from cleanup.conf import cleanup_settings
 from cleanup.release.schedule import install_schedule
-from tests.missing_tools import skip_for_missing
-
-from .fleet import (
+from tests.support.fleet import (
     Worker,
     beats,
     blocked_backends,
@@ -56,6 +54,7 @@ from .fleet import (
     sweep_until,
     wait_until,
 )
+from tests.support.missing_tools import skip_for_missing
 
 pytestmark = [
     pytest.mark.workers,

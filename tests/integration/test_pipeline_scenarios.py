@@ -37,9 +37,7 @@ from cleanup.tasks import sweep_shard_task
 from cleanup.wire import RELEASE_TASK, SWEEP_TASK
 from reservations import services
 from reservations.models import OutboxEvent
-from tests.wire import publish_task
-
-from .fleet import (
+from tests.support.fleet import (
     Worker,
     broker_is_redis,
     claim_counts,
@@ -61,6 +59,7 @@ from .fleet import (
     sql,
     wait_until,
 )
+from tests.support.wire import publish_task
 
 pytestmark = [pytest.mark.workers]
 

@@ -44,9 +44,7 @@ from django.db import connection
 
 from cleanup.release.schedule import LEASE_APP_PREFIX, install_schedule
 from config.env import parse_database_url
-from tests.missing_tools import skip_for_missing
-
-from .fleet import (
+from tests.support.fleet import (
     ROOT,
     Beat,
     assert_each_released_once,
@@ -60,7 +58,8 @@ from .fleet import (
     sql,
     wait_until,
 )
-from .web import gunicorn
+from tests.support.missing_tools import skip_for_missing
+from tests.support.web import gunicorn
 
 pytestmark = [
     pytest.mark.workers,

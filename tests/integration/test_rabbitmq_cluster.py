@@ -44,10 +44,7 @@ from kombu import Connection, Exchange, Producer, Queue
 
 from cleanup.broker.confirms import confirmed_producer
 from cleanup.release.schedule import install_schedule
-from tests.missing_tools import skip_for_missing
-from tools.rabbitmq_cluster import Cluster, MissingTool, Node
-
-from .fleet import (
+from tests.support.fleet import (
     ROOT,
     Worker,
     assert_each_released_once,
@@ -63,6 +60,8 @@ from .fleet import (
     sql,
     wait_until,
 )
+from tests.support.missing_tools import skip_for_missing
+from tools.rabbitmq_cluster import Cluster, MissingTool, Node
 
 pytestmark = [
     pytest.mark.workers,

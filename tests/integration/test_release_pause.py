@@ -9,8 +9,7 @@ import pytest
 from cleanup.broker.readers import queue_stats
 from cleanup.conf import cleanup_settings
 from cleanup.release.pause import set_paused
-
-from .fleet import (
+from tests.support.fleet import (
     Worker,
     claim_counts,
     create_eligible_holds,

@@ -35,9 +35,7 @@ import redis
 
 from cleanup.release import delivery_cap
 from cleanup.release.schedule import install_schedule
-from tests.missing_tools import skip_for_missing
-
-from .fleet import (
+from tests.support.fleet import (
     assert_each_released_once,
     beats,
     claim_counts,
@@ -53,6 +51,7 @@ from .fleet import (
     sql,
     wait_until,
 )
+from tests.support.missing_tools import skip_for_missing
 
 pytestmark = [
     pytest.mark.workers,

@@ -11,9 +11,8 @@ import pytest
 
 from reservations import clients, services
 from reservations.models import ApiClient
-
-from .fleet import parse, total
-from .web import WebServer, gunicorn
+from tests.support.fleet import parse, total
+from tests.support.web import WebServer, gunicorn
 
 pytestmark = [pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from cleanup.broker.readers import redis_client
-from tests.integration.fleet import SessionFleet
+from tests.support.fleet import SessionFleet
 
 
 @pytest.fixture

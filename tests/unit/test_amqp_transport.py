@@ -22,7 +22,7 @@ from amqp.serialization import dumps as _dumps
 from cleanup.models import DeadLetter
 from cleanup.worker import amqp_transport
 from cleanup.worker.amqp_transport import MAX_DEPTH, check_content_header
-from tests.child_python import run_python
+from tests.support.child_python import run_python
 
 # py-amqp's type stubs lack the message's frame (de)serialization methods used here.
 Message: Any = amqp.Message

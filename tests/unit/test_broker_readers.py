@@ -27,7 +27,7 @@ from cleanup.operations.scaling.autoscale import Reader
 from cleanup.release import delivery_cap
 from cleanup.worker.redis_transport import ScreenedQoS
 from config.celery_app import app
-from tests.wire import GOOD, RELEASE_TASK, task_body
+from tests.support.wire import GOOD, RELEASE_TASK, task_body
 
 pytestmark = pytest.mark.skipif(not settings.BROKER_IS_REDIS, reason="Redis broker state")
 

@@ -17,8 +17,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from cleanup.conf import DEFAULT_TEXT, DOC, ENV, CleanupSettings, cleanup_settings
-from tests.child_python import run_python
-from tests.integration.fleet import service_env
+from tests.support.child_python import run_python
+from tests.support.fleet import service_env
 
 ROOT = Path(__file__).resolve().parents[2]
 # The prefixes of the variables the object owns: a table row naming one it does not declare is

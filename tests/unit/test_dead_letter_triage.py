@@ -29,8 +29,8 @@ from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.operations import triage
 from cleanup.release import dead_letters, outbox
 from cleanup.release.messages import build
-from tests.child_python import run_python
-from tests.integration.fleet import service_env
+from tests.support.child_python import run_python
+from tests.support.fleet import service_env
 
 ROOT = Path(__file__).resolve().parents[2]
 DEAD_LETTERS = "admin:cleanup_deadletter_changelist"

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.missing_tools import skip_for_missing
-from tests.quick_start import quick_start_env
+from tests.support.missing_tools import skip_for_missing
+from tests.support.quick_start import quick_start_env
 
 ROOT = Path(__file__).resolve().parents[2]
 METRIC = re.compile(r"\breservation_cleanup_[a-z_]+\b")
@@ -529,7 +529,7 @@ def test_every_panel_query_names_exported_families_and_parses(tmp_path: Path) ->
     import shutil
     import subprocess
 
-    from tests.integration.prodstack import grafana_interpolate
+    from tests.support.prodstack import grafana_interpolate
 
     exported = exported_metrics()
     rules = []

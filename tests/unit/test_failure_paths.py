@@ -115,7 +115,7 @@ def test_a_persistent_transient_failure_is_a_503_with_retry_after_and_changes_no
 def test_a_real_deadlock_is_retried_and_the_seat_is_taken_once(client, caplog):
     """Two real sessions take the same two locks in opposite orders; PostgreSQL detects the
     deadlock, aborts the API's transaction (40P01), and the API runs it again."""
-    from tests.integration.fleet import conninfo
+    from tests.support.fleet import conninfo
 
     # given: a full offering whose one hold has expired, so a new hold locks the offering and
     # then that hold, to reclaim it (offerings before reservations)

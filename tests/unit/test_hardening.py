@@ -25,7 +25,7 @@ from cleanup.release.release import Attempt, release, release_batch
 from cleanup.worker import redis_transport, remote_control
 from reservations import services
 from reservations.models import Reservation
-from tests.wire import GOOD
+from tests.support.wire import GOOD
 
 # --- message validation -------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """A test skipped for a missing tool fails in CI and is named at the end of a person's run
-(tests/missing_tools.py), checked by running pytest on a small test file in a subprocess."""
+(tests/support/missing_tools.py), checked by running pytest on a small test file in a subprocess."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 NEEDS_A_TOOL = """
-from tests.missing_tools import leave_out, skip_for_missing
+from tests.support.missing_tools import leave_out, skip_for_missing
 import pytest
 
 def test_needs_frobnicate():
@@ -44,7 +44,7 @@ def _pytest(tmp_path: Path, ci: str | None) -> tuple[subprocess.CompletedProcess
     if ci is not None:
         env["CI"] = ci
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "tests.missing_tools", "-p", "no:django",
+        [sys.executable, "-m", "pytest", "-p", "tests.support.missing_tools", "-p", "no:django",
          "-p", "no:cacheprovider", "-p", "no:randomly", "-rA", "test_tools.py"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests import child_python
+from tests.support import child_python
 
 STRONG = {
     "SECRET_KEY": "k3Jq9-vX2mPzR7tWc8YbN4hL6sD1fGa5eU0iOyTqZxCvBnMlKjHg",

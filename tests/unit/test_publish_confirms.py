@@ -42,8 +42,8 @@ from cleanup.wire import RELEASE_TASK
 from config.celery_app import app as celery_app
 from reservations import services
 from reservations.models import OutboxEvent, Reservation
-from tests.integration.fleet import wait_until
-from tests.missing_tools import skip_for_missing
+from tests.support.fleet import wait_until
+from tests.support.missing_tools import skip_for_missing
 
 
 class Connection:

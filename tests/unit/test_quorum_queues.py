@@ -26,8 +26,8 @@ from cleanup.conf import QUORUM_DELIVERY_LIMIT, CleanupSettings
 from cleanup.release import delivery_cap
 from cleanup.release.messages import build
 from cleanup.worker import amqp_transport
-from tests.child_python import run_python
-from tests.integration.fleet import service_env
+from tests.support.child_python import run_python
+from tests.support.fleet import service_env
 
 CLASSIC = CleanupSettings()
 QUORUM = CleanupSettings(rabbitmq_queue_type="quorum")

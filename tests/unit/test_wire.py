@@ -49,7 +49,7 @@ def test_every_task_routes_to_its_configured_queue() -> None:
 
 def test_a_sent_message_is_the_json_workers_already_read() -> None:
     """The typed messages serialise to the same JSON, key for key and in the same order, as the
-    messages already in queues (written out by hand here, as tests/wire.py does)."""
+    messages already in queues (written out by hand here, as tests/support/wire.py does)."""
     import json
     from datetime import UTC, datetime
 

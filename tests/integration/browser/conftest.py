@@ -2,7 +2,8 @@
 django's live server.
 
 Outside CI a missing browser skips these tests with the reason; with CI=true it fails them
-(tests/missing_tools.py; scripts/test.sh installs chromium with apt in CI when it is missing).
+(tests/support/missing_tools.py; scripts/test.sh installs chromium with apt in CI when it is
+missing).
 Screenshots go to ``$SCREENSHOT_DIR`` when set (docs/screenshots/ was made that way), else to
 the test's tmp dir.
 """
@@ -19,7 +20,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from tests.missing_tools import skip_for_missing
+from tests.support.missing_tools import skip_for_missing
 
 BROWSER_NAMES = ("chromium", "chromium-browser")
 LAUNCH_FLAGS = [

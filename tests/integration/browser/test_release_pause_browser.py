@@ -13,8 +13,7 @@ from django.contrib.admin.models import LogEntry
 from cleanup.broker.readers import queue_depth
 from cleanup.conf import cleanup_settings
 from cleanup.release.pause import set_paused
-
-from ..fleet import (
+from tests.support.fleet import (
     Worker,
     claim_counts,
     create_eligible_holds,
@@ -24,6 +23,7 @@ from ..fleet import (
     sweep_until_each_worker_swept,
     wait_until,
 )
+
 from .conftest import USERNAME
 
 pytestmark = [pytest.mark.browser]

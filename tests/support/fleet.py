@@ -32,11 +32,10 @@ from cleanup.conf import cleanup_settings
 from cleanup.release.messages import ReleaseMessage
 from common.db import rows as sql
 from common.db import scalar as scalar
+from tests.support import ROOT as ROOT
 from tools.drills.invariants import invariant_violations as invariant_violations
 from tools.drills.workers import CeleryProcess, WorkerProcess
 from tools.seed import seed_holds
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_database_url() -> str:

@@ -57,7 +57,8 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT as ROOT
+
 VENV_BIN = Path(sys.executable).parent
 APP_WORKDIR = "/app"
 PRIVATE_TMP = "mount -t tmpfs -o mode=1777 tmpfs /tmp"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .fleet import ROOT, free_port, service_env, wait_until
+from tests.support.fleet import ROOT, free_port, service_env, wait_until
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
 
 
 def run_python(

@@ -5,9 +5,8 @@ production-stack drill)."""
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT
 
 
 def quick_start_env() -> dict[str, str]:
