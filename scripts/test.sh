@@ -99,7 +99,7 @@ phase "services" services_up
 # into failures in CI). Elsewhere nothing is installed: the tests that need it skip, and the end
 # of the output lists them.
 #   browser tests (tests/integration/browser): Debian's chromium, never a downloaded browser;
-#   production-stack drill (test_production_stack.py, marker prodstack): Debian's servers in
+#   production-stack drill (test_production_stack.py, marker drill): Debian's servers in
 #     network namespaces (prometheus, alertmanager, redis-server, postgresql, docker-compose);
 #   chaos drills (test_chaos.py): iptables for the partitions (docs/CHAOS.md);
 #   the pooling probe's tests (tests/unit/test_pooling.py) and the PgBouncer phase: pgbouncer

@@ -59,8 +59,8 @@ from tests.support.missing_tools import skip_for_missing
 pytestmark = [
     pytest.mark.workers,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        os.environ.get("RESERVATIONS_CHAOS") != "1",
+    pytest.mark.drill(
+        env="RESERVATIONS_CHAOS",
         reason="chaos drills take minutes: CI and make test-full run them; alone: make chaos",
     ),
 ]

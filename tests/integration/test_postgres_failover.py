@@ -64,8 +64,8 @@ from tests.support.web import gunicorn
 pytestmark = [
     pytest.mark.workers,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        os.environ.get("RESERVATIONS_PG_FAILOVER_DRILL") != "1",
+    pytest.mark.drill(
+        env="RESERVATIONS_PG_FAILOVER_DRILL",
         reason="the PostgreSQL failover drill runs in its own phase: make pg-failover-drill",
     ),
 ]

@@ -44,7 +44,7 @@ from tests.support.prodstack import (
 )
 from tests.support.quick_start import quick_start_env
 
-pytestmark = [pytest.mark.prodstack, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.drill, pytest.mark.slow, pytest.mark.timeout(420)]
 
 SLO_SECONDS = 60
 POOL_MIN, POOL_MAX = 1, 3

@@ -29,7 +29,6 @@ in its own phase (RESERVATIONS_RABBITMQ_CLUSTER_DRILL=1: scripts/test.sh's
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -66,9 +65,8 @@ from tools.rabbitmq_cluster import Cluster, MissingTool, Node
 pytestmark = [
     pytest.mark.workers,
     pytest.mark.slow,
-    pytest.mark.rabbitmq_cluster,
-    pytest.mark.skipif(
-        os.environ.get("RESERVATIONS_RABBITMQ_CLUSTER_DRILL") != "1",
+    pytest.mark.drill(
+        env="RESERVATIONS_RABBITMQ_CLUSTER_DRILL",
         reason="the RabbitMQ cluster drill runs in its own phase: make rabbitmq-cluster-drill",
     ),
 ]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -56,9 +55,8 @@ from tests.support.missing_tools import skip_for_missing
 pytestmark = [
     pytest.mark.workers,
     pytest.mark.slow,
-    pytest.mark.sentinel,
-    pytest.mark.skipif(
-        os.environ.get("RESERVATIONS_SENTINEL_DRILL") != "1",
+    pytest.mark.drill(
+        env="RESERVATIONS_SENTINEL_DRILL",
         reason="the Sentinel failover drill runs in its own phase: make sentinel-drill",
     ),
 ]

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.fleet import ROOT, free_port, service_env, wait_until
 
 
@@ -115,3 +117,17 @@ def gunicorn(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=10)
+
+
+@pytest.fixture
+def web_options() -> dict[str, Any]:
+    """How the ``web`` fixture runs gunicorn (``gunicorn``'s keyword arguments): a module whose
+    tests need other workers, threads or variables overrides this fixture."""
+    return {}
+
+
+@pytest.fixture
+def web(transactional_db: None, tmp_path: Path, web_options: dict[str, Any]) -> Iterator[WebServer]:
+    """The web behind gunicorn for the test, on the test database (committed data)."""
+    with gunicorn(tmp_path, **web_options) as server:
+        yield server

@@ -6,7 +6,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
 from django.db.models.functions import Now
 from django.test import Client
@@ -15,38 +14,25 @@ from django.urls import reverse
 from reservations import admin as reservations_admin
 from reservations import services
 from reservations.models import Offering, OutboxEvent, Reservation
+from tests.support.holds import expire
+from tests.support.staff import login_staff
 
 CHANGELIST = "admin:reservations_reservation_changelist"
 OFFERINGS = "admin:reservations_offering_changelist"
 OUTBOX = "admin:reservations_outboxevent_changelist"
 
 
-def expire(hold: Reservation, ago: timedelta = timedelta(minutes=5)) -> None:
-    """Move a hold's expiry into the past (the clock never moves in integration tests)."""
-    Reservation.objects.filter(pk=hold.pk).update(
-        expires_at=Now() - ago, next_attempt_at=Now() - ago
-    )
-
-
 def expired_hold(
     offering: Offering, holder: str, ago: timedelta = timedelta(minutes=5)
 ) -> Reservation:
     hold = services.hold_seat(offering.pk, holder, ttl_seconds=1)
-    expire(hold, ago)
+    expire(hold, ago=ago)
     return hold
-
-
-def _staff(username: str, *codenames: str) -> User:
-    user = User.objects.create_user(username, password="x", is_staff=True)
-    user.user_permissions.set(
-        Permission.objects.filter(content_type__app_label="reservations", codename__in=codenames)
-    )
-    return user
 
 
 @pytest.fixture
 def staff_client(db: None) -> Client:
-    user = _staff(
+    return login_staff(
         "ops",
         "view_offering",
         "change_offering",
@@ -54,18 +40,15 @@ def staff_client(db: None) -> Client:
         "view_reservation",
         "change_reservation",
         "view_outboxevent",
+        app_label="reservations",
     )
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture
 def viewer_client(db: None) -> Client:
-    user = _staff("viewer", "view_offering", "view_reservation", "view_outboxevent")
-    client = Client()
-    client.force_login(user)
-    return client
+    return login_staff(
+        "viewer", "view_offering", "view_reservation", "view_outboxevent", app_label="reservations"
+    )
 
 
 def listed_ids(response: Any) -> set[int]:

@@ -4,24 +4,20 @@ from __future__ import annotations
 
 import io
 import json
-from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import OperationalError
-from django.db.models.functions import Now
 from django.test import Client, RequestFactory
 
 from reservations import api, services
 from reservations.models import OutboxEvent, Reservation
-
-TOKEN = "api-test-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
+from tests.support.api import API_TOKEN, AUTH
+from tests.support.holds import expire
 
 
 @pytest.fixture(autouse=True)
-def _token(settings: Any) -> None:
-    settings.RESERVATIONS_API_TOKEN = TOKEN
+def _small_bodies(api_token: str, settings: Any) -> None:
     settings.RESERVATIONS_API_MAX_BODY_BYTES = 1024
 
 
@@ -49,13 +45,6 @@ def post(
 
 def get(client: Client, url: str, headers: dict[str, str] | None = None) -> Any:
     return client.get(url, headers=AUTH if headers is None else headers)
-
-
-def expire(hold: Reservation, ago: timedelta = timedelta(minutes=5)) -> None:
-    """Move a hold's expiry into the past (the clock never moves in integration tests)."""
-    Reservation.objects.filter(pk=hold.pk).update(
-        expires_at=Now() - ago, next_attempt_at=Now() - ago
-    )
 
 
 def assert_error(response: Any, status: int, code: str, field: str | None = None) -> None:
@@ -298,11 +287,11 @@ def test_a_non_numeric_content_length_is_a_400(offering):
     [
         {},
         {"Authorization": "Bearer wrong-token"},
-        {"Authorization": f"Basic {TOKEN}"},
+        {"Authorization": f"Basic {API_TOKEN}"},
         {"Authorization": "Bearer"},
-        {"Authorization": f"Bearer {TOKEN}x"},
+        {"Authorization": f"Bearer {API_TOKEN}x"},
         {"Authorization": "Bearer t\u00f6ken"},
-        {"Authorization": TOKEN},
+        {"Authorization": API_TOKEN},
     ],
     ids=["missing", "wrong", "basic", "empty", "longer", "non-ascii", "no-scheme"],
 )
@@ -325,7 +314,7 @@ def test_the_bearer_scheme_is_case_insensitive(api_client, offering):
         api_client,
         f"/api/v1/offerings/{offering.pk}/holds",
         {"holder": "x"},
-        headers={"Authorization": f"bearer {TOKEN}"},
+        headers={"Authorization": f"bearer {API_TOKEN}"},
     )
     assert response.status_code == 201
 

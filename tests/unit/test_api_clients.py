@@ -20,15 +20,12 @@ from cleanup.tasks import prune_task
 from reservations import api, clients, idempotency, services
 from reservations import urls as api_urls
 from reservations.models import ApiClient, ApiToken, IdempotencyKey, Offering, Reservation
-
-DEV_TOKEN = "dev-shared-token"
+from tests.support.api import API_TOKEN
+from tests.support.holds import expire
 
 MakeClient = Callable[..., tuple[ApiClient, str]]
 
-
-@pytest.fixture(autouse=True)
-def _settings(settings: Any) -> None:
-    settings.RESERVATIONS_API_TOKEN = DEV_TOKEN
+pytestmark = pytest.mark.usefixtures("api_token")
 
 
 @pytest.fixture
@@ -152,8 +149,8 @@ def test_keys_belong_to_their_client(client, offering, make_client):
 def test_the_development_tokens_keys_are_one_scope_of_their_own(client, offering, make_client):
     # the development token has no client row: its keys still meet each other, not a client's
     body = {"holder": "ann"}
-    first = call(client, "post", hold_url(offering), DEV_TOKEN, body, key="dev-1")
-    retry = call(client, "post", hold_url(offering), DEV_TOKEN, body, key="dev-1")
+    first = call(client, "post", hold_url(offering), API_TOKEN, body, key="dev-1")
+    retry = call(client, "post", hold_url(offering), API_TOKEN, body, key="dev-1")
     _, token = make_client()
     other = call(client, "post", hold_url(offering), token, body, key="dev-1")
     assert retry.json() == first.json()
@@ -189,7 +186,7 @@ def test_a_refusal_is_replayed_too_and_the_key_is_not_a_second_try(
     call(client, "post", hold_url(full), token, {"holder": "ann"})
     refused = call(client, "post", hold_url(full), token, {"holder": "bob"}, key="bob-1")
     # when a seat frees up and the client retries under the same key
-    Reservation.objects.filter(holder="ann").update(expires_at=Now(), next_attempt_at=Now())
+    expire(*Reservation.objects.filter(holder="ann"), ago=timedelta(0))
     retry = call(client, "post", hold_url(full), token, {"holder": "bob"}, key="bob-1")
     # then the key's answer stands: it names one attempt, not "keep trying"
     assert refused.status_code == retry.status_code == 409
@@ -322,7 +319,7 @@ def test_another_clients_hold_does_not_exist_for_this_one(client, offering, make
     assert Reservation.objects.get(pk=hold["id"]).status == "held"
     assert call(client, "get", f"/api/v1/holds/{hold['id']}", owner).status_code == 200
     # the development token is a client of its own too
-    assert call(client, "get", f"/api/v1/holds/{hold['id']}", DEV_TOKEN).status_code == 404
+    assert call(client, "get", f"/api/v1/holds/{hold['id']}", API_TOKEN).status_code == 404
 
 
 def test_a_read_only_client_cannot_change_anything_and_a_write_only_one_cannot_read(
@@ -480,7 +477,7 @@ BODIES = {"offering-holds": {"holder": "ann"}}
 def served_methods(client: Client, path: str) -> list[str]:
     """The methods ``path`` takes, from what the server answers: a method no route takes is a
     405 whose Allow lists them."""
-    answer = client.generic("OPTIONS", path, headers={"Authorization": f"Bearer {DEV_TOKEN}"})
+    answer = client.generic("OPTIONS", path, headers={"Authorization": f"Bearer {API_TOKEN}"})
     assert answer.status_code == 405, (path, answer.content)
     methods = answer["Allow"].split(", ")
     assert methods and all(methods), answer["Allow"]

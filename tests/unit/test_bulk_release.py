@@ -3,7 +3,6 @@
 from datetime import datetime, timedelta
 
 import pytest
-from django.db.models.functions import Now
 from django.utils import timezone
 
 from cleanup.models import DeadLetter
@@ -13,6 +12,7 @@ from reservations import services
 from reservations.models import Reservation
 from reservations.services import ReleaseOutcome
 from reservations.services import release_holds as release_many_if_expired
+from tests.support.holds import expire
 
 
 def _scenario(offering_capacity: int = 10):
@@ -175,9 +175,7 @@ def _expired_holds(offering_id: int, count: int, prefix: str) -> list[tuple[int,
     """``count`` holds on the offering, expired a minute ago: (id, version, expiry) for
     ``build_batch``."""
     held = [services.hold_seat(offering_id, f"{prefix}{i}", 60).pk for i in range(count)]
-    Reservation.objects.filter(pk__in=held).update(
-        expires_at=Now() - timedelta(minutes=1), next_attempt_at=Now() - timedelta(minutes=1)
-    )
+    expire(*held)
     return [
         (hold.pk, hold.version, hold.expires_at)
         for hold in Reservation.objects.filter(pk__in=held).order_by("pk")

@@ -170,13 +170,9 @@ def test_no_service_time_known_means_no_gauge(capacity_settings):
 
 def test_the_collector_measures_backlog_growth_between_scrapes(db, capacity_settings):
     # given: 10/s released at 100 ms each → 1 busy consumer → 2 at 0.7
-    from datetime import timedelta
-
-    from django.db.models.functions import Now
-
     from cleanup.operations.console.gauges import BacklogCollector
     from reservations import services
-    from reservations.models import Reservation
+    from tests.support.holds import expire
 
     receipts_of_releases(600, duration_ms=100.0)
     collector = BacklogCollector()
@@ -185,9 +181,7 @@ def test_the_collector_measures_backlog_growth_between_scrapes(db, capacity_sett
     # when: 300 holds become eligible before the next scrape
     offering = services.create_offering("growth", 300)
     ids = [services.hold_seat(offering.pk, f"l{i}", 60).pk for i in range(300)]
-    Reservation.objects.filter(pk__in=ids).update(
-        expires_at=Now() - timedelta(minutes=1), next_attempt_at=Now() - timedelta(minutes=1)
-    )
+    expire(*ids)
     collector.refresh()
     # then: the growth (300 holds over the seconds between scrapes) raises the gauge
     (((), value),) = collector._last["desired_consumers"]["desired_consumers"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.contrib.messages import get_messages
 from django.core.management import call_command, load_command_class
 from django.core.management.base import CommandError
@@ -31,6 +31,7 @@ from cleanup.release import dead_letters, outbox
 from cleanup.release.messages import build
 from tests.support.child_python import run_python
 from tests.support.fleet import service_env
+from tests.support.staff import login_staff
 
 ROOT = Path(__file__).resolve().parents[2]
 DEAD_LETTERS = "admin:cleanup_deadletter_changelist"
@@ -370,16 +371,6 @@ def test_requeue_exits_1_when_a_publish_fails_and_those_letters_stay_open():
 # --- the admin ------------------------------------------------------------------------------------
 
 
-def staff(username: str, *codenames: str) -> Client:
-    user = User.objects.create_user(username, password="x", is_staff=True)
-    user.user_permissions.set(
-        Permission.objects.filter(content_type__app_label="cleanup", codename__in=codenames)
-    )
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def messages_of(response: Any) -> list[str]:
     return [str(m) for m in get_messages(response.wsgi_request)]
 
@@ -403,7 +394,7 @@ def confirm(client: Client, page: Any, **fields: str) -> Any:
 
 
 def test_discard_asks_first_showing_how_many_by_reason_and_why_then_discards_and_audits(db):
-    operator = staff("frank", "view_deadletter", "change_deadletter")
+    operator = login_staff("frank", "view_deadletter", "change_deadletter", app_label="cleanup")
     letters = [letter(MALFORMED), letter(MALFORMED), letter(UNKNOWN, "x")]
     ids = [x.pk for x in letters]
     # when: the action is chosen
@@ -434,7 +425,7 @@ def test_discard_asks_first_showing_how_many_by_reason_and_why_then_discards_and
 
 
 def test_a_dead_letter_viewer_is_offered_no_discard_and_a_forged_post_changes_nothing(db):
-    viewer = staff("gina", "view_deadletter")
+    viewer = login_staff("gina", "view_deadletter", app_label="cleanup")
     x = letter()
     page = viewer.get(reverse(DEAD_LETTERS))
     html = page.content.decode()
@@ -459,7 +450,7 @@ def test_discard_all_matching_a_filter_confirms_more_letters_than_djangos_field_
     # 1,005 malformed letters: more ids than DATA_UPLOAD_MAX_NUMBER_FIELDS (1,000) form fields
     DeadLetter.objects.bulk_create([DeadLetter(reason=MALFORMED) for _ in range(1005)])
     other = letter(UNKNOWN, "x")
-    operator = staff("hal", "view_deadletter", "change_deadletter")
+    operator = login_staff("hal", "view_deadletter", "change_deadletter", app_label="cleanup")
     url = reverse(DEAD_LETTERS) + "?reason=malformed&resolved=no"
     first = DeadLetter.objects.filter(reason=MALFORMED).order_by("pk").first()
     assert first is not None
@@ -473,13 +464,11 @@ def test_discard_all_matching_a_filter_confirms_more_letters_than_djangos_field_
     assert LogEntry.objects.count() == 1005
 
 
-def test_requeue_of_a_thousand_letters_can_be_confirmed(db, broker):
+def test_requeue_of_a_thousand_letters_can_be_confirmed(root_client, broker):
     # The requeue bound is 1,000: its confirmation used to post one form field per id, which
     # Django refuses (400) above DATA_UPLOAD_MAX_NUMBER_FIELDS.
     DeadLetter.objects.bulk_create([DeadLetter(reason=MALFORMED) for _ in range(1001)])
-    root = User.objects.create_superuser("root", "root@example.com", "pw")
-    client = Client()
-    client.force_login(root)
+    client = root_client
     url = reverse(DEAD_LETTERS) + "?reason=malformed"
     first = DeadLetter.objects.order_by("pk").values_list("pk", flat=True)[0]
     page = post_action(client, "requeue", [first], url=url, select_across="1")
@@ -489,10 +478,8 @@ def test_requeue_of_a_thousand_letters_can_be_confirmed(db, broker):
     assert any("not_requeueable (" in m and ": 1000" in m for m in messages_of(done))
 
 
-def test_the_task_and_age_filters_narrow_the_list_and_a_bad_age_says_why(db):
-    root = User.objects.create_superuser("root", "root@example.com", "pw")
-    client = Client()
-    client.force_login(root)
+def test_the_task_and_age_filters_narrow_the_list_and_a_bad_age_says_why(root_client):
+    client = root_client
     old = letter(UNKNOWN, "evil.task", age=timedelta(days=2))
     new = letter(UNKNOWN, "evil.task")
     other = letter(UNKNOWN, "other.task", age=timedelta(days=2))
@@ -516,11 +503,11 @@ def test_the_task_and_age_filters_narrow_the_list_and_a_bad_age_says_why(db):
 # --- the health page and /metrics ---------------------------------------------------------------
 
 
-def test_the_health_pages_open_counts_link_to_the_filtered_list_and_show_the_cap(db, settings):
+def test_the_health_pages_open_counts_link_to_the_filtered_list_and_show_the_cap(
+    root_client, settings
+):
     settings.CLEANUP_DEAD_LETTER_OPEN_CAP = 3
-    root = User.objects.create_superuser("root", "root@example.com", "pw")
-    client = Client()
-    client.force_login(root)
+    client = root_client
     letter(MALFORMED), letter(MALFORMED), letter(UNKNOWN, "x")
     html = client.get(reverse("cleanup-health") + "?workers=0").content.decode()
     cell = html.split('data-metric="dead-open-malformed">', 1)[1].split("</td>", 1)[0]

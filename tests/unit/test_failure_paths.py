@@ -14,26 +14,20 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from django.db import OperationalError, ProgrammingError, connection
-from django.db.models.functions import Now
 from django.test import Client
 
 from reservations import api, services
 from reservations.models import Offering, OutboxEvent, Reservation
 from reservations.retry import TRANSIENT_ATTEMPTS
+from tests.support.api import AUTH
+from tests.support.holds import expire
 
-TOKEN = "failure-test-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-@pytest.fixture(autouse=True)
-def _token(settings: Any) -> None:
-    settings.RESERVATIONS_API_TOKEN = TOKEN
+pytestmark = pytest.mark.usefixtures("api_token")
 
 
 def post(client: Client, url: str, body: Any) -> Any:
@@ -121,7 +115,7 @@ def test_a_real_deadlock_is_retried_and_the_seat_is_taken_once(client, caplog):
     # then that hold, to reclaim it (offerings before reservations)
     offering = services.create_offering("deadlock", capacity=1)
     stale = services.hold_seat(offering.pk, "stale", ttl_seconds=60)
-    Reservation.objects.filter(pk=stale.pk).update(expires_at=Now() - timedelta(minutes=1))
+    expire(stale, due=False)
     # and a rogue session holding that hold's row, which then wants the offering: it waits
     # far longer before checking for a deadlock, so the API's session (1 s) is the one
     # PostgreSQL aborts
@@ -268,10 +262,7 @@ def test_a_full_offering_reclaims_at_most_the_cap_of_eligible_holds_per_request(
     capacity = services.RECLAIM_LIMIT + extra
     offering = services.create_offering("reclaim-cap", capacity=capacity)
     held = [services.hold_seat(offering.pk, f"l{i}", 60).pk for i in range(capacity)]
-    ago = timedelta(minutes=1)
-    Reservation.objects.filter(pk__in=held).update(
-        expires_at=Now() - ago, next_attempt_at=Now() - ago
-    )
+    expire(*held)
     # when: one learner asks for a seat
     new = services.hold_seat(offering.pk, "newcomer", 60)
     # then: exactly the cap was released (the lowest ids: the lock order), one went to the

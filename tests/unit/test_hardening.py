@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection
 from django.utils import timezone
 from kombu.exceptions import ContentDisallowed
 
@@ -25,6 +24,7 @@ from cleanup.release.release import Attempt, release, release_batch
 from cleanup.worker import redis_transport, remote_control
 from reservations import services
 from reservations.models import Reservation
+from tests.support.holds import expire
 from tests.support.wire import GOOD
 
 # --- message validation -------------------------------------------------------------------
@@ -507,15 +507,6 @@ def test_record_never_raises_and_keeps_the_reason_when_the_row_is_refused(monkey
 # --- receipts never block a real release --------------------------------------------------
 
 
-def _expire(hold_id: int) -> None:
-    with connection.cursor() as cur:
-        cur.execute(
-            "UPDATE reservations_reservation SET expires_at = now() - interval '1 minute' "
-            "WHERE id = %s",
-            [hold_id],
-        )
-
-
 def _message(hold_id: int, version: int = 1) -> object:
     return validate(build(hold_id, version, timezone.now() - timedelta(minutes=1), 0, "t"))
 
@@ -539,7 +530,7 @@ def test_a_message_for_a_hold_that_does_not_exist_yet_never_blocks_its_release(p
     # when: that hold is created, expires, and its release message comes
     later = services.hold_seat(offering.pk, "b", 60)
     assert later.pk == future_id
-    _expire(later.pk)
+    expire(later.pk, due=False)
     # then: it is released, with exactly one 'released' receipt
     assert handle() == "released"
     assert Reservation.objects.get(pk=later.pk).status == "released"
@@ -558,7 +549,7 @@ def test_an_old_non_released_receipt_for_the_key_is_replaced_by_the_release(path
     # given: a not_found receipt an older version wrote for a key whose hold now expired
     offering = services.create_offering("legacy", 1)
     hold = services.hold_seat(offering.pk, "a", 60)
-    _expire(hold.pk)
+    expire(hold.pk, due=False)
     CleanupReceipt.objects.create(
         idempotency_key=f"release:{hold.pk}:1",
         reservation_id=hold.pk,

@@ -3,28 +3,19 @@ each kind of violation, including a hold released by a message whose version it 
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
-from django.db.models.functions import Now
 
 from cleanup.models import CleanupReceipt
 from cleanup.release.messages import build, validate
 from cleanup.release.release import Attempt, release
 from reservations import services
 from reservations.models import Offering, Reservation
+from tests.support.holds import expire
 from tools.drills.invariants import invariant_violations
 
 pytestmark = pytest.mark.django_db
 
 ATTEMPT = Attempt(attempt=1, worker="test", task_id="t", queue_age_seconds=None)
-
-
-def expire(hold_id: int) -> None:
-    ago = timedelta(minutes=1)
-    Reservation.objects.filter(pk=hold_id).update(
-        expires_at=Now() - ago, next_attempt_at=Now() - ago
-    )
 
 
 def message_for(hold_id: int) -> dict:

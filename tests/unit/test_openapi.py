@@ -4,21 +4,17 @@ routes and methods the API serves."""
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
 from django.test import Client
 from django.urls import URLPattern
 
 from reservations import urls as api_urls
+from tests.support.api import AUTH
 
-TOKEN = "openapi-test-token"
 DOCUMENTATION = {"openapi-json", "openapi-view"}
 
-
-@pytest.fixture(autouse=True)
-def _token(settings: Any) -> None:
-    settings.RESERVATIONS_API_TOKEN = TOKEN
+pytestmark = pytest.mark.usefixtures("api_token")
 
 
 def served_operations(client: Client) -> set[tuple[str, str]]:
@@ -31,7 +27,7 @@ def served_operations(client: Client) -> set[tuple[str, str]]:
             continue
         template = "/api/v1/" + str(pattern.pattern)
         path = re.sub(r"<int:\w+>", "1", template)
-        answer = client.generic("OPTIONS", path, headers={"Authorization": f"Bearer {TOKEN}"})
+        answer = client.generic("OPTIONS", path, headers=AUTH)
         assert answer.status_code == 405, (path, answer.content)
         documented_path = re.sub(r"<int:(\w+)>", r"{\1}", template)
         for method in answer["Allow"].split(", "):

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.contrib.messages import get_messages
-from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask, PeriodicTasks
@@ -26,28 +26,18 @@ from cleanup.release.sweep import SweepResult
 from common.db import rows as sql
 from reservations import services
 from reservations.models import Reservation
+from tests.support.holds import expire
+from tests.support.staff import login_staff
 
 HEALTH = "cleanup-health"
 DEAD_LETTERS = "admin:cleanup_deadletter_changelist"
 HOLDS = "admin:reservations_reservation_changelist"
 
 
-@pytest.fixture
-def admin_client_(db: None) -> Client:
-    user = User.objects.create_superuser("root", "root@example.com", "pw")
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def expired_holds(offering_id: int, n: int, seconds_ago: int) -> list[int]:
     holds = [services.hold_seat(offering_id, f"learner-{i}", ttl_seconds=60) for i in range(n)]
     ids = [h.pk for h in holds]
-    sql(
-        "UPDATE reservations_reservation SET expires_at = now() - make_interval(secs => %s), "
-        "next_attempt_at = now() - make_interval(secs => %s) WHERE id = ANY(%s) RETURNING id",
-        [seconds_ago, seconds_ago, ids],
-    )
+    expire(*ids, ago=timedelta(seconds=seconds_ago))
     return ids
 
 
@@ -86,33 +76,33 @@ def test_a_non_staff_user_cannot_open_the_health_page(client, db):
     assert response["Location"].startswith(reverse("admin:login"))
 
 
-def test_the_admin_index_links_to_the_health_page(admin_client_):
-    html = admin_client_.get(reverse("admin:index")).content.decode()
+def test_the_admin_index_links_to_the_health_page(root_client):
+    html = root_client.get(reverse("admin:index")).content.decode()
     assert f'href="{reverse(HEALTH)}"' in html
 
 
 def test_the_queue_age_says_empty_or_not_observable_rather_than_a_bare_dash(
-    admin_client_, broker, monkeypatch
+    root_client, broker, monkeypatch
 ):
     # given: an empty release queue on Redis
-    html = admin_client_.get(reverse(HEALTH) + "?workers=0").content.decode()
+    html = root_client.get(reverse(HEALTH) + "?workers=0").content.decode()
     # then
     assert metric(html, None, "queue-age") == "— (empty)"
     # given: messages waiting on a broker that cannot show their age (RabbitMQ: no peek)
     waiting = QueueStats("cleanup", depth=5, oldest_age_seconds=None, unacked=None)
     monkeypatch.setattr(health, "queue_stats", lambda queue: waiting)
-    html = admin_client_.get(reverse(HEALTH) + "?workers=0").content.decode()
+    html = root_client.get(reverse(HEALTH) + "?workers=0").content.decode()
     # then: the page says why there is no number, and where to look instead
     assert metric(html, None, "queue-depth") == "5"
     assert metric(html, None, "queue-age").startswith("— (not observable on this broker")
     assert "oldest eligible hold" in metric(html, None, "queue-age")
 
 
-def test_the_queue_age_says_unreadable_when_the_oldest_entries_on_redis_are(admin_client_, broker):
+def test_the_queue_age_says_unreadable_when_the_oldest_entries_on_redis_are(root_client, broker):
     # given: the release queue's oldest entries on Redis are all planted garbage
     broker.rpush("cleanup", *([b"not json"] * PEEK_ENTRIES))
     # when
-    html = admin_client_.get(reverse(HEALTH) + "?workers=0").content.decode()
+    html = root_client.get(reverse(HEALTH) + "?workers=0").content.decode()
     # then: not "empty", not "RabbitMQ has no peek"
     assert metric(html, None, "queue-depth") == str(PEEK_ENTRIES)
     assert metric(html, None, "queue-age").startswith(
@@ -120,7 +110,7 @@ def test_the_queue_age_says_unreadable_when_the_oldest_entries_on_redis_are(admi
     )
 
 
-def test_the_health_page_numbers_equal_sql_and_the_broker(admin_client_, broker, make_offering):
+def test_the_health_page_numbers_equal_sql_and_the_broker(root_client, broker, make_offering):
     # given: a backlog in a 4-shard schedule, messages waiting, dead letters, receipts
     install_schedule(shards=4, every=10)
     offering = make_offering(capacity=60)
@@ -144,7 +134,7 @@ def test_the_health_page_numbers_equal_sql_and_the_broker(admin_client_, broker,
         [ReleaseMessage.for_hold(900_000 + i, 1, timezone.now(), 0, "t") for i in range(7)]
     )
     # when
-    html = admin_client_.get(reverse(HEALTH) + "?workers=0").content.decode()
+    html = root_client.get(reverse(HEALTH) + "?workers=0").content.decode()
     # then: per shard, what SQL says (an independent statement: bucket % N)
     for k in range(4):
         n, oldest = sql(
@@ -176,23 +166,23 @@ def test_the_health_page_numbers_equal_sql_and_the_broker(admin_client_, broker,
 
 
 def test_an_old_backlog_shows_red_and_a_capped_count_says_so(
-    admin_client_, broker, make_offering, settings
+    root_client, broker, make_offering, settings
 ):
     settings.CLEANUP_ELIGIBLE_COUNT_CAP = 5
     settings.CLEANUP_SLO_SECONDS = 300
     install_schedule(shards=1, every=10)
     expired_holds(make_offering(capacity=20).pk, 8, seconds_ago=900)
-    html = admin_client_.get(reverse(HEALTH) + "?workers=0").content.decode()
+    html = root_client.get(reverse(HEALTH) + "?workers=0").content.decode()
     assert metric(html, 0, "eligible") == "5"
     assert "capped at 5" in html
     assert 'class="state state-red" id="overall-state"' in html
 
 
-def test_the_last_sweep_of_each_shard_is_shown(admin_client_, broker):
+def test_the_last_sweep_of_each_shard_is_shown(root_client, broker):
     install_schedule(shards=2, every=10)
     result = SweepResult(1, 2, "trace-x", claimed=12, published=11, backpressure=True)
     health.record_sweep(result)
-    html = admin_client_.get(reverse(HEALTH) + "?workers=0").content.decode()
+    html = root_client.get(reverse(HEALTH) + "?workers=0").content.decode()
     assert metric(html, 1, "claimed") == "12"
     assert metric(html, 1, "published") == "11"
     assert metric(html, 1, "backpressure").startswith("yes")
@@ -202,12 +192,12 @@ def test_the_last_sweep_of_each_shard_is_shown(admin_client_, broker):
 # A page that waited for an answer that never comes would be stuck: this test's own deadline
 # (pytest-timeout) fails it, with no timed assertion.
 @pytest.mark.timeout(60)
-def test_the_worker_ping_is_bounded_when_no_worker_answers(admin_client_, broker):
-    html = admin_client_.get(reverse(HEALTH)).content.decode()
+def test_the_worker_ping_is_bounded_when_no_worker_answers(root_client, broker):
+    html = root_client.get(reverse(HEALTH)).content.decode()
     assert "none answered" in html
 
 
-def test_samples_feed_the_chart_and_are_pruned_after_a_day(admin_client_, broker, make_offering):
+def test_samples_feed_the_chart_and_are_pruned_after_a_day(root_client, broker, make_offering):
     from datetime import timedelta
 
     from django.utils import timezone
@@ -220,7 +210,7 @@ def test_samples_feed_the_chart_and_are_pruned_after_a_day(admin_client_, broker
     assert sample.eligible == 3
     assert 110 < sample.oldest_eligible_age_seconds < 200
     assert sample.queue_depth == 0
-    html = admin_client_.get(reverse(HEALTH) + "?workers=0").content.decode()
+    html = root_client.get(reverse(HEALTH) + "?workers=0").content.decode()
     assert "Last hour (1 samples)" in html
     assert html.count('class="health-chart"') == 3
     old = HealthSample.objects.create(
@@ -233,26 +223,26 @@ def test_samples_feed_the_chart_and_are_pruned_after_a_day(admin_client_, broker
     assert not HealthSample.objects.filter(pk=old.pk).exists()
 
 
-def test_searching_a_hold_id_on_the_health_page_opens_the_hold(admin_client_, offering):
+def test_searching_a_hold_id_on_the_health_page_opens_the_hold(root_client, offering):
     hold = services.hold_seat(offering.pk, "someone", ttl_seconds=60)
-    response = admin_client_.get(reverse(HEALTH) + f"?hold={hold.pk}&workers=0")
+    response = root_client.get(reverse(HEALTH) + f"?hold={hold.pk}&workers=0")
     assert response.status_code == 302
     assert response["Location"] == reverse("admin:reservations_reservation_change", args=[hold.pk])
-    missing = admin_client_.get(reverse(HEALTH) + "?hold=999999&workers=0", follow=True)
+    missing = root_client.get(reverse(HEALTH) + "?hold=999999&workers=0", follow=True)
     assert "No hold with id" in missing.content.decode()
 
 
 # --- the Cleanup schedule ---------------------------------------------------------------------
 
 
-def test_saving_the_cleanup_schedule_in_the_admin_rewrites_the_sweep_entries(admin_client_):
+def test_saving_the_cleanup_schedule_in_the_admin_rewrites_the_sweep_entries(root_client):
     install_schedule(shards=4, every=10)
     schedule = CleanupSchedule.objects.get()
     url = reverse("admin:cleanup_cleanupschedule_change", args=[schedule.pk])
     # the list page goes straight to the one object
-    assert admin_client_.get(reverse("admin:cleanup_cleanupschedule_changelist"))["Location"] == url
+    assert root_client.get(reverse("admin:cleanup_cleanupschedule_changelist"))["Location"] == url
     # when
-    response = admin_client_.post(
+    response = root_client.post(
         url, {"shards": "3", "every_seconds": "2", "enabled": ""}, follow=True
     )
     # then
@@ -264,34 +254,34 @@ def test_saving_the_cleanup_schedule_in_the_admin_rewrites_the_sweep_entries(adm
     assert any("Beat follows" in m for m in messages_of(response))
 
 
-def test_an_invalid_schedule_is_refused_and_nothing_changes(admin_client_):
+def test_an_invalid_schedule_is_refused_and_nothing_changes(root_client):
     install_schedule(shards=4, every=10)
     schedule = CleanupSchedule.objects.get()
     url = reverse("admin:cleanup_cleanupschedule_change", args=[schedule.pk])
-    response = admin_client_.post(url, {"shards": "0", "every_seconds": "10", "enabled": "on"})
+    response = root_client.post(url, {"shards": "0", "every_seconds": "10", "enabled": "on"})
     assert response.status_code == 200  # the form again, with an error
     assert "errornote" in response.content.decode()
     assert PeriodicTask.objects.filter(name__startswith="cleanup: sweep").count() == 4
 
 
-def test_managed_entries_are_read_only_in_beats_admin_and_others_stay_editable(admin_client_):
+def test_managed_entries_are_read_only_in_beats_admin_and_others_stay_editable(root_client):
     install_schedule(shards=2, every=10)
     managed = PeriodicTask.objects.get(name=sweep_entry_name(0, 2))
     other = PeriodicTask.objects.get(name=RELAY_NAME)
-    page = admin_client_.get(
+    page = root_client.get(
         reverse("admin:django_celery_beat_periodictask_change", args=[managed.pk])
     )
     html = page.content.decode()
     assert "Managed by the Cleanup schedule" in html
     assert 'name="_save"' not in html
     # a hand-made POST is refused too
-    refused = admin_client_.post(
+    refused = root_client.post(
         reverse("admin:django_celery_beat_periodictask_change", args=[managed.pk]),
         {"name": managed.name, "task": managed.task, "enabled": ""},
     )
     assert refused.status_code == 403
     # bulk disable leaves the managed entries alone
-    response = admin_client_.post(
+    response = root_client.post(
         reverse("admin:django_celery_beat_periodictask_changelist"),
         {"action": "disable_tasks", "_selected_action": [managed.pk, other.pk], "index": 0},
         follow=True,
@@ -301,7 +291,7 @@ def test_managed_entries_are_read_only_in_beats_admin_and_others_stay_editable(a
     other.refresh_from_db()
     assert managed.enabled is True
     assert other.enabled is False
-    editable = admin_client_.get(
+    editable = root_client.get(
         reverse("admin:django_celery_beat_periodictask_change", args=[other.pk])
     )
     assert 'name="_save"' in editable.content.decode()
@@ -311,18 +301,6 @@ def test_managed_entries_are_read_only_in_beats_admin_and_others_stay_editable(a
 
 PERIODIC_TASKS = "admin:django_celery_beat_periodictask_changelist"
 BEAT_ACTIONS = ("enable_tasks", "disable_tasks", "toggle_tasks", "run_tasks")
-
-
-def _beat_staff(username: str, *codenames: str) -> Client:
-    user = User.objects.create_user(username, password="x", is_staff=True)
-    user.user_permissions.set(
-        Permission.objects.filter(
-            content_type__app_label="django_celery_beat", codename__in=codenames
-        )
-    )
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def _two_unmanaged_tasks() -> list[PeriodicTask]:
@@ -357,7 +335,7 @@ def test_a_periodic_task_viewer_is_offered_no_beat_action_and_a_forged_post_does
 ):
     tasks = _two_unmanaged_tasks()
     before = _state(tasks)
-    viewer = _beat_staff("viewer", "view_periodictask")
+    viewer = login_staff("viewer", "view_periodictask", app_label="django_celery_beat")
     page = viewer.get(reverse(PERIODIC_TASKS))
     assert page.status_code == 200
     html = page.content.decode()
@@ -404,7 +382,9 @@ def test_a_user_who_may_change_periodic_tasks_runs_each_beat_action_and_each_row
 ):
     tasks = _two_unmanaged_tasks()
     marker = PeriodicTasks.last_change()
-    editor = _beat_staff("editor", "view_periodictask", "change_periodictask")
+    editor = login_staff(
+        "editor", "view_periodictask", "change_periodictask", app_label="django_celery_beat"
+    )
     page = editor.get(reverse(PERIODIC_TASKS))
     assert f'value="{action}"' in page.content.decode()
     done = _run_action(editor, action, tasks)
@@ -426,7 +406,7 @@ def test_a_user_who_may_change_periodic_tasks_runs_each_beat_action_and_each_row
 # --- linked records ---------------------------------------------------------------------------
 
 
-def test_hold_receipt_and_dead_letter_pages_link_to_each_other(admin_client_, broker, offering):
+def test_hold_receipt_and_dead_letter_pages_link_to_each_other(root_client, broker, offering):
     hold = services.hold_seat(offering.pk, "linked", ttl_seconds=60)
     key = idempotency_key(hold.pk, hold.version)
     receipt = CleanupReceipt.objects.create(
@@ -447,21 +427,21 @@ def test_hold_receipt_and_dead_letter_pages_link_to_each_other(admin_client_, br
     receipt_url = reverse("admin:cleanup_cleanupreceipt_change", args=[receipt.pk])
     letter_url = reverse("admin:cleanup_deadletter_change", args=[letter.pk])
     # the hold page
-    html = admin_client_.get(hold_url).content.decode()
+    html = root_client.get(hold_url).content.decode()
     assert f"{reverse('admin:cleanup_cleanupreceipt_changelist')}?reservation_id={hold.pk}" in html
     assert f"{reverse(DEAD_LETTERS)}?reservation_id={hold.pk}" in html
     assert "1 dead letter(s), 1 open" in html
     assert 'href="#story"' in html and 'id="story"' in html
     assert f"2 redeliveries, 3 deliveries (counter for {key})" in html
     # the filtered lists those links open
-    listed = admin_client_.get(f"{reverse(DEAD_LETTERS)}?reservation_id={hold.pk}")
+    listed = root_client.get(f"{reverse(DEAD_LETTERS)}?reservation_id={hold.pk}")
     assert [o.pk for o in listed.context["cl"].result_list] == [letter.pk]
     # the receipt page links its hold and shows the delivery count
-    html = admin_client_.get(receipt_url).content.decode()
+    html = root_client.get(receipt_url).content.decode()
     assert f'href="{hold_url}"' in html
     assert f"2 redeliveries, 3 deliveries (counter for {key})" in html
     # the dead letter page links its hold and its receipt
-    html = admin_client_.get(letter_url).content.decode()
+    html = root_client.get(letter_url).content.decode()
     assert f'href="{hold_url}"' in html
     assert f'href="{receipt_url}"' in html
 
@@ -480,7 +460,7 @@ def _letter(reservation_id: int, version: int, expires_at: Any, reason: str) -> 
     )
 
 
-def test_requeue_shows_what_will_be_sent_then_sends_and_audits(admin_client_, broker, offering):
+def test_requeue_shows_what_will_be_sent_then_sends_and_audits(root_client, broker, offering):
     holds = [services.hold_seat(offering.pk, f"h{i}", ttl_seconds=60) for i in range(3)]
     letters = [
         _letter(h.pk, h.version, h.expires_at, DeadLetter.Reason.RETRIES_EXHAUSTED)
@@ -488,7 +468,7 @@ def test_requeue_shows_what_will_be_sent_then_sends_and_audits(admin_client_, br
     ] + [_letter(holds[2].pk, holds[2].version, holds[2].expires_at, DeadLetter.Reason.FAILED)]
     ids = [letter.pk for letter in letters]
     # when: the action is chosen
-    page = admin_client_.post(
+    page = root_client.post(
         reverse(DEAD_LETTERS), {"action": "requeue", "_selected_action": ids, "index": 0}
     )
     # then: a confirmation, and nothing sent or resolved yet
@@ -500,7 +480,7 @@ def test_requeue_shows_what_will_be_sent_then_sends_and_audits(admin_client_, br
     assert DeadLetter.objects.filter(resolved_at__isnull=True).count() == 3
     assert not LogEntry.objects.exists()
     # when: confirmed
-    done = admin_client_.post(
+    done = root_client.post(
         reverse(DEAD_LETTERS),
         {"action": "requeue", "_selected_action": ids, "index": 0, "confirm": "yes"},
         follow=True,
@@ -514,7 +494,7 @@ def test_requeue_shows_what_will_be_sent_then_sends_and_audits(admin_client_, br
     )
     assert logged == [(pk, "requeue: republished", "root") for pk in sorted(ids)]
     # when: confirmed again (a second operator, a double click): nothing is sent twice
-    again = admin_client_.post(
+    again = root_client.post(
         reverse(DEAD_LETTERS),
         {"action": "requeue", "_selected_action": ids, "index": 0, "confirm": "yes"},
         follow=True,
@@ -523,7 +503,7 @@ def test_requeue_shows_what_will_be_sent_then_sends_and_audits(admin_client_, br
 
 
 def test_requeue_all_matching_the_filter_is_bounded_and_says_how_many(
-    admin_client_, broker, offering, monkeypatch
+    root_client, broker, offering, monkeypatch
 ):
     from cleanup import admin as cleanup_admin
 
@@ -531,7 +511,7 @@ def test_requeue_all_matching_the_filter_is_bounded_and_says_how_many(
     hold = services.hold_seat(offering.pk, "x", ttl_seconds=60)
     for _ in range(5):
         _letter(hold.pk, hold.version, hold.expires_at, DeadLetter.Reason.MALFORMED)
-    page = admin_client_.post(
+    page = root_client.post(
         reverse(DEAD_LETTERS) + "?reason=malformed",
         {"action": "requeue", "_selected_action": ["1"], "index": 0, "select_across": "1"},
     )
@@ -540,7 +520,7 @@ def test_requeue_all_matching_the_filter_is_bounded_and_says_how_many(
     first_two = DeadLetter.objects.order_by("pk").values_list("pk", flat=True)[:2]
     assert f'name="confirm_ids" value="{first_two[0]},{first_two[1]}"' in html
     # confirmed: only those two are acted on, though five match
-    done = admin_client_.post(
+    done = root_client.post(
         reverse(DEAD_LETTERS) + "?reason=malformed",
         {
             "action": "requeue",
@@ -556,18 +536,18 @@ def test_requeue_all_matching_the_filter_is_bounded_and_says_how_many(
     assert DeadLetter.objects.filter(resolved_at__isnull=True).count() == 3
 
 
-def test_release_now_asks_first_then_releases_and_audits(admin_client_, offering):
+def test_release_now_asks_first_then_releases_and_audits(root_client, offering):
     stale = expired_holds(offering.pk, 2, seconds_ago=300)
     live = services.hold_seat(offering.pk, "live", ttl_seconds=600)
     ids = [*stale, live.pk]
-    page = admin_client_.post(
+    page = root_client.post(
         reverse(HOLDS), {"action": "release_expired_now", "_selected_action": ids, "index": 0}
     )
     html = page.content.decode()
     assert "Release 3 reservations?" in html
     assert re.search(r"expired and still held: will be released</td><td[^>]*>2<", html)
     assert Reservation.objects.filter(status="held").count() == 3
-    done = admin_client_.post(
+    done = root_client.post(
         reverse(HOLDS),
         {"action": "release_expired_now", "_selected_action": ids, "index": 0, "confirm": "yes"},
         follow=True,

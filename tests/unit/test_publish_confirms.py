@@ -20,7 +20,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 from urllib.parse import quote
@@ -28,7 +27,6 @@ from urllib.parse import quote
 import kombu
 import pytest
 from celery.exceptions import Reject, Retry
-from django.db.models.functions import Now
 from django.utils import timezone
 from kombu import Producer
 
@@ -41,8 +39,9 @@ from cleanup.release.sweep import sweep_shard
 from cleanup.wire import RELEASE_TASK
 from config.celery_app import app as celery_app
 from reservations import services
-from reservations.models import OutboxEvent, Reservation
+from reservations.models import OutboxEvent
 from tests.support.fleet import wait_until
+from tests.support.holds import claim_counts, due_now, expired_holds
 from tests.support.missing_tools import skip_for_missing
 
 
@@ -317,30 +316,11 @@ def rabbitmq(vhosts: Vhosts, monkeypatch: pytest.MonkeyPatch) -> Iterator[Broker
         yield Broker(accepting, refusing, monkeypatch)
 
 
-def expired_holds(count: int) -> list[int]:
-    offering = services.create_offering("confirms", capacity=count)
-    ids = [services.hold_seat(offering.pk, f"c{i}", ttl_seconds=60).pk for i in range(count)]
-    a_minute_ago = Now() - timedelta(minutes=1)
-    Reservation.objects.filter(pk__in=ids).update(
-        expires_at=a_minute_ago, next_attempt_at=a_minute_ago
-    )
-    return ids
-
-
-def claim_counts(ids: list[int]) -> set[int]:
-    return set(Reservation.objects.filter(pk__in=ids).values_list("claim_count", flat=True))
-
-
-def due_now(ids: list[int]) -> set[int]:
-    due = Reservation.objects.eligible().filter(pk__in=ids, next_attempt_at__lte=Now())
-    return set(due.values_list("pk", flat=True))
-
-
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("broker")
 def test_a_fan_out_rabbitmq_refuses_fails_the_sweep_and_leaves_its_holds_due(rabbitmq):
     # given: expired holds, and a release queue that refuses every publish
-    ids = expired_holds(5)
+    ids = expired_holds(5, name="confirms")
     rabbitmq.use(rabbitmq.refusing)
     # when: a sweep claims them and publishes their messages
     with pytest.raises(PublishNotConfirmed, match=REFUSED):

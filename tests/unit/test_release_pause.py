@@ -8,31 +8,22 @@ from __future__ import annotations
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 
 from cleanup.models import ReleasePause
 from cleanup.operations.console.gauges import BacklogCollector
 from cleanup.release import pause
+from tests.support.staff import login_staff
 
 pytestmark = [pytest.mark.django_db]
 
 HEALTH = "/admin/cleanup/health/?workers=0"
 
 
-def _client(username: str, *perms: str) -> Client:
-    user = get_user_model().objects.create_user(username, password="x", is_staff=True)
-    for codename in ("view_releasepause", *perms):
-        user.user_permissions.add(Permission.objects.get(codename=codename))
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 @pytest.fixture
 def operator() -> Client:
-    return _client("ops", "change_releasepause")
+    return login_staff("ops", "change_releasepause", "view_releasepause")
 
 
 def _post(client: Client, action: str, reason: str = "") -> str:
@@ -93,7 +84,7 @@ def test_a_pause_needs_a_reason(operator: Client) -> None:
 
 
 def test_a_user_without_the_permission_sees_the_state_but_no_switch() -> None:
-    viewer = _client("viewer")
+    viewer = login_staff("viewer", "view_releasepause")
     html = viewer.get(HEALTH).content.decode()
     assert 'id="pause-state">releases running</span>' in html
     assert 'id="pause-button"' not in html

@@ -8,11 +8,11 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
 
 from cleanup.operations.console.runbook import anchor, render
+from tests.support.staff import login_staff
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,10 +24,7 @@ def _alert_links() -> dict[str, str]:
 
 @pytest.fixture
 def staff_client(db: None) -> Client:
-    user = get_user_model().objects.create_user("oncall", password="x", is_staff=True)
-    client = Client()
-    client.force_login(user)
-    return client
+    return login_staff("oncall")
 
 
 def test_every_alerts_runbook_link_opens_its_section_with_checks_and_fix(

@@ -10,7 +10,6 @@ from io import StringIO
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
@@ -19,16 +18,9 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from cleanup.models import CleanupSchedule
 from cleanup.operations.schedule_preview import snapshot
 from cleanup.release.schedule import SWEEP_PREFIX, install_schedule, sweep_entry_name
+from tests.support.staff import login_staff
 
 pytestmark = [pytest.mark.django_db]
-
-
-@pytest.fixture
-def admin_client_() -> Client:
-    user = get_user_model().objects.create_superuser("ops", "ops@example.com", "x")
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def _dry_run(*args: str) -> str:
@@ -69,12 +61,12 @@ def test_a_dry_run_that_keeps_the_existing_schedule_says_nothing_changes() -> No
     assert "no entry would change" in text and "sweeps per second: 0.5 -> 0.5" in text
 
 
-def test_the_admin_preview_shows_the_change_and_saves_nothing(admin_client_: Client) -> None:
+def test_the_admin_preview_shows_the_change_and_saves_nothing(root_client: Client) -> None:
     install_schedule(shards=4, every=10)
     schedule = CleanupSchedule.objects.get()
     url = reverse("admin:cleanup_cleanupschedule_preview", args=[schedule.pk])
     before = snapshot()
-    page = admin_client_.post(url, {"shards": "8", "every_seconds": "20", "enabled": "on"})
+    page = root_client.post(url, {"shards": "8", "every_seconds": "20", "enabled": "on"})
     assert page.status_code == 200
     html = page.content.decode()
     assert 'id="preview-added">add 8 entries' in html
@@ -86,27 +78,25 @@ def test_the_admin_preview_shows_the_change_and_saves_nothing(admin_client_: Cli
         10,
     )
     # disabling: every sweep entry changes, the rate drops to 0
-    page = admin_client_.post(url, {"shards": "4", "every_seconds": "10"})
+    page = root_client.post(url, {"shards": "4", "every_seconds": "10"})
     assert 'id="preview-changed">change 4 entries' in page.content.decode()
     assert "<strong>0</strong> after the save" in page.content.decode()
     # invalid values: the form's own messages, no preview
-    page = admin_client_.post(url, {"shards": "0", "every_seconds": "10"})
+    page = root_client.post(url, {"shards": "0", "every_seconds": "10"})
     assert "errornote" in page.content.decode() and "preview-added" not in page.content.decode()
 
 
-def test_the_change_form_offers_the_preview_button(admin_client_: Client) -> None:
+def test_the_change_form_offers_the_preview_button(root_client: Client) -> None:
     install_schedule(shards=2, every=10)
     schedule = CleanupSchedule.objects.get()
-    page = admin_client_.get(reverse("admin:cleanup_cleanupschedule_change", args=[schedule.pk]))
+    page = root_client.get(reverse("admin:cleanup_cleanupschedule_change", args=[schedule.pk]))
     preview = reverse("admin:cleanup_cleanupschedule_preview", args=[schedule.pk])
     assert f'formaction="{preview}" formmethod="post"' in page.content.decode()
 
 
 def test_the_preview_needs_change_permission(db: None) -> None:
     install_schedule(shards=2, every=10)
-    viewer = get_user_model().objects.create_user("viewer", password="x", is_staff=True)
-    client = Client()
-    client.force_login(viewer)
+    client = login_staff("viewer")
     url = reverse("admin:cleanup_cleanupschedule_preview", args=[CleanupSchedule.objects.get().pk])
     assert client.post(url, {"shards": "8", "every_seconds": "1"}).status_code == 403
 
@@ -137,43 +127,43 @@ def _add_task(client: Client, **fields: str) -> str:
 
 
 def test_a_sub_second_interval_for_a_project_task_is_refused_with_the_reason(
-    admin_client_: Client,
+    root_client: Client,
 ) -> None:
-    html = _add_task(admin_client_, every="500000", period=IntervalSchedule.MICROSECONDS)
+    html = _add_task(root_client, every="500000", period=IntervalSchedule.MICROSECONDS)
     assert "cleanup.prune would be sent every 0.5 s" in html
     assert "CLEANUP_PERIODIC_MIN_INTERVAL" in html
     assert not PeriodicTask.objects.filter(name="my entry").exists()
 
 
 def test_a_foreign_queue_for_a_project_task_is_refused_naming_the_projects_queues(
-    admin_client_: Client,
+    root_client: Client,
 ) -> None:
-    html = _add_task(admin_client_, queue="celery")
+    html = _add_task(root_client, queue="celery")
     assert (
         "&#x27;celery&#x27; is not one of this project&#x27;s queues (sweep, cleanup, maintenance)"
         in html
     )
-    html = _add_task(admin_client_, routing_key="elsewhere")
+    html = _add_task(root_client, routing_key="elsewhere")
     assert "does not route to one of this project&#x27;s queues" in html
-    html = _add_task(admin_client_, exchange="amq.direct")
+    html = _add_task(root_client, exchange="amq.direct")
     assert "routed by queue, not by exchange" in html
     assert not PeriodicTask.objects.filter(name="my entry").exists()
 
 
 def test_a_sane_project_entry_and_another_applications_entry_are_saved(
-    admin_client_: Client,
+    root_client: Client,
 ) -> None:
-    assert _add_task(admin_client_, every="1", queue="maintenance").startswith("saved 302")
+    assert _add_task(root_client, every="1", queue="maintenance").startswith("saved 302")
     # tasks of other applications are left to them, whatever their interval and queue
     assert _add_task(
-        admin_client_, name="theirs", task="billing.tick", every="100",
+        root_client, name="theirs", task="billing.tick", every="100",
         period=IntervalSchedule.MICROSECONDS, queue="billing",
     ).startswith("saved 302")  # fmt: skip
     assert set(PeriodicTask.objects.values_list("name", flat=True)) == {"my entry", "theirs"}
 
 
-def test_the_floor_follows_the_setting(admin_client_: Client, settings: Any) -> None:
+def test_the_floor_follows_the_setting(root_client: Client, settings: Any) -> None:
     settings.CLEANUP_PERIODIC_MIN_INTERVAL = 30
-    html = _add_task(admin_client_, every="10")
+    html = _add_task(root_client, every="10")
     assert "cleanup.prune would be sent every 10 s" in html
     assert "run at most once every 30 s" in html

@@ -19,6 +19,7 @@ from cleanup.release.claim import ClaimedHold, claim_expired, reschedule_claim
 from reservations import errors, services
 from reservations.models import Offering, OutboxEvent, Reservation
 from reservations.services import ReleaseOutcome
+from tests.support.holds import expire
 
 pytestmark = pytest.mark.django_db
 
@@ -48,17 +49,6 @@ def released_events(reservation_id: int) -> list[OutboxEvent]:
     return list(
         OutboxEvent.objects.filter(reservation_id=reservation_id, kind=OutboxEvent.Kind.RELEASED)
     )
-
-
-def expire_in_db(reservation_id: int, seconds_ago: int = 60) -> None:
-    """Move a hold's expiry (and its due time) into the past by the database clock."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "UPDATE reservations_reservation "
-            "SET expires_at = now() - make_interval(secs => %s), "
-            "    next_attempt_at = now() - make_interval(secs => %s) WHERE id = %s",
-            [seconds_ago, seconds_ago, reservation_id],
-        )
 
 
 def row(reservation_id: int) -> dict[str, object]:
@@ -218,7 +208,7 @@ def test_a_full_offering_whose_holds_expired_by_the_database_clock_grants_a_new_
     full = make_offering(capacity=2)
     stale = services.hold_seat(full.pk, "a", ttl_seconds=600)
     live = services.hold_seat(full.pk, "b", ttl_seconds=600)
-    expire_in_db(stale.pk)
+    expire(stale.pk)
 
     assert services.availability(full.pk)["available"] == 1
 
@@ -235,7 +225,7 @@ def test_a_full_offering_whose_holds_expired_by_the_database_clock_grants_a_new_
 def test_an_offering_with_free_seats_leaves_its_eligible_holds_to_cleanup(make_offering):
     offering = make_offering(capacity=2)
     stale = services.hold_seat(offering.pk, "a", ttl_seconds=600)
-    expire_in_db(stale.pk)
+    expire(stale.pk)
 
     services.hold_seat(offering.pk, "b", ttl_seconds=600)
 
@@ -250,7 +240,7 @@ def test_availability_counts_eligible_holds_as_available_seats(make_offering):
     confirmed = services.hold_seat(offering.pk, "c", ttl_seconds=600)
     services.confirm(confirmed.pk, 1)
     for hold in stale:
-        expire_in_db(hold.pk)
+        expire(hold.pk)
 
     assert services.availability(offering.pk) == {
         "offering_id": offering.pk,
@@ -326,7 +316,7 @@ def test_renewing_an_expired_but_unreleased_hold_is_refused_with_hold_expired(of
 
 def test_renewing_a_hold_expired_by_the_database_clock_is_refused_with_hold_expired(offering):
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=600)
-    expire_in_db(hold.pk)
+    expire(hold.pk)
 
     with pytest.raises(errors.HoldExpired):
         services.renew(hold.pk, 1, ttl_seconds=600)
@@ -430,7 +420,7 @@ def test_cancelling_bumps_the_version_returns_the_seat_and_writes_a_cancelled_ev
 
 def test_cancelling_an_expired_hold_is_allowed(offering, t0):
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
-    expire_in_db(hold.pk)
+    expire(hold.pk)
 
     cancelled = services.cancel(hold.pk, 1, now=t0 + timedelta(hours=1))
 
@@ -507,7 +497,7 @@ def test_releasing_an_expired_hold_returns_its_seat_without_bumping_the_version(
 
 def test_releasing_by_the_database_clock_needs_no_explicit_now(offering):
     hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=600)
-    expire_in_db(hold.pk)
+    expire(hold.pk)
 
     assert services.release_if_expired(hold.pk, 1) == ReleaseOutcome.RELEASED
     assert seats(offering) == offering.capacity

@@ -34,7 +34,7 @@ from cleanup.release.sweep import SweepResult, sweep_shard
 from common.db import psycopg_params, rows, scalar, session_alias
 from config.celery_app import app as celery_app
 from config.env import SESSION_ALIAS
-from tests.unit.test_sweep import claim_counts, expired_holds
+from tests.support.holds import claim_counts, expired_holds
 
 pytestmark = [
     pytest.mark.django_db(transaction=True, databases=["default", SESSION_ALIAS]),

@@ -8,7 +8,6 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
-from django.db.models.functions import Now
 from django.test import Client
 
 from cleanup.models import DeadLetter
@@ -18,14 +17,9 @@ from cleanup.release.release import Attempt, release
 from cleanup.release.sweep import sweep_shard
 from reservations import services
 from reservations.models import Offering, Reservation
+from tests.support.holds import expire
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("broker")]
-
-
-def expire(hold_id: int, ago: timedelta = timedelta(minutes=5)) -> None:
-    Reservation.objects.filter(pk=hold_id).update(
-        expires_at=Now() - ago, next_attempt_at=Now() - ago
-    )
 
 
 def test_released_hold_names_the_task_and_trace(offering: Offering) -> None:
@@ -57,7 +51,7 @@ def test_renewed_hold_is_held_until_its_new_expiry(offering: Offering) -> None:
 
 def test_stuck_hold_reports_claims_trace_and_next_attempt(offering: Offering) -> None:
     hold = services.hold_seat(offering.pk, "cy", ttl_seconds=60)
-    expire(hold.pk, timedelta(seconds=312))
+    expire(hold.pk, ago=timedelta(seconds=312))
     result = sweep_shard(0, 1, trace_id="sweep-trace-1")
     assert result.published == 1  # the message is queued; no worker consumes it here
 

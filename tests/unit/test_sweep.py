@@ -18,7 +18,6 @@ import pytest
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import connection
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models.functions import Now
 from prometheus_client import REGISTRY
 
 from cleanup.broker.readers import queue_depth, redis_client
@@ -27,8 +26,8 @@ from cleanup.release import sweep as sweep_module
 from cleanup.release.messages import BatchMessage, ReleaseMessage
 from cleanup.release.publish import publish_release_messages
 from cleanup.release.sweep import SweepResult, sweep_shard
-from reservations import services
 from reservations.models import Reservation
+from tests.support.holds import claim_counts, due_now, expired_holds
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
 
@@ -72,31 +71,6 @@ def _lock_holders(key: int, granted: bool = True) -> int:
             [granted, LOCK_NAMESPACE, key],
         )
         return int(cur.fetchone()[0])
-
-
-def expired_holds(count: int, name: str = "sweep") -> list[int]:
-    offering = services.create_offering(name, capacity=count)
-    ids = [services.hold_seat(offering.pk, f"l{i}", ttl_seconds=60).pk for i in range(count)]
-    Reservation.objects.filter(pk__in=ids).update(
-        expires_at=Now() - time_ago(), next_attempt_at=Now() - time_ago()
-    )
-    return ids
-
-
-def time_ago() -> Any:
-    from datetime import timedelta
-
-    return timedelta(minutes=1)
-
-
-def due_now(ids: list[int]) -> set[int]:
-    """The holds a sweep would claim now: eligible and not leased."""
-    due = Reservation.objects.eligible().filter(pk__in=ids, next_attempt_at__lte=Now())
-    return set(due.values_list("pk", flat=True))
-
-
-def claim_counts(ids: list[int]) -> set[int]:
-    return set(Reservation.objects.filter(pk__in=ids).values_list("claim_count", flat=True))
 
 
 def counter(name: str, **labels: str) -> float:

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.test import Client
 
 from tests.support.missing_tools import skip_for_missing
+from tests.support.staff import logged_in
 
 BROWSER_NAMES = ("chromium", "chromium-browser")
 LAUNCH_FLAGS = [
@@ -102,8 +102,7 @@ def operator(transactional_db: None) -> User:
 @pytest.fixture
 def signed_in(page: Any, operator: User, live_server: Any) -> Any:
     """The page with the operator's session cookie (the login form has its own test)."""
-    client = Client()
-    client.force_login(operator)
+    client = logged_in(operator)
     page.context.add_cookies(
         [{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": live_server.url}]
     )
