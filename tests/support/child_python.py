@@ -3,6 +3,7 @@ sees (settings read at start-up, the transport the settings choose, a refusal at
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -24,3 +25,36 @@ def run_python(
         check=check,
         timeout=60,
     )
+
+
+def run_with(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``code`` with the test settings, database and broker (``fleet.service_env``), and
+    ``env`` on top: what a worker or the web started with those variables would see."""
+    from tests.support.fleet import service_env
+
+    return run_python(code, service_env(**env))
+
+
+# Strong values for every variable production refuses to default: what a deployer sets.
+DEPLOYED = {
+    "SECRET_KEY": "k3Jq9-vX2mPzR7tWc8YbN4hL6sD1fGa5eU0iOyTqZxCvBnMlKjHg",
+    "RESERVATIONS_API_TOKEN": "",
+    "FLOWER_BASIC_AUTH": "ops:9f8e7d6c5b4a",
+    "DATABASE_URL": "postgres://app@db.internal:5432/reservations",
+    "CELERY_BROKER_URL": "redis://:pw@redis.internal:6379/0",
+    "DEBUG": "",
+    "METRICS_TOKEN": "",
+}
+
+
+def run_as_deployed(code: str, **changes: str | None) -> subprocess.CompletedProcess[str]:
+    """``code`` started as a deployment starts a process: no DJANGO_SETTINGS_MODULE, the
+    ``DEPLOYED`` values, then ``changes`` (``None`` unsets a variable)."""
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update(DEPLOYED)
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return run_python(code, env)

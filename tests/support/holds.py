@@ -24,14 +24,22 @@ def expire(
     Reservation.objects.filter(pk__in=ids).update(**changes)
 
 
-def expired_holds(count: int, name: str = "sweep") -> list[int]:
-    """A new offering of ``count`` seats (named ``name``), every seat held by a hold that
-    expired a minute ago: their ids."""
+def expired_holds(
+    count: int,
+    name: str = "sweep",
+    *,
+    offering_id: int | None = None,
+    ago: timedelta = timedelta(minutes=1),
+) -> list[int]:
+    """``count`` holds that expired ``ago`` before the database's ``now()``: on the offering
+    ``offering_id``, or every seat of a new offering of ``count`` seats named ``name``. Their
+    ids."""
     from reservations import services
 
-    offering = services.create_offering(name, capacity=count)
-    ids = [services.hold_seat(offering.pk, f"l{i}", ttl_seconds=60).pk for i in range(count)]
-    expire(*ids)
+    if offering_id is None:
+        offering_id = services.create_offering(name, capacity=count).pk
+    ids = [services.hold_seat(offering_id, f"l{i}", ttl_seconds=60).pk for i in range(count)]
+    expire(*ids, ago=ago)
     return ids
 
 

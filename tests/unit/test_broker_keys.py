@@ -28,7 +28,7 @@ from cleanup.release.messages import ReleaseMessage
 from cleanup.release.publish import publish_release_messages
 from cleanup.worker.redis_transport import screen_entry
 from config.celery_app import app
-from tests.unit.test_broker_readers import envelope, unacked_entry
+from tests.support.planted import envelope, unacked_entry
 
 pytestmark = pytest.mark.skipif(not settings.BROKER_IS_REDIS, reason="Redis broker state")
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from cleanup.conf import DEFAULT_TEXT, DOC, ENV, CleanupSettings, cleanup_settings
-from tests.support.child_python import run_python
-from tests.support.fleet import service_env
+from tests.support.child_python import run_with
 
 ROOT = Path(__file__).resolve().parents[2]
 # The prefixes of the variables the object owns: a table row naming one it does not declare is
@@ -228,10 +226,6 @@ def test_an_override_of_the_wrong_type_is_refused_naming_the_setting(
     with pytest.raises(ImproperlyConfigured) as refused:
         cleanup_settings()
     assert str(refused.value) == words
-
-
-def run_with(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return run_python(code, service_env(**env))
 
 
 READ = (

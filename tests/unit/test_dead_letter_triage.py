@@ -29,7 +29,7 @@ from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.operations import triage
 from cleanup.release import dead_letters, outbox
 from cleanup.release.messages import build
-from tests.support.child_python import run_python
+from tests.support.child_python import run_with
 from tests.support.fleet import service_env
 from tests.support.staff import login_staff
 
@@ -554,6 +554,6 @@ def test_metrics_export_the_open_letters_against_the_cap_and_discarding_clears_t
     ],
 )
 def test_the_dead_letter_settings_are_checked_at_start_up_naming_the_variable(name, value, words):
-    out = run_python("import django; django.setup()", service_env(**{name: value}))
+    out = run_with("import django; django.setup()", **{name: value})
     assert out.returncode != 0
     assert f"ImproperlyConfigured: {words}" in out.stderr, out.stderr[-800:]

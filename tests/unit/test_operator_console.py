@@ -26,19 +26,12 @@ from cleanup.release.sweep import SweepResult
 from common.db import rows as sql
 from reservations import services
 from reservations.models import Reservation
-from tests.support.holds import expire
+from tests.support.holds import expired_holds
 from tests.support.staff import login_staff
 
 HEALTH = "cleanup-health"
 DEAD_LETTERS = "admin:cleanup_deadletter_changelist"
 HOLDS = "admin:reservations_reservation_changelist"
-
-
-def expired_holds(offering_id: int, n: int, seconds_ago: int) -> list[int]:
-    holds = [services.hold_seat(offering_id, f"learner-{i}", ttl_seconds=60) for i in range(n)]
-    ids = [h.pk for h in holds]
-    expire(*ids, ago=timedelta(seconds=seconds_ago))
-    return ids
 
 
 def metric(html: str, shard: int | None, name: str) -> str:
@@ -114,7 +107,7 @@ def test_the_health_page_numbers_equal_sql_and_the_broker(root_client, broker, m
     # given: a backlog in a 4-shard schedule, messages waiting, dead letters, receipts
     install_schedule(shards=4, every=10)
     offering = make_offering(capacity=60)
-    expired_holds(offering.pk, 30, seconds_ago=400)
+    expired_holds(30, offering_id=offering.pk, ago=timedelta(seconds=400))
     services.hold_seat(offering.pk, "still-valid", ttl_seconds=600)
     letters = [
         DeadLetter.objects.create(reason=DeadLetter.Reason.MALFORMED),
@@ -171,7 +164,7 @@ def test_an_old_backlog_shows_red_and_a_capped_count_says_so(
     settings.CLEANUP_ELIGIBLE_COUNT_CAP = 5
     settings.CLEANUP_SLO_SECONDS = 300
     install_schedule(shards=1, every=10)
-    expired_holds(make_offering(capacity=20).pk, 8, seconds_ago=900)
+    expired_holds(8, offering_id=make_offering(capacity=20).pk, ago=timedelta(seconds=900))
     html = root_client.get(reverse(HEALTH) + "?workers=0").content.decode()
     assert metric(html, 0, "eligible") == "5"
     assert "capped at 5" in html
@@ -205,7 +198,7 @@ def test_samples_feed_the_chart_and_are_pruned_after_a_day(root_client, broker, 
     from cleanup.models import HealthSample
 
     install_schedule(shards=2, every=10)
-    expired_holds(make_offering(capacity=5).pk, 3, seconds_ago=120)
+    expired_holds(3, offering_id=make_offering(capacity=5).pk, ago=timedelta(seconds=120))
     sample = health.take_sample()
     assert sample.eligible == 3
     assert 110 < sample.oldest_eligible_age_seconds < 200
@@ -537,7 +530,7 @@ def test_requeue_all_matching_the_filter_is_bounded_and_says_how_many(
 
 
 def test_release_now_asks_first_then_releases_and_audits(root_client, offering):
-    stale = expired_holds(offering.pk, 2, seconds_ago=300)
+    stale = expired_holds(2, offering_id=offering.pk, ago=timedelta(seconds=300))
     live = services.hold_seat(offering.pk, "live", ttl_seconds=600)
     ids = [*stale, live.pk]
     page = root_client.post(

@@ -3,37 +3,15 @@ started without DJANGO_SETTINGS_MODULE get production, not local, settings."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest
 
-from tests.support import child_python
-
-STRONG = {
-    "SECRET_KEY": "k3Jq9-vX2mPzR7tWc8YbN4hL6sD1fGa5eU0iOyTqZxCvBnMlKjHg",
-    "RESERVATIONS_API_TOKEN": "",
-    "FLOWER_BASIC_AUTH": "ops:9f8e7d6c5b4a",
-    "DATABASE_URL": "postgres://app@db.internal:5432/reservations",
-    "CELERY_BROKER_URL": "redis://:pw@redis.internal:6379/0",
-    "DEBUG": "",
-    "METRICS_TOKEN": "",
-}
-
-
-def run_python(code: str, **changes: str | None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env.update(STRONG)
-    for key, value in changes.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return child_python.run_python(code, env)
+from tests.support.child_python import DEPLOYED, run_as_deployed
 
 
 def load_production(**changes: str | None) -> subprocess.CompletedProcess[str]:
-    return run_python("import config.settings.production", **changes)
+    return run_as_deployed("import config.settings.production", **changes)
 
 
 def test_production_starts_with_strong_values() -> None:
@@ -195,8 +173,8 @@ def test_forwarded_proto_is_trusted_only_when_configured() -> None:
     code = (
         "import config.settings.production as s; print(getattr(s, 'SECURE_PROXY_SSL_HEADER', None))"
     )
-    assert run_python(code).stdout.strip() == "None"
-    trusted = run_python(code, SECURE_PROXY_SSL_HEADER="true").stdout.strip()
+    assert run_as_deployed(code).stdout.strip() == "None"
+    trusted = run_as_deployed(code, SECURE_PROXY_SSL_HEADER="true").stdout.strip()
     assert trusted == "('HTTP_X_FORWARDED_PROTO', 'https')"
 
 
@@ -209,17 +187,17 @@ def test_a_server_or_worker_started_without_a_settings_module_gets_production(
         f"import {module}; from django.conf import settings; "
         "print(settings.SETTINGS_MODULE, settings.DEBUG)"
     )
-    out = run_python(code, SECRET_KEY="local-dev-only-not-secret", DEBUG="true")
+    out = run_as_deployed(code, SECRET_KEY="local-dev-only-not-secret", DEBUG="true")
     # then: it refuses to start instead of running with DEBUG and public secrets
     assert out.returncode != 0
     assert "ImproperlyConfigured" in out.stderr
-    ok = run_python(code)
+    ok = run_as_deployed(code)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.split()[-2:] == ["config.settings.production", "False"]
 
 
 def test_deploy_check_reports_nothing_with_the_documented_variables() -> None:
-    out = run_python(
+    out = run_as_deployed(
         "import sys; from django.core.management import execute_from_command_line; "
         "execute_from_command_line(['manage.py', 'check', '--deploy', '--fail-level', 'WARNING'])",
         DJANGO_SETTINGS_MODULE="config.settings.production",
@@ -232,8 +210,8 @@ def test_deploy_check_reports_nothing_with_the_documented_variables() -> None:
 
 def test_local_settings_start_on_a_fresh_clone_with_nothing_set() -> None:
     # given: none of the variables production refuses to default (what `make run` starts with)
-    unset: dict[str, str | None] = {k: None for k in STRONG}
-    out = run_python(
+    unset: dict[str, str | None] = {k: None for k in DEPLOYED}
+    out = run_as_deployed(
         "from django.conf import settings; import os;"
         "os.environ['DJANGO_SETTINGS_MODULE'] = 'config.settings.local';"
         "print(settings.DEBUG, settings.DATABASES['default']['NAME'], bool(settings.SECRET_KEY))",
@@ -288,7 +266,7 @@ def test_a_tls_broker_gets_the_screened_transport_and_checks_on_by_default() -> 
         "from django.conf import settings; import django; django.setup(); "
         "print(settings.CELERY_BROKER_TRANSPORT, settings.CELERY_BROKER_USE_SSL)"
     )
-    out = run_python(
+    out = run_as_deployed(
         code, CELERY_BROKER_URL=TLS_BROKER, DJANGO_SETTINGS_MODULE="config.settings.production"
     )
     assert out.returncode == 0, out.stderr[-800:]

@@ -26,16 +26,11 @@ from cleanup.conf import QUORUM_DELIVERY_LIMIT, CleanupSettings
 from cleanup.release import delivery_cap
 from cleanup.release.messages import build
 from cleanup.worker import amqp_transport
-from tests.support.child_python import run_python
-from tests.support.fleet import service_env
+from tests.support.child_python import run_with
 
 CLASSIC = CleanupSettings()
 QUORUM = CleanupSettings(rabbitmq_queue_type="quorum")
 AMQP = "amqp://guest:guest@127.0.0.1:5672/quorum_unit"
-
-
-def run_with(code: str, **env: str) -> Any:
-    return run_python(code, service_env(**env))
 
 
 def test_classic_queues_are_declared_as_before_on_celerys_default_exchange() -> None:

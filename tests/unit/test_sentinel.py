@@ -25,9 +25,9 @@ from kombu.transport import redis as kombu_redis
 from cleanup import redis_clients
 from cleanup.models import DeadLetter
 from cleanup.worker import redis_transport
+from tests.support.child_python import run_with
 from tests.support.fleet import free_port
 from tests.support.missing_tools import skip_for_missing
-from tests.unit.test_conf import run_with
 from tests.unit.test_production_settings import load_production, refusal
 
 TRANSPORT = "cleanup.worker.redis_transport:SentinelTransport"
