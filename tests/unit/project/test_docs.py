@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT
+
 README_MAX_LINES = 150
 # [text](target) and ![alt](target); the text may span lines (the screenshot's alt does).
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,9 +15,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from cleanup.conf import DEFAULT_TEXT, DOC, ENV, CleanupSettings, cleanup_settings
+from tests.support import ROOT
 from tests.support.child_python import run_with
 
-ROOT = Path(__file__).resolve().parents[2]
 # The prefixes of the variables the object owns: a table row naming one it does not declare is
 # stale.
 OWNED_PREFIXES = ("CLEANUP_", "METRICS_", "WORKER_METRICS_")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT
+
 PACKAGES = ("config", "common", "reservations", "cleanup", "tools", "bench")
 
 

@@ -19,10 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from cleanup.operations.console.endpoints import metrics_registry
 from cleanup.operations.console.gauges import BacklogCollector
 from common.db import rows
+from tests.support import ROOT
 from tests.support.fleet import create_eligible_holds
 from tools.seed import seed_holds
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # Every test starts and ends with the tests' own Redis database empty.
 pytestmark = pytest.mark.usefixtures("broker")

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from datetime import timedelta
 from io import StringIO
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,11 +28,11 @@ from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.operations import triage
 from cleanup.release import dead_letters, outbox
 from cleanup.release.messages import build
+from tests.support import ROOT
 from tests.support.child_python import run_with
 from tests.support.fleet import service_env
 from tests.support.staff import login_staff
 
-ROOT = Path(__file__).resolve().parents[2]
 DEAD_LETTERS = "admin:cleanup_deadletter_changelist"
 MALFORMED = DeadLetter.Reason.MALFORMED
 UNKNOWN = DeadLetter.Reason.UNKNOWN_TASK

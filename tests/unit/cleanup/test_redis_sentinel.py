@@ -28,7 +28,7 @@ from cleanup.worker import redis_transport
 from tests.support.child_python import run_with
 from tests.support.fleet import free_port
 from tests.support.missing_tools import skip_for_missing
-from tests.unit.test_production_settings import load_production, refusal
+from tests.unit.config.settings.test_production import load_production, refusal
 
 TRANSPORT = "cleanup.worker.redis_transport:SentinelTransport"
 MASTER = "unit"

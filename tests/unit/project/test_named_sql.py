@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -21,9 +20,9 @@ from django.db import connection
 from cleanup import sql as cleanup_sql
 from common import sql as common_sql
 from reservations import sql as reservations_sql
+from tests.support import ROOT
 from tools.drills import sql as drills_sql
 
-ROOT = Path(__file__).resolve().parents[2]
 SQL_MODULES = {
     ROOT / package / "sql.py" for package in ("common", "reservations", "cleanup", "tools/drills")
 }

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT
 
 NEEDS_A_TOOL = """
 from tests.support.missing_tools import leave_out, skip_for_missing

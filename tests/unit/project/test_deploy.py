@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support import ROOT
 from tests.support.missing_tools import skip_for_missing
 from tests.support.quick_start import quick_start_env
 
-ROOT = Path(__file__).resolve().parents[2]
 METRIC = re.compile(r"\breservation_cleanup_[a-z_]+\b")
 COMPOSE_VAR = re.compile(r"(?<!\$)\$\{([A-Z_][A-Z0-9_]*)")
 
@@ -588,13 +588,13 @@ OPERATOR_SCHEMAS = {
 
 
 def _schema(name: str) -> dict[str, Any]:
-    return dict(json.loads((ROOT / "tests" / "unit" / "schemas" / name).read_text()))
+    return dict(json.loads((ROOT / "tests" / "unit" / "project" / "schemas" / name).read_text()))
 
 
 def test_the_manifests_validate_against_the_kubernetes_and_keda_schemas() -> None:
     """Offline: kubernetes-validate's API schemas (strict: unknown fields refused) for every
     built-in kind, the alternatives included; the ScaledObject against the schema in
-    tests/unit/schemas (its HPA behavior part against the HPA's own API schema)."""
+    tests/unit/project/schemas (its HPA behavior part against the HPA's own API schema)."""
     import jsonschema
     import kubernetes_validate
 
@@ -606,7 +606,7 @@ def test_the_manifests_validate_against_the_kubernetes_and_keda_schemas() -> Non
             jsonschema.validate(doc, _schema(OPERATOR_SCHEMAS[doc["kind"]]))
         elif doc["kind"] == "ScaledObject":
             schema = json.loads(
-                (ROOT / "tests/unit/schemas/keda-scaledobject.schema.json").read_text()
+                (ROOT / "tests/unit/project/schemas/keda-scaledobject.schema.json").read_text()
             )
             jsonschema.validate(doc, schema)
             behavior = doc["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
@@ -641,7 +641,9 @@ def test_the_schema_check_refuses_a_broken_manifest() -> None:
     scaled = next(d for d in k8s_documents() if d["kind"] == "ScaledObject")
     unquoted = json.loads(json.dumps(scaled))
     unquoted["spec"]["triggers"][0]["metadata"]["threshold"] = 8  # KEDA takes strings only
-    schema = json.loads((ROOT / "tests/unit/schemas/keda-scaledobject.schema.json").read_text())
+    schema = json.loads(
+        (ROOT / "tests/unit/project/schemas/keda-scaledobject.schema.json").read_text()
+    )
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(unquoted, schema)
 
@@ -1617,9 +1619,9 @@ def test_the_rabbitmq_kubernetes_variant_gives_every_container_the_cluster_and_q
 
 def test_the_rabbitmq_kubernetes_variant_validates_and_kustomize_agrees() -> None:
     """Built-in kinds against the Kubernetes schemas (strict, offline), the RabbitmqCluster
-    against the schema in tests/unit/schemas (its affinity and resources against the Pod's own
-    schema), the trimmed ScaledObject against KEDA's; where kubectl is installed, its kustomize
-    renders what the Python rendering above reads."""
+    against the schema in tests/unit/project/schemas (its affinity and resources against the
+    Pod's own schema), the trimmed ScaledObject against KEDA's; where kubectl is installed, its
+    kustomize renders what the Python rendering above reads."""
 
     import jsonschema
     import kubernetes_validate

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import ROOT
 
 
 def _library_suites() -> ModuleType:

@@ -3,7 +3,6 @@ deploy/alerts.yml at the anchor the link names, and the file's text never become
 
 from __future__ import annotations
 
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -12,9 +11,8 @@ from django.test import Client
 from django.urls import reverse
 
 from cleanup.operations.console.runbook import anchor, render
+from tests.support import ROOT
 from tests.support.staff import login_staff
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _alert_links() -> dict[str, str]:

@@ -21,10 +21,10 @@ from django.core.exceptions import ImproperlyConfigured
 from common import pooling
 from common.db import psycopg_params
 from config.env import SESSION_ALIAS, database_aliases, prepared_statements
+from tests.support import ROOT
 from tests.support.child_python import run_python
 from tests.support.missing_tools import skip_for_missing
 
-ROOT = Path(__file__).resolve().parents[2]
 DIRECT = "postgres://app@db.internal:5432/reservations"
 POOLED = "postgres://app@pgbouncer.internal:6432/reservations"
 
