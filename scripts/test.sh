@@ -102,10 +102,10 @@ phase "services" services_up
 #   production-stack drill (test_production_stack.py, marker drill): Debian's servers in
 #     network namespaces (prometheus, alertmanager, redis-server, postgresql, docker-compose);
 #   chaos drills (test_chaos.py): iptables for the partitions (docs/CHAOS.md);
-#   the pooling probe's tests (tests/unit/test_pooling.py) and the PgBouncer phase: pgbouncer
+#   the pooling probe's tests (tests/unit/common/test_pooling.py) and the PgBouncer phase: pgbouncer
 #     (installed here, before the unit phase, which needs it first);
-#   the kustomize comparisons (tests/unit/test_deploy.py): kubectl (Debian's kubernetes-client);
-#   the confirmed-publishing unit tests (tests/unit/test_publish_confirms.py) and the RabbitMQ
+#   the kustomize comparisons (tests/unit/project/test_deploy.py): kubectl (Debian's kubernetes-client);
+#   the confirmed-publishing unit tests (tests/unit/cleanup/broker/test_confirms.py) and the RabbitMQ
 #     phase: rabbitmq-server (started below, before the unit phase, when installed but stopped).
 tools_check() {
   local missing=()

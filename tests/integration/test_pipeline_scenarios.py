@@ -520,8 +520,9 @@ CAP_QUEUES = {"sweep": "sweep-cap", "cleanup": "cleanup-cap", "maintenance": "ma
 CAP_ENV = {
     # One hold per message, so the queue's depth in messages is its depth in holds: this
     # scenario checks the cap itself. (In the default adaptive mode a claim is still bounded by
-    # the room in holds, so multi-hold messages never fill the cap; tests/unit/
-    # test_sizing.py and tests/integration/test_adaptive.py cover that mode.)
+    # the room in holds, so multi-hold messages never fill the cap;
+    # tests/unit/cleanup/release/test_sizing.py and tests/integration/test_adaptive.py cover
+    # that mode.)
     "CLEANUP_RELEASE_MODE": "single",
     "CLEANUP_MAX_QUEUE_DEPTH": str(CAP),
     "CLEANUP_SWEEP_BATCH_SIZE": str(BATCH),

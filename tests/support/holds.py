@@ -1,14 +1,18 @@
-"""Holds made expired: the clock never moves in these tests, so a hold is made eligible for
-release by moving its expiry into the past, by the database clock (``now()``)."""
+"""Holds as the tests need them, and what the tests read back of them.
+
+The clock never moves in these tests: a hold is made eligible for release by moving its expiry
+into the past, by the database clock (``now()``).
+"""
 
 from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
 
+from django.db import connection
 from django.db.models.functions import Now
 
-from reservations.models import Reservation
+from reservations.models import OutboxEvent, Reservation
 
 
 def expire(
@@ -52,3 +56,49 @@ def due_now(ids: list[int]) -> set[int]:
 def claim_counts(ids: list[int]) -> set[int]:
     """The claim counts the holds ``ids`` have (each distinct count once)."""
     return set(Reservation.objects.filter(pk__in=ids).values_list("claim_count", flat=True))
+
+
+MISSING_ID = 2_000_000_000  # no hold has this id
+
+
+def events(reservation_id: int) -> list[tuple[str, int]]:
+    """The hold's outbox events: (kind, version), oldest first."""
+    return list(
+        OutboxEvent.objects.filter(reservation_id=reservation_id)
+        .order_by("id")
+        .values_list("kind", "version")
+    )
+
+
+def released_events(reservation_id: int) -> list[OutboxEvent]:
+    return list(
+        OutboxEvent.objects.filter(reservation_id=reservation_id, kind=OutboxEvent.Kind.RELEASED)
+    )
+
+
+def row(reservation_id: int) -> dict[str, object]:
+    """The hold's columns, read with SQL (an ORM read cannot load next_attempt_at=infinity)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT status, version, released_version, claim_count, last_trace_id, "
+            "next_attempt_at = 'infinity'::timestamptz, "
+            "CASE WHEN isfinite(next_attempt_at) THEN next_attempt_at END, "
+            "expires_at, release_reason, released_at IS NOT NULL, last_claimed_at IS NOT NULL "
+            "FROM reservations_reservation WHERE id = %s",
+            [reservation_id],
+        )
+        values = cur.fetchone()
+    assert values is not None
+    keys = (
+        "status version released_version claim_count last_trace_id infinite next_attempt_at "
+        "expires_at release_reason has_released_at has_last_claimed_at"
+    ).split()
+    return dict(zip(keys, values, strict=True))
+
+
+def seed_expired(count: int, seconds_ago: float, offerings: int = 2) -> list[int]:
+    """``count`` holds over ``offerings`` new offerings (named "sizing"), expired
+    ``seconds_ago``, made in bulk (``tools.seed``): their ids."""
+    from tools.seed import seed_holds
+
+    return seed_holds(count, offerings=offerings, expires_in=-seconds_ago, name="sizing")

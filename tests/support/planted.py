@@ -10,13 +10,18 @@ import time
 import uuid
 from typing import Any
 
+import pytest
 import redis
+from django.conf import settings
 from prometheus_client import REGISTRY
 
+from cleanup.broker.readers import priority_keys
 from cleanup.conf import cleanup_settings
 from tests.support.wire import GOOD, RELEASE_TASK, task_body
 
 QUEUE = cleanup_settings().release_queue
+# Tests of what a Redis broker holds (kombu's lists, its unacked hash): skipped on RabbitMQ.
+redis_only = pytest.mark.skipif(not settings.BROKER_IS_REDIS, reason="Redis broker state")
 GOOD_AGE = 120.0  # the age of the good entry planted beside the bad ones
 
 
@@ -96,3 +101,19 @@ def plant_bad_state(client: redis.Redis) -> None:
     a good unacked message beside a nested-deep unacked entry."""
     client.rpush(QUEUE, envelope(time.time() - GOOD_AGE), envelope(-1e300), nested(100_000))
     client.hset("unacked", mapping={"good": unacked_entry(), "bad": nested(100_000)})
+
+
+def queued_bodies(client: redis.Redis, queue: str) -> list[Any]:
+    """The decoded bodies (Celery's [args, kwargs, embed]) of the messages waiting in ``queue``
+    (every priority list), oldest first."""
+    raw = []
+    for key in priority_keys(queue):
+        raw.extend(client.lrange(key, 0, -1))
+    bodies = []
+    for item in reversed(raw):  # LPUSH: the oldest is last
+        message = json.loads(item)
+        body = message["body"]
+        if message.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        bodies.append(json.loads(body))
+    return bodies

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.contrib.messages import get_messages
 from django.test import Client
+
+
+def messages_of(response: Any) -> list[str]:
+    """The admin's messages to the user (``django.contrib.messages``) of ``response``."""
+    return [str(m) for m in get_messages(response.wsgi_request)]
 
 
 def logged_in(user: User) -> Client:

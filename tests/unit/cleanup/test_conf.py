@@ -262,3 +262,21 @@ def test_start_up_fails_naming_the_variable(env: dict[str, str], words: str) -> 
     out = run_with("import django; django.setup()", **env)
     assert out.returncode != 0
     assert f"ImproperlyConfigured: {words}" in out.stderr, out.stderr[-800:]
+
+
+# --- the dead-letter settings -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "words"),
+    [
+        ("CLEANUP_DEAD_LETTER_OPEN_CAP", "0", "CLEANUP_DEAD_LETTER_OPEN_CAP=0 must be >= 1"),
+        ("CLEANUP_DEAD_LETTER_OPEN_CAP", "lots", "CLEANUP_DEAD_LETTER_OPEN_CAP='lots' is not an"),
+        ("CLEANUP_DEAD_LETTER_RETENTION_DAYS", "0", "CLEANUP_DEAD_LETTER_RETENTION_DAYS=0 must be"),
+        ("CLEANUP_DEAD_LETTER_RETENTION_DAYS", "2w", "CLEANUP_DEAD_LETTER_RETENTION_DAYS='2w' is"),
+    ],
+)
+def test_the_dead_letter_settings_are_checked_at_start_up_naming_the_variable(name, value, words):
+    out = run_with("import django; django.setup()", **{name: value})
+    assert out.returncode != 0
+    assert f"ImproperlyConfigured: {words}" in out.stderr, out.stderr[-800:]

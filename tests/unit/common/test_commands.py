@@ -6,27 +6,19 @@ command; 2: arguments argparse cannot parse) with a message. Commands run throug
 from __future__ import annotations
 
 import argparse
-import json
 import re
-from io import StringIO
-from typing import Any
 
 import pytest
-from django.core.management import call_command, get_commands, load_command_class
+from django.core.management import load_command_class
 from django.core.management.base import BaseCommand
 
 from common.commands import HelpFormatter
-from reservations.models import Offering
+from tests.support.commands import project_commands, run_from_argv
 
-PROJECT_APPS = ("cleanup", "reservations", "tools")
 # Options every Django command has (their help is Django's).
 DJANGO_OPTIONS = {
     action.dest for action in BaseCommand().create_parser("manage.py", "x")._actions
 } | {"help"}
-
-
-def project_commands() -> dict[str, str]:
-    return {name: app for name, app in sorted(get_commands().items()) if app in PROJECT_APPS}
 
 
 def _parser(name: str) -> argparse.ArgumentParser:
@@ -104,15 +96,6 @@ def test_help_shows_the_defaults_as_a_user_reads_them(capsys: pytest.CaptureFixt
     assert "--no-sweeps do not send sweeps (a beat is running) --" in shown  # no "(default: False)"
 
 
-def _run(name: str, *args: str) -> int:
-    command = load_command_class(project_commands()[name], name)
-    try:
-        command.run_from_argv(["manage.py", name, *args])
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0
-
-
 ERRORS_BEFORE_ANY_DATABASE_WORK: list[tuple[str, list[str], int, str]] = [
     ("create_offering", ["--capacity", "2"], 2, "the following arguments are required: --name"),
     ("create_offering", ["--name", "A", "--capacity", "two"], 2, "invalid int value: 'two'"),
@@ -140,34 +123,7 @@ ERRORS_BEFORE_ANY_DATABASE_WORK: list[tuple[str, list[str], int, str]] = [
 def test_an_error_exits_non_zero_and_says_why(
     name: str, args: list[str], code: int, message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _run(name, *args) == code
+    assert run_from_argv(name, *args) == code
     captured = capsys.readouterr()
     assert message in _flat(captured.err)
     assert captured.out == ""
-
-
-@pytest.mark.django_db
-def test_explain_hold_of_no_hold_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
-    assert _run("explain_hold", "999999") == 1
-    assert "verdict: no hold #999999" in capsys.readouterr().out
-
-
-@pytest.mark.django_db
-def test_create_offering_creates_an_offering_with_every_seat_free() -> None:
-    out = StringIO()
-    call_command("create_offering", "--name", " Try-it workshop ", "--capacity", "2", stdout=out)
-    offering = Offering.objects.get()
-    assert (offering.name, offering.capacity, offering.seats_available) == ("Try-it workshop", 2, 2)
-    assert (
-        out.getvalue() == f"created offering {offering.pk} 'Try-it workshop': 2 seat(s), all free\n"
-    )
-    ids = StringIO()
-    call_command("create_offering", "--name", "B", "--capacity", "0", "--id-only", stdout=ids)
-    assert ids.getvalue() == f"{Offering.objects.get(name='B').pk}\n"
-
-
-def test_capacity_plan_json_still_parses(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["--arrival-rate", "40", "--service-time", "0.05", "--json"]
-    assert _run("capacity_plan", *args) == 0
-    plan: dict[str, Any] = json.loads(capsys.readouterr().out)
-    assert plan["consumers_total"] >= 3

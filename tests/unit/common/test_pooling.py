@@ -1,6 +1,7 @@
-"""Behind PgBouncer in transaction pooling: the settings (DATABASE_POOLING, DATABASE_DIRECT_URL)
-and their refusals, the start-up probe through a real PgBouncer (scripts/pgbouncer.py) and
-directly, and the session locks on the direct connection."""
+"""Is a database transaction pooled (common.pooling)? The start-up probe through a real PgBouncer
+(scripts/pgbouncer.py) and directly, its refusals naming what to set, ``manage.py check``,
+workers and beat refusing an undeclared pooler, and the session locks on the direct connection.
+The settings: config/test_env.py."""
 
 from __future__ import annotations
 
@@ -16,94 +17,12 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 
 from common import pooling
 from common.db import psycopg_params
-from config.env import SESSION_ALIAS, database_aliases, prepared_statements
 from tests.support import ROOT
 from tests.support.child_python import run_python
 from tests.support.missing_tools import skip_for_missing
-
-DIRECT = "postgres://app@db.internal:5432/reservations"
-POOLED = "postgres://app@pgbouncer.internal:6432/reservations"
-
-
-# --- settings ------------------------------------------------------------------------------
-
-
-def test_without_pooling_there_is_one_alias_as_before() -> None:
-    aliases = database_aliases(DIRECT, "", "none", conn_max_age=60)
-    assert list(aliases) == ["default"]
-    assert "DISABLE_SERVER_SIDE_CURSORS" not in aliases["default"]
-    assert aliases["default"]["CONN_MAX_AGE"] == 60
-
-
-def test_transaction_pooling_adds_the_direct_alias_and_turns_server_side_cursors_off() -> None:
-    aliases = database_aliases(POOLED, DIRECT, "transaction", conn_max_age=30)
-    assert aliases["default"]["HOST"] == "pgbouncer.internal"
-    assert aliases["default"]["DISABLE_SERVER_SIDE_CURSORS"] is True
-    session = aliases[SESSION_ALIAS]
-    assert (session["HOST"], session["PORT"], session["CONN_MAX_AGE"]) == (
-        "db.internal",
-        "5432",
-        30,
-    )
-    assert session["TEST"] == {"MIRROR": "default"}  # the tests' database, not one of its own
-
-
-def test_transaction_pooling_without_a_direct_url_is_refused_naming_it() -> None:
-    with pytest.raises(ImproperlyConfigured, match="DATABASE_DIRECT_URL"):
-        database_aliases(POOLED, "", "transaction", conn_max_age=60)
-
-
-def test_prepared_statements_are_off_behind_a_transaction_pooler_and_asking_for_them_is_refused(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv("DATABASE_PREPARED_STATEMENTS", raising=False)
-    assert prepared_statements("none") is True
-    assert prepared_statements("transaction") is False
-    monkeypatch.setenv("DATABASE_PREPARED_STATEMENTS", "false")
-    assert prepared_statements("transaction") is False
-    monkeypatch.setenv("DATABASE_PREPARED_STATEMENTS", "true")
-    with pytest.raises(ImproperlyConfigured) as refused:
-        prepared_statements("transaction")
-    assert "DATABASE_PREPARED_STATEMENTS" in str(refused.value)
-    assert "DATABASE_POOLING" in str(refused.value)
-
-
-def _settings_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DATABASE_")}
-    env.update({"DJANGO_SETTINGS_MODULE": "config.settings.test", "DATABASE_URL": POOLED})
-    env.update(extra)
-    return env
-
-
-SHOW_DATABASE_SETTINGS = (
-    "import django; django.setup(); from django.conf import settings as s; "
-    "print(s.DATABASE_POOLING, s.DATABASE_SESSION_ALIAS, s.DATABASE_PREPARED_STATEMENTS, "
-    "sorted(s.DATABASES))"
-)
-
-
-def test_the_settings_read_the_pooling_from_the_environment_and_refuse_a_bad_value() -> None:
-    plain = run_python(SHOW_DATABASE_SETTINGS, _settings_env(), check=True)
-    assert plain.stdout.split() == ["none", "default", "True", "['default']"]
-    pooled = run_python(
-        SHOW_DATABASE_SETTINGS,
-        _settings_env(DATABASE_POOLING="transaction", DATABASE_DIRECT_URL=DIRECT),
-        check=True,
-    )
-    assert pooled.stdout.split() == ["transaction", "locks", "False", "['default',", "'locks']"]
-    for env, named in (
-        ({"DATABASE_POOLING": "statement"}, "DATABASE_POOLING"),
-        ({"DATABASE_POOLING": "transaction"}, "DATABASE_DIRECT_URL"),
-        ({"DATABASE_DIRECT_URL": "mysql://x/y"}, "DATABASE_DIRECT_URL"),
-    ):
-        refused = run_python(SHOW_DATABASE_SETTINGS, _settings_env(**env))
-        assert refused.returncode != 0
-        assert "ImproperlyConfigured" in refused.stderr and named in refused.stderr, env
-
 
 # --- a real PgBouncer ----------------------------------------------------------------------
 

@@ -425,7 +425,7 @@ def _dashboard_exprs() -> list[str]:
 
 def test_one_slo_setting_drives_the_rules_and_the_dashboard() -> None:
     """No SLO number in the rules or panels: both compare with the gauge the web exports from
-    CLEANUP_SLO_SECONDS (test_observability checks the gauge's value)."""
+    CLEANUP_SLO_SECONDS (cleanup/operations/console/test_gauges.py checks the gauge's value)."""
     slo = _alert_rules()["ReservationCleanupSLOBreach"]["expr"]
     assert "reservation_cleanup_slo_seconds" in slo
     assert not re.search(r"\b\d{2,}\b", slo), slo

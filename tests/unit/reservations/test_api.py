@@ -7,12 +7,14 @@ import json
 from typing import Any
 
 import pytest
-from django.db import OperationalError
 from django.test import Client, RequestFactory
 
 from reservations import api, services
-from reservations.models import OutboxEvent, Reservation
-from tests.support.api import API_TOKEN, AUTH
+from reservations.models import (
+    OutboxEvent,
+    Reservation,
+)
+from tests.support.api import API_TOKEN, AUTH, call, error_code, hold_url
 from tests.support.holds import expire
 
 
@@ -464,26 +466,92 @@ def test_a_body_over_the_limit_without_content_length_is_a_413(offering):
     assert not Reservation.objects.exists()
 
 
-# --- transient database errors --------------------------------------------------------------
-
-
-# Deadlocks (a real one between two sessions, and a persistent one raised by PostgreSQL) are
-# driven through the API in unit/test_failure_paths.py.
-
-
-def test_a_non_transient_operational_error_is_not_retried(offering, monkeypatch):
-    calls: list[int] = []
-
-    def broken(*args: Any, **kwargs: Any) -> Reservation:
-        calls.append(1)
-        raise OperationalError("server closed the connection")
-
-    with pytest.raises(OperationalError):
-        api.call_with_retries(broken)
-    assert len(calls) == 1
+# Transient database errors (deadlocks, a real one between two sessions and a persistent one
+# raised by PostgreSQL) are driven through the API in test_retry.py.
 
 
 def test_the_api_is_csrf_exempt(offering):
     client = Client(enforce_csrf_checks=True)
     response = post(client, f"/api/v1/offerings/{offering.pk}/holds", {"holder": "x"})
     assert response.status_code == 201
+
+
+# --- Location and listings, as an API client ----------------------------------------------
+
+
+def pages(client: Client, url: str, token: str) -> list[list[int]]:
+    found: list[list[int]] = []
+    while True:
+        body = call(client, "get", url, token).json()
+        found.append([h["id"] for h in body["holds"]])
+        if body["next_cursor"] is None:
+            return found
+        base = url.split("cursor=")[0].rstrip("&")
+        url = f"{base}&cursor={body['next_cursor']}"
+
+
+@pytest.mark.usefixtures("api_token")
+def test_a_201_names_the_new_hold_in_its_location(client, offering, make_client):
+    _, token = make_client()
+    made = call(client, "post", hold_url(offering), token, {"holder": "ann"})
+    assert made.status_code == 201
+    assert made["Location"] == f"/api/v1/holds/{made.json()['id']}"
+    assert call(client, "get", made["Location"], token).json() == made.json()
+
+
+@pytest.mark.usefixtures("api_token")
+def test_a_holders_holds_are_listed_page_by_page_each_once(client, make_offering, make_client):
+    # given five holds of ann on two offerings, one of bob, one of ann by another client
+    a, b = make_offering(capacity=5, name="a"), make_offering(capacity=5, name="b")
+    _, token = make_client()
+    _, other = make_client("other")
+    ids = [
+        call(client, "post", hold_url(o), token, {"holder": "ann"}).json()["id"]
+        for o in (a, b, a, b, a)
+    ]
+    call(client, "post", hold_url(a), token, {"holder": "bob"})
+    call(client, "post", hold_url(a), other, {"holder": "ann"})
+    # when listed two at a time
+    found = pages(client, "/api/v1/holds?holder=ann&limit=2", token)
+    # then
+    assert found == [ids[0:2], ids[2:4], ids[4:5]]
+
+
+@pytest.mark.usefixtures("api_token")
+def test_listing_the_holds_of_an_offering_that_does_not_exist_is_a_404(client, make_client):
+    _, token = make_client()
+    response = call(client, "get", "/api/v1/offerings/999999/holds", token)
+    assert response.status_code == 404
+    assert error_code(response) == "offering_not_found"
+
+
+@pytest.mark.usefixtures("api_token")
+def test_an_offerings_holds_are_listed_page_by_page(client, make_offering, make_client):
+    a, b = make_offering(capacity=5, name="a"), make_offering(capacity=5, name="b")
+    _, token = make_client()
+    ids = [call(client, "post", hold_url(a), token, {"holder": h}).json()["id"] for h in "xyz"]
+    call(client, "post", hold_url(b), token, {"holder": "w"})
+    assert pages(client, f"{hold_url(a)}?limit=2", token) == [ids[0:2], ids[2:3]]
+
+
+@pytest.mark.usefixtures("api_token")
+@pytest.mark.parametrize(
+    ("query", "code", "field"),
+    [
+        ("", "missing_field", "holder"),
+        ("holder=", "invalid_value", "holder"),
+        ("holder=ann&cursor=bm9wZQ", "invalid_cursor", "cursor"),
+        ("holder=ann&cursor=%%%", "invalid_cursor", "cursor"),
+        ("holder=ann&limit=0", "out_of_range", "limit"),
+        ("holder=ann&limit=101", "out_of_range", "limit"),
+        ("holder=ann&limit=ten", "invalid_type", "limit"),
+        ("holder=ann&limit=1&limit=2", "invalid_value", "limit"),
+        ("holder=ann&sort=id", "unknown_field", "sort"),
+    ],
+)
+def test_a_bad_listing_query_is_a_400_naming_it(client, make_client, query, code, field):
+    _, token = make_client()
+    response = call(client, "get", f"/api/v1/holds?{query}", token)
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == code
+    assert response.json()["error"]["field"] == field

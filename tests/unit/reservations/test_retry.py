@@ -1,7 +1,7 @@
-"""Paths that decide what a learner or an operator sees when PostgreSQL misbehaves: the API's
-transient errors (serialization failure, a raced conditional update) and non-transient ones,
-``/readyz`` with the database gone, ``hold_seat``'s reclaim cap, and which dead letters a
-periodic task's success settles.
+"""Transient database errors and the retry after one (reservations.retry), through the API: a
+serialization failure, a real deadlock and a raced conditional update are retried and the seat
+taken once; a persistent one is a 503 with Retry-After that changes nothing; a non-transient
+error is never retried.
 
 Database errors are raised by PostgreSQL itself (a trigger raising the real SQLSTATE), so the
 product sees exactly what the driver gives it.
@@ -22,7 +22,7 @@ from django.db import OperationalError, ProgrammingError, connection
 from django.test import Client
 
 from reservations import api, services
-from reservations.models import Offering, OutboxEvent, Reservation
+from reservations.models import OutboxEvent, Reservation
 from reservations.retry import TRANSIENT_ATTEMPTS
 from tests.support.api import AUTH
 from tests.support.holds import expire
@@ -206,138 +206,13 @@ def test_a_non_transient_database_error_is_not_retried_and_not_a_503(offering, s
     assert not Reservation.objects.exists()
 
 
-# --- /readyz with the database gone ---------------------------------------------------------
+def test_a_non_transient_operational_error_is_not_retried(offering, monkeypatch):
+    calls: list[int] = []
 
+    def broken(*args: Any, **kwargs: Any) -> Reservation:
+        calls.append(1)
+        raise OperationalError("server closed the connection")
 
-@pytest.mark.django_db(transaction=True)
-def test_readyz_is_503_while_the_database_is_unreachable_and_recovers(client, settings):
-    # a metrics reader (the token) sees which check failed; anyone else sees only the status
-    settings.METRICS_TOKEN = "r" * 40
-    client.defaults["HTTP_AUTHORIZATION"] = "Bearer " + "r" * 40
-    assert client.get("/readyz").status_code == 200
-    # when: the server ends this process's session (a restart, a failover, an admin)
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_backend_pid()")
-        pid = cur.fetchone()[0]
-    other = connection.copy()
-    try:
-        with other.cursor() as cur:
-            cur.execute("SELECT pg_terminate_backend(%s)", [pid])
-    finally:
-        other.close()
-    # then: not ready, naming the database
-    response = client.get("/readyz")
-    assert response.status_code == 503
-    body = response.json()
-    assert body["ready"] is False
-    assert body["checks"]["database"]["ok"] is False
-    assert body["checks"]["database"]["error"].split(":")[0] in {
-        "OperationalError",
-        "InterfaceError",
-    }
-    assert body["checks"]["broker"]["ok"] is True
-    # and the broken handle is not reused: the next request reconnects and is ready
-    assert client.get("/readyz").status_code == 200
-    # when: the database cannot be reached at all (nothing listens on its port)
-    real_port = connection.settings_dict["PORT"]
-    connection.close()
-    connection.settings_dict["PORT"] = "9"
-    try:
-        response = client.get("/readyz")
-    finally:
-        connection.close()
-        connection.settings_dict["PORT"] = real_port
-    assert response.status_code == 503
-    assert response.json()["checks"]["database"]["ok"] is False
-    assert client.get("/readyz").status_code == 200
-
-
-# --- hold_seat's reclaim cap ----------------------------------------------------------------
-
-
-@pytest.mark.django_db
-def test_a_full_offering_reclaims_at_most_the_cap_of_eligible_holds_per_request():
-    # given: a full offering whose holds are all eligible, more of them than the cap
-    extra = 10
-    capacity = services.RECLAIM_LIMIT + extra
-    offering = services.create_offering("reclaim-cap", capacity=capacity)
-    held = [services.hold_seat(offering.pk, f"l{i}", 60).pk for i in range(capacity)]
-    expire(*held)
-    # when: one learner asks for a seat
-    new = services.hold_seat(offering.pk, "newcomer", 60)
-    # then: exactly the cap was released (the lowest ids: the lock order), one went to the
-    # newcomer, the rest stay free; the other eligible holds are left to the cleanup
-    released = sorted(
-        Reservation.objects.filter(pk__in=held, status="released").values_list("pk", flat=True)
-    )
-    assert released == sorted(held)[: services.RECLAIM_LIMIT]
-    assert Reservation.objects.filter(pk__in=held, status="held").count() == extra
-    assert set(
-        OutboxEvent.objects.filter(kind="reservation.released").values_list(
-            "payload__reason", flat=True
-        )
-    ) == {"reclaimed"}
-    assert OutboxEvent.objects.filter(kind="reservation.released").count() == len(released)
-    assert Offering.objects.get(pk=offering.pk).seats_available == services.RECLAIM_LIMIT - 1
-    assert new.status == "held"
-    assert services.seat_conservation_violations() == []
-
-
-# --- a periodic task's letters: settled by the next success of the same run -----------------
-
-
-@pytest.mark.django_db
-def test_a_periodic_success_settles_only_the_letters_of_the_same_run() -> None:
-    from cleanup.models import DeadLetter
-    from cleanup.operations import triage
-    from cleanup.release import dead_letters
-    from cleanup.tasks import relay_outbox_task, sweep_shard_task
-
-    def key(task: Any, **kwargs: Any) -> str:
-        return str(task.periodic_key((), kwargs))
-
-    def letter(idempotency_key: str, reason: str = DeadLetter.Reason.PERIODIC_FAILED) -> Any:
-        return dead_letters.record(reason, error="boom", idempotency_key=idempotency_key)
-
-    shard0 = key(sweep_shard_task, shard=0, shards=4)
-    assert shard0 == "periodic:cleanup.sweep_shard:shard=0,shards=4"
-    mine = [letter(shard0), letter(shard0)]
-    others = [
-        letter(key(sweep_shard_task, shard=1, shards=4)),  # another shard still failing
-        letter(key(sweep_shard_task, shard=0, shards=8)),  # shard 0 of another N
-        letter(key(relay_outbox_task)),
-        letter(shard0, DeadLetter.Reason.FAILED),  # not a periodic letter
-    ]
-    # when: shard 0 of 4 succeeds
-    assert dead_letters.settle_periodic(shard0) == 2
-    # then: its two letters are settled, by the cleanup; nothing else
-    for settled in mine:
-        settled.refresh_from_db()
-        assert (settled.resolution, settled.resolved_by) == ("succeeded_later", "cleanup")
-    assert all(DeadLetter.objects.get(pk=o.pk).resolved_at is None for o in others), (
-        "a success settled another run's letter"
-    )
-    # and requeue says why it will not send a periodic letter, changing nothing
-    (action,) = triage.requeue([others[0]]).keys()
-    assert action.startswith("not_requeueable (a periodic task: beat runs it again")
-    assert DeadLetter.objects.get(pk=others[0].pk).resolved_at is None
-
-
-@pytest.mark.django_db
-def test_a_sweep_that_skipped_its_locked_shard_settles_nothing() -> None:
-    from cleanup.models import DeadLetter
-    from cleanup.release import dead_letters
-    from cleanup.tasks import sweep_shard_task
-
-    kwargs = {"shard": 0, "shards": 2}
-    key = sweep_shard_task.periodic_key((), kwargs)
-    letter = dead_letters.record(
-        DeadLetter.Reason.PERIODIC_FAILED, error="boom", idempotency_key=key
-    )
-    assert letter is not None
-    # a sweep that found its shard locked by another one ran nothing: the letter stays open
-    sweep_shard_task.on_success({"skipped_locked": True}, "t1", (), kwargs)
-    assert DeadLetter.objects.get(pk=letter.pk).resolved_at is None
-    # a sweep that ran settles it
-    sweep_shard_task.on_success({"skipped_locked": False, "claimed": 0}, "t2", (), kwargs)
-    assert DeadLetter.objects.get(pk=letter.pk).resolution == dead_letters.SUCCEEDED_LATER
+    with pytest.raises(OperationalError):
+        api.call_with_retries(broken)
+    assert len(calls) == 1

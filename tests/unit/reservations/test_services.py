@@ -1,4 +1,6 @@
-"""The reservation domain services against a real PostgreSQL.
+"""The reservation domain services against a real PostgreSQL: hold_seat, renew, confirm,
+cancel, release_if_expired and release_holds, and random sequences of them checked against a
+model. (The sweep's claim of expired holds: cleanup/release/test_claim.py.)
 
 Expiry is driven two ways: an explicit ``now=`` (services accept it for unit tests only) and
 holds whose ``expires_at`` / ``next_attempt_at`` are moved into the past with an UPDATE, so the
@@ -7,68 +9,41 @@ database clock (``now()``) sees them as eligible.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import pytest
 from django.conf import settings
 from django.db import connection
+from django.db.models import Count
 from django.utils import timezone
+from hypothesis import HealthCheck, event
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
-from cleanup.release.claim import ClaimedHold, claim_expired, reschedule_claim
+from cleanup.release import claim
+from cleanup.release.claim import claim_expired
 from reservations import errors, services
+from reservations.errors import HoldExpired, NoSeatsAvailable, NotHeld, StaleVersion
 from reservations.models import Offering, OutboxEvent, Reservation
 from reservations.services import ReleaseOutcome
-from tests.support.holds import expire
+from reservations.services import release_holds as release_many_if_expired
+from tests.support.holds import MISSING_ID, events, expire, released_events, row
 
-pytestmark = pytest.mark.django_db
-
-MISSING_ID = 2_000_000_000
-
-
-@pytest.fixture(autouse=True)
-def seats_are_conserved_after_every_test(db: None) -> Iterator[None]:
-    yield
-    assert services.seat_conservation_violations() == []
-
-
-@pytest.fixture
-def t0() -> datetime:
-    return timezone.now()
-
-
-def events(reservation_id: int) -> list[tuple[str, int]]:
-    return list(
-        OutboxEvent.objects.filter(reservation_id=reservation_id)
-        .order_by("id")
-        .values_list("kind", "version")
-    )
-
-
-def released_events(reservation_id: int) -> list[OutboxEvent]:
-    return list(
-        OutboxEvent.objects.filter(reservation_id=reservation_id, kind=OutboxEvent.Kind.RELEASED)
-    )
-
-
-def row(reservation_id: int) -> dict[str, object]:
-    """The hold's columns, read with SQL (an ORM read cannot load next_attempt_at=infinity)."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT status, version, released_version, claim_count, last_trace_id, "
-            "next_attempt_at = 'infinity'::timestamptz, "
-            "CASE WHEN isfinite(next_attempt_at) THEN next_attempt_at END, "
-            "expires_at, release_reason, released_at IS NOT NULL, last_claimed_at IS NOT NULL "
-            "FROM reservations_reservation WHERE id = %s",
-            [reservation_id],
-        )
-        values = cur.fetchone()
-    assert values is not None
-    keys = (
-        "status version released_version claim_count last_trace_id infinite next_attempt_at "
-        "expires_at release_reason has_released_at has_last_claimed_at"
-    ).split()
-    return dict(zip(keys, values, strict=True))
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.usefixtures("seats_are_conserved_after_every_test"),
+]
 
 
 def seats(offering: Offering) -> int:
@@ -613,204 +588,430 @@ def test_releasing_with_a_custom_reason_records_it_on_the_hold_and_the_event(off
     assert released_events(hold.pk)[0].payload["reason"] == "admin"
 
 
-# --- claim_expired / reschedule_claim --------------------------------------------------------
+# --- release_holds: a batch, each hold decided as it would be alone ----------------------------
 
 
-def claim(now: datetime, **overrides: object) -> list[ClaimedHold]:
-    options: dict[str, object] = {
-        "batch_size": 100,
-        "lease_seconds": 300,
-        "max_claims": 3,
-        "trace_id": "trace-1",
-    }
-    options.update(overrides)
-    shard = int(options.pop("shard", 0))  # type: ignore[call-overload]
-    shards = int(options.pop("shards", 1))  # type: ignore[call-overload]
-    return claim_expired(shard, shards, now=now, **options)  # type: ignore[arg-type]
+def _scenario(offering_capacity: int = 10):
+    """Holds in every state the outcome order distinguishes; returns (offering, items)."""
+    offering = services.create_offering("bulk", offering_capacity)
+    expired = [services.hold_seat(offering.pk, f"h{i}", 60) for i in range(6)]
+    fresh = services.hold_seat(offering.pk, "fresh", 600)
+    services.renew(expired[1].pk, 1, 120)  # now v2; a v1 message is stale
+    renewed = services.renew(expired[5].pk, 1, 120)  # v2, expires within the later clock
+    services.confirm(expired[2].pk, 1)
+    services.cancel(expired[3].pk, 1)
+    items = [
+        (expired[0].pk, 1),  # released
+        (expired[1].pk, 1),  # renewed (version moved while held)
+        (expired[2].pk, 1),  # no_longer_held (confirmed)
+        (expired[3].pk, 1),  # no_longer_held (cancelled)
+        (fresh.pk, 1),  # not_expired at the later clock? no: fresh expires in 600 s
+        (999_999, 1),  # not_found
+        (expired[4].pk, 1),  # released
+        (renewed.pk, 2),  # renewed hold at its new version, expired by the clock → released
+    ]
+    return offering, items
 
 
-def test_a_claim_takes_only_held_expired_due_holds_of_its_shard(make_offering, t0):
-    offering = make_offering(capacity=20)
-    expired = [services.hold_seat(offering.pk, f"e{i}", ttl_seconds=60, now=t0) for i in range(8)]
-    live = services.hold_seat(offering.pk, "live", ttl_seconds=3600, now=t0)
-    confirmed = services.hold_seat(offering.pk, "conf", ttl_seconds=60, now=t0)
-    services.confirm(confirmed.pk, 1, now=t0)
-    cancelled = services.hold_seat(offering.pk, "canc", ttl_seconds=60, now=t0)
-    services.cancel(cancelled.pk, 1, now=t0)
-    released = services.hold_seat(offering.pk, "rel", ttl_seconds=60, now=t0)
-    services.release_if_expired(released.pk, 1, now=t0 + timedelta(seconds=60))
-    later = t0 + timedelta(seconds=120)
-    # one expired hold is not due yet (a sweep leased it a moment ago)
-    not_due = expired[0]
-    Reservation.objects.filter(pk=not_due.pk).update(next_attempt_at=later + timedelta(seconds=1))
+def test_bulk_release_gives_each_hold_the_outcome_it_would_get_alone(db):
+    # given two identical worlds, judged at a clock past the short holds but not the fresh one
+    later = timezone.now() + timedelta(seconds=300)
+    _, bulk_items = _scenario()
+    _, single_items = _scenario()
+    # when
+    bulk = release_many_if_expired(bulk_items, now=later)
+    single = [services.release_if_expired(rid, v, now=later) for rid, v in single_items]
+    # then: same outcome, position by position
+    assert [bulk[rid] for rid, _ in bulk_items] == single
+    assert [bulk[rid] for rid, _ in bulk_items] == [
+        ReleaseOutcome.RELEASED,
+        ReleaseOutcome.RENEWED,
+        ReleaseOutcome.NO_LONGER_HELD,
+        ReleaseOutcome.NO_LONGER_HELD,
+        ReleaseOutcome.NOT_EXPIRED,
+        ReleaseOutcome.NOT_FOUND,
+        ReleaseOutcome.RELEASED,
+        ReleaseOutcome.RELEASED,
+    ]
+    # and a second pass finds them released at this version
+    again = release_many_if_expired(bulk_items, now=later)
+    assert again[bulk_items[0][0]] == ReleaseOutcome.ALREADY_HANDLED
+    assert services.seat_conservation_violations() == []
 
-    by_shard = {
-        shard: {c.reservation_id for c in claim(later, shard=shard, shards=3)} for shard in range(3)
-    }
 
-    for shard, ids in by_shard.items():
-        assert all(Reservation.objects.get(pk=i).bucket % 3 == shard for i in ids)
-    assert set().union(*by_shard.values()) == {h.pk for h in expired[1:]}
-    assert sum(len(ids) for ids in by_shard.values()) == 7
-    assert row(live.pk)["claim_count"] == 0
-    assert row(not_due.pk)["claim_count"] == 0
+# --- hold_seat's reclaim cap ----------------------------------------------------------------
 
 
-def test_a_claim_leases_the_hold_and_counts_it_without_bumping_the_version(offering, t0):
-    hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
-    later = t0 + timedelta(seconds=120)
-
-    (claimed,) = claim(later, lease_seconds=30, trace_id="trace-abc")
-
-    assert claimed == ClaimedHold(
-        reservation_id=hold.pk,
-        version=1,
-        expires_at=t0 + timedelta(seconds=60),
-        bucket=hold.pk % 1024,
-        claim_count=1,
-        set_aside=False,
+@pytest.mark.usefixtures("api_token")
+@pytest.mark.django_db
+def test_a_full_offering_reclaims_at_most_the_cap_of_eligible_holds_per_request():
+    # given: a full offering whose holds are all eligible, more of them than the cap
+    extra = 10
+    capacity = services.RECLAIM_LIMIT + extra
+    offering = services.create_offering("reclaim-cap", capacity=capacity)
+    held = [services.hold_seat(offering.pk, f"l{i}", 60).pk for i in range(capacity)]
+    expire(*held)
+    # when: one learner asks for a seat
+    new = services.hold_seat(offering.pk, "newcomer", 60)
+    # then: exactly the cap was released (the lowest ids: the lock order), one went to the
+    # newcomer, the rest stay free; the other eligible holds are left to the cleanup
+    released = sorted(
+        Reservation.objects.filter(pk__in=held, status="released").values_list("pk", flat=True)
     )
-    state = row(hold.pk)
-    assert state["next_attempt_at"] == later + timedelta(seconds=30)
-    assert state["claim_count"] == 1
-    assert state["version"] == 1
-    assert state["last_trace_id"] == "trace-abc"
-    assert state["has_last_claimed_at"]
-    assert events(hold.pk) == [("reservation.held", 1)]
-
-
-def test_a_claimed_hold_is_not_claimed_again_until_its_lease_passes(offering, t0):
-    hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
-    later = t0 + timedelta(seconds=120)
-    claim(later, lease_seconds=30)
-
-    assert claim(later) == []
-    assert claim(later + timedelta(seconds=29)) == []
-    (again,) = claim(later + timedelta(seconds=30))
-
-    assert again.reservation_id == hold.pk
-    assert again.claim_count == 2
-
-
-def test_a_hold_claimed_more_than_max_claims_times_is_set_aside_and_not_claimed_again(offering, t0):
-    hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
-    clock = t0 + timedelta(seconds=120)
-    counts = []
-    for _ in range(3):
-        (c,) = claim(clock, lease_seconds=10, max_claims=2)
-        counts.append((c.claim_count, c.set_aside))
-        clock += timedelta(seconds=10)
-
-    assert counts == [(1, False), (2, False), (3, True)]
-    assert row(hold.pk)["infinite"]
-    assert claim(clock + timedelta(days=365), max_claims=2) == []
-    assert row(hold.pk)["claim_count"] == 3
-
-
-def test_rescheduling_a_set_aside_hold_makes_it_due_again_with_a_fresh_budget(offering, t0):
-    hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
-    later = t0 + timedelta(seconds=120)
-    claim(later, max_claims=0)
-    assert claim(later, max_claims=0) == []
-
-    assert reschedule_claim([hold.pk]) == 1
-
-    state = row(hold.pk)
-    assert not state["infinite"]
-    assert state["claim_count"] == 0
-    (again,) = claim(later, max_claims=1)
-    assert (again.reservation_id, again.claim_count, again.set_aside) == (hold.pk, 1, False)
-
-
-def test_rescheduling_ignores_holds_that_are_no_longer_held_and_empty_input(offering, t0):
-    hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
-    services.cancel(hold.pk, 1, now=t0)
-
-    assert reschedule_claim([hold.pk, MISSING_ID]) == 0
-    assert reschedule_claim([]) == 0
-
-
-def test_claims_come_back_sorted_by_expiry(make_offering, t0):
-    offering = make_offering(capacity=5)
-    ttls = [300, 60, 240, 120, 180]
-    holds = [
-        services.hold_seat(offering.pk, f"h{i}", ttl_seconds=ttl, now=t0)
-        for i, ttl in enumerate(ttls)
-    ]
-    # due order differs from expiry order: the shortest-lived hold was leased most recently
-    Reservation.objects.filter(pk=holds[1].pk).update(next_attempt_at=t0 + timedelta(seconds=900))
-
-    claimed = claim(t0 + timedelta(seconds=1000))
-
-    assert [c.expires_at for c in claimed] == sorted(c.expires_at for c in claimed)
-    assert [c.reservation_id for c in claimed] == [holds[i].pk for i in (1, 3, 4, 2, 0)]
-
-
-def test_a_claim_takes_at_most_one_batch_in_due_order(make_offering, t0):
-    offering = make_offering(capacity=5)
-    holds = [
-        services.hold_seat(offering.pk, f"h{i}", ttl_seconds=60 * (i + 1), now=t0) for i in range(5)
-    ]
-    later = t0 + timedelta(hours=1)
-
-    first = claim(later, batch_size=2)
-    second = claim(later, batch_size=2)
-    third = claim(later, batch_size=2)
-
-    assert [c.reservation_id for c in first] == [holds[0].pk, holds[1].pk]
-    assert [c.reservation_id for c in second] == [holds[2].pk, holds[3].pk]
-    assert [c.reservation_id for c in third] == [holds[4].pk]
-
-
-@pytest.mark.parametrize(("shard", "shards"), [(-1, 2), (2, 2), (0, 0)])
-def test_a_claim_outside_the_shard_range_raises_value_error(db, shard, shards):
-    with pytest.raises(ValueError, match="outside"):
-        claim_expired(shard, shards, batch_size=1, lease_seconds=1, max_claims=1)
-
-
-def test_a_claimed_hold_is_still_released_by_its_message(offering, t0):
-    hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
-    later = t0 + timedelta(seconds=120)
-    (claimed,) = claim(later)
-
-    outcome = services.release_if_expired(claimed.reservation_id, claimed.version, now=later)
-
-    assert outcome == ReleaseOutcome.RELEASED
-    assert len(released_events(hold.pk)) == 1
-
-
-def test_a_renewed_hold_is_not_claimed_until_it_expires_again(offering, t0):
-    hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60, now=t0)
-    services.renew(hold.pk, 1, ttl_seconds=600, now=t0 + timedelta(seconds=30))
-
-    assert claim(t0 + timedelta(seconds=120)) == []
-    (claimed,) = claim(t0 + timedelta(seconds=630))
-    assert claimed.version == 2
-
-
-def test_a_set_aside_hold_reclaimed_by_a_new_hold_can_still_be_read(make_offering, t0):
-    full = make_offering(capacity=1)
-    hold = services.hold_seat(full.pk, "learner-1", ttl_seconds=60, now=t0)
-    later = t0 + timedelta(seconds=120)
-    (claimed,) = claim(later, max_claims=0)
-    assert claimed.set_aside
-
-    services.hold_seat(full.pk, "learner-2", ttl_seconds=60, now=later)
-
-    released = Reservation.objects.get(pk=hold.pk)  # 'infinity' loads (common.db)
-    assert released.status == Reservation.Status.RELEASED
-    assert released.next_attempt_at == datetime.max.replace(tzinfo=UTC)
-
-
-def test_a_set_aside_hold_can_still_be_read_through_the_orm(offering):
-    # given: a hold set aside after too many claims (next_attempt_at = 'infinity')
-    hold = services.hold_seat(offering.pk, "learner", ttl_seconds=60)
-    with connection.cursor() as cur:
-        cur.execute(
-            "UPDATE reservations_reservation SET next_attempt_at = 'infinity' WHERE id = %s",
-            [hold.pk],
+    assert released == sorted(held)[: services.RECLAIM_LIMIT]
+    assert Reservation.objects.filter(pk__in=held, status="held").count() == extra
+    assert set(
+        OutboxEvent.objects.filter(kind="reservation.released").values_list(
+            "payload__reason", flat=True
         )
-    # when: the admin, explain_hold or a service reads the row
-    loaded = Reservation.objects.get(pk=hold.pk)
-    # then: infinity reads as the largest datetime instead of raising
-    assert loaded.next_attempt_at.year == 9999
+    ) == {"reclaimed"}
+    assert OutboxEvent.objects.filter(kind="reservation.released").count() == len(released)
+    assert Offering.objects.get(pk=offering.pk).seats_available == services.RECLAIM_LIMIT - 1
+    assert new.status == "held"
+    assert services.seat_conservation_violations() == []
+
+
+# --- a smoke test -----------------------------------------------------------------------------
+
+
+def test_a_hold_that_expired_is_released_once_and_its_seat_returns(offering):
+    # given
+    hold = services.hold_seat(offering.pk, "learner-1", ttl_seconds=60)
+    later = timezone.now() + timedelta(seconds=120)
+    # when
+    first = services.release_if_expired(hold.pk, hold.version, now=later)
+    second = services.release_if_expired(hold.pk, hold.version, now=later)
+    # then
+    assert first == ReleaseOutcome.RELEASED
+    assert second == ReleaseOutcome.ALREADY_HANDLED
+    hold.refresh_from_db()
+    offering.refresh_from_db()
+    assert hold.status == Reservation.Status.RELEASED
+    assert hold.released_version == 1
+    assert offering.seats_available == offering.capacity
+    assert OutboxEvent.objects.filter(reservation=hold, kind="reservation.released").count() == 1
+    assert services.seat_conservation_violations() == []
+
+
+# --- random sequences of hold / renew / confirm / cancel / release / claim ------------------
+#
+# Checked against a plain Python model after every step. No real time passes: the machine owns a
+# clock it advances and passes as ``now=`` to every service call. The clock starts a day ahead of
+# the database clock, so ``reschedule_claim`` (which uses the database's ``now()``) makes a hold
+# due at once by the machine's clock.
+
+HELD, CONFIRMED, CANCELLED, RELEASED = "held", "confirmed", "cancelled", "released"
+MAX_CLAIMS = 1
+
+
+@dataclass
+class Hold:
+    id: int
+    offering_id: int
+    status: str
+    version: int
+    expires_at: datetime
+    next_attempt_at: datetime | None  # None: set aside (infinity)
+    claim_count: int = 0
+    released_version: int | None = None
+
+
+@dataclass(frozen=True)
+class Message:
+    """A release message as the sweep would build it: the id and the version it saw."""
+
+    reservation_id: int
+    version: int
+
+
+class ReservationMachine(RuleBasedStateMachine):
+    messages = Bundle("messages")
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Each example starts from empty tables and ids from 1: a hold's bucket (id % 1024),
+        # and so its shard, must be the same when Hypothesis replays an example, or the
+        # claim rule's results (and the rules drawn after it) differ between runs, which
+        # Hypothesis reports as FlakyStrategyDefinition.
+        with connection.cursor() as cur:
+            for model in (OutboxEvent, Reservation, Offering):
+                table = model._meta.db_table
+                cur.execute(f"DELETE FROM {table}")
+                cur.execute("SELECT setval(pg_get_serial_sequence(%s, 'id'), 1, false)", [table])
+        self.clock = timezone.now() + timedelta(days=1)
+        self.capacity: dict[int, int] = {}
+        self.free: dict[int, int] = {}
+        self.holds: dict[int, Hold] = {}
+
+    # --- setup -----------------------------------------------------------------------------
+
+    @initialize(capacities=st.lists(st.integers(1, 3), min_size=2, max_size=3))
+    def create_offerings(self, capacities: list[int]) -> None:
+        for i, capacity in enumerate(capacities):
+            offering = services.create_offering(f"offering {i}", capacity=capacity)
+            self.capacity[offering.pk] = capacity
+            self.free[offering.pk] = capacity
+
+    # --- model helpers ---------------------------------------------------------------------
+
+    def _expired(self, hold: Hold, at: datetime) -> bool:
+        return hold.expires_at <= at
+
+    def _model_release(self, hold: Hold) -> None:
+        hold.status = RELEASED
+        hold.released_version = hold.version
+        self.free[hold.offering_id] += 1
+
+    def _expected_release(self, hold: Hold | None, version: int, at: datetime) -> ReleaseOutcome:
+        if hold is None:
+            return ReleaseOutcome.NOT_FOUND
+        if hold.status == RELEASED and hold.released_version == version:
+            return ReleaseOutcome.ALREADY_HANDLED
+        if hold.status in (CONFIRMED, CANCELLED):
+            return ReleaseOutcome.NO_LONGER_HELD
+        if hold.version != version:
+            return ReleaseOutcome.RENEWED
+        if not self._expired(hold, at):
+            return ReleaseOutcome.NOT_EXPIRED
+        return ReleaseOutcome.RELEASED
+
+    def _pick(self, data: st.DataObject) -> Hold:
+        return self.holds[data.draw(st.sampled_from(sorted(self.holds)))]
+
+    def _expected_refusal(self, hold: Hold, version: int, check_expiry: bool) -> type | None:
+        if hold.status != HELD:
+            return NotHeld
+        if hold.version != version:
+            return StaleVersion
+        if check_expiry and self._expired(hold, self.clock):
+            return HoldExpired
+        return None
+
+    # --- rules -----------------------------------------------------------------------------
+
+    @rule(data=st.data(), ttl=st.integers(1, 120), created_ago=st.sampled_from([0, 0, 200]))
+    def hold(self, data: st.DataObject, ttl: int, created_ago: int) -> None:
+        offering_id = data.draw(st.sampled_from(sorted(self.capacity)))
+        # created_ago > ttl: the hold is created already expired by the machine's clock
+        at = self.clock - timedelta(seconds=created_ago)
+        reclaimable = []
+        if self.free[offering_id] == 0:
+            reclaimable = sorted(
+                h.id
+                for h in self.holds.values()
+                if h.offering_id == offering_id and h.status == HELD and self._expired(h, at)
+            )[: services.RECLAIM_LIMIT]
+        try:
+            created = services.hold_seat(offering_id, "learner", ttl_seconds=ttl, now=at)
+        except NoSeatsAvailable:
+            assert self.free[offering_id] == 0 and not reclaimable
+            return
+        for rid in reclaimable:
+            self._model_release(self.holds[rid])
+        if reclaimable:
+            event("hold: reclaimed eligible holds")
+        assert self.free[offering_id] > 0
+        self.free[offering_id] -= 1
+        expires = at + timedelta(seconds=ttl)
+        assert created.expires_at == expires
+        self.holds[created.pk] = Hold(created.pk, offering_id, HELD, 1, expires, expires)
+        for rid in reclaimable:  # each reclaimed through release_if_expired, once
+            (released,) = OutboxEvent.objects.filter(
+                reservation_id=rid, kind=OutboxEvent.Kind.RELEASED
+            )
+            assert released.payload["reason"] == "reclaimed"
+
+    @rule(data=st.data(), ttl=st.integers(1, 120), stale=st.booleans())
+    @precondition(lambda self: bool(self.holds))
+    def renew(self, data: st.DataObject, ttl: int, stale: bool) -> None:
+        hold = self._pick(data)
+        version = hold.version - 1 if stale else hold.version
+        expected = self._expected_refusal(hold, version, check_expiry=True)
+        try:
+            renewed = services.renew(hold.id, version, ttl_seconds=ttl, now=self.clock)
+        except (NotHeld, StaleVersion, HoldExpired) as err:
+            assert type(err) is expected, (err, expected)
+            event(f"renew: {type(err).__name__}")
+            return
+        assert expected is None
+        event("renew: ok")
+        hold.version += 1
+        hold.expires_at = hold.next_attempt_at = self.clock + timedelta(seconds=ttl)
+        assert (renewed.version, renewed.expires_at) == (hold.version, hold.expires_at)
+
+    @rule(data=st.data(), stale=st.booleans())
+    @precondition(lambda self: bool(self.holds))
+    def confirm(self, data: st.DataObject, stale: bool) -> None:
+        hold = self._pick(data)
+        version = hold.version - 1 if stale else hold.version
+        expected = self._expected_refusal(hold, version, check_expiry=True)
+        try:
+            services.confirm(hold.id, version, now=self.clock)
+        except (NotHeld, StaleVersion, HoldExpired) as err:
+            assert type(err) is expected, (err, expected)
+            return
+        assert expected is None
+        hold.version += 1
+        hold.status = CONFIRMED
+
+    @rule(data=st.data(), stale=st.booleans())
+    @precondition(lambda self: bool(self.holds))
+    def cancel(self, data: st.DataObject, stale: bool) -> None:
+        hold = self._pick(data)
+        version = hold.version - 1 if stale else hold.version
+        expected = self._expected_refusal(hold, version, check_expiry=False)
+        try:
+            services.cancel(hold.id, version, now=self.clock)
+        except (NotHeld, StaleVersion) as err:
+            assert type(err) is expected, (err, expected)
+            return
+        assert expected is None
+        hold.version += 1
+        hold.status = CANCELLED
+        self.free[hold.offering_id] += 1
+
+    @rule(target=messages, data=st.data())
+    @precondition(lambda self: bool(self.holds))
+    def build_message(self, data: st.DataObject) -> Message:
+        hold = self._pick(data)
+        return Message(hold.id, hold.version)
+
+    @rule(
+        target=messages,
+        shards=st.sampled_from([1, 2]),
+        data=st.data(),
+        batch=st.integers(1, 4),
+        lease=st.integers(1, 60),
+    )
+    def claim(self, shards: int, data: st.DataObject, batch: int, lease: int) -> object:
+        shard = data.draw(st.integers(0, shards - 1))
+        due = sorted(
+            (
+                h
+                for h in self.holds.values()
+                if h.status == HELD
+                and h.next_attempt_at is not None
+                and h.next_attempt_at <= self.clock
+                and self._expired(h, self.clock)
+                and (h.id % 1024) % shards == shard
+            ),
+            key=lambda h: (h.expires_at, h.id),  # oldest expiry first
+        )[:batch]
+        claimed = claim.claim_expired(
+            shard,
+            shards,
+            batch_size=batch,
+            lease_seconds=lease,
+            max_claims=MAX_CLAIMS,
+            now=self.clock,
+        )
+        assert {c.reservation_id for c in claimed} == {h.id for h in due}
+        assert [c.expires_at for c in claimed] == sorted(c.expires_at for c in claimed)
+        for c in claimed:
+            hold = self.holds[c.reservation_id]
+            hold.claim_count += 1
+            assert (c.version, c.claim_count) == (hold.version, hold.claim_count)
+            assert c.set_aside == (hold.claim_count > MAX_CLAIMS)
+            event(f"claim: set_aside={c.set_aside}")
+            hold.next_attempt_at = None if c.set_aside else self.clock + timedelta(seconds=lease)
+        return multiple(*(Message(c.reservation_id, c.version) for c in claimed))
+
+    @rule(message=messages)
+    def release(self, message: Message) -> None:
+        hold = self.holds.get(message.reservation_id)
+        expected = self._expected_release(hold, message.version, self.clock)
+        outcome = services.release_if_expired(
+            message.reservation_id, message.version, now=self.clock
+        )
+        assert outcome == expected, (message, hold, outcome, expected)
+        event(f"release: {outcome}")
+        if hold is not None and hold.version != message.version:
+            # the hold moved after the message was built: never released by it
+            assert outcome != ReleaseOutcome.RELEASED
+        if outcome == ReleaseOutcome.RELEASED:
+            assert hold is not None
+            self._model_release(hold)
+
+    @rule(data=st.data(), stale=st.booleans())
+    @precondition(lambda self: bool(self.holds))
+    def release_current(self, data: st.DataObject, stale: bool) -> None:
+        """A message built just now (or one version behind), delivered at once."""
+        hold = self._pick(data)
+        self.release(Message(hold.id, hold.version - 1 if stale else hold.version))
+
+    @rule(data=st.data())
+    @precondition(lambda self: bool(self.holds))
+    def reschedule(self, data: st.DataObject) -> None:
+        hold = self._pick(data)
+        count = claim.reschedule_claim([hold.id])
+        assert count == (1 if hold.status == HELD else 0)
+        if hold.status == HELD:
+            hold.claim_count = 0
+            hold.next_attempt_at = Reservation.objects.values_list(
+                "next_attempt_at", flat=True
+            ).get(pk=hold.id)
+            assert hold.next_attempt_at <= self.clock
+
+    @rule(seconds=st.integers(1, 150))
+    def advance_clock(self, seconds: int) -> None:
+        self.clock += timedelta(seconds=seconds)
+
+    # --- invariants ------------------------------------------------------------------------
+
+    @invariant()
+    def seats_are_conserved(self) -> None:
+        assert services.seat_conservation_violations() == []
+        free = dict(Offering.objects.values_list("id", "seats_available"))
+        assert free == self.free
+
+    @invariant()
+    def every_hold_matches_the_model(self) -> None:
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT id, status, version, released_version, claim_count, "
+                "CASE WHEN isfinite(next_attempt_at) THEN next_attempt_at END "
+                "FROM reservations_reservation"
+            )
+            rows = {r[0]: r[1:] for r in cur.fetchall()}
+        assert set(rows) == set(self.holds)
+        for rid, (status, version, released_version, claim_count, next_attempt) in rows.items():
+            hold = self.holds[rid]
+            assert (status, version, released_version) == (
+                hold.status,
+                hold.version,
+                hold.released_version,
+            ), hold
+            if status == HELD:
+                assert claim_count == hold.claim_count
+                assert next_attempt == hold.next_attempt_at
+
+    @invariant()
+    def every_hold_has_at_most_one_released_event_and_released_holds_exactly_one(self) -> None:
+        counts = dict(
+            OutboxEvent.objects.filter(kind=OutboxEvent.Kind.RELEASED)
+            .values_list("reservation_id")
+            .annotate(n=Count("id"))
+            .values_list("reservation_id", "n")
+        )
+        assert all(n == 1 for n in counts.values())
+        assert set(counts) == {h.id for h in self.holds.values() if h.status == RELEASED}
+        versions = dict(
+            OutboxEvent.objects.filter(kind=OutboxEvent.Kind.RELEASED).values_list(
+                "reservation_id", "version"
+            )
+        )
+        for rid, version in versions.items():
+            assert version == self.holds[rid].released_version
+
+
+@pytest.mark.django_db
+def test_random_sequences_of_hold_changes_keep_every_invariant() -> None:
+    run_state_machine_as_test(
+        ReservationMachine,
+        settings=hypothesis_settings(
+            max_examples=50,
+            stateful_step_count=30,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )

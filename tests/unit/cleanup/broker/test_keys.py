@@ -1,11 +1,10 @@
-"""Keys of the wrong type and routing to foreign keys, against the tests' own Redis database.
+"""Keys of the wrong type (cleanup.broker.keys), against the tests' own Redis database.
 
 Each case plants what anyone with write access to Redis could (a string where kombu keeps a
 list, a hash, a sorted set or a set; a restore lock without an expiry) and then drives the
 project's own transport the way a worker, a sweep or beat would. Before the transport set such
 keys aside, every one of these raised ``WRONGTYPE`` out of kombu (in a worker: "Unrecoverable
-error", the worker exits) or, for the lock, silently never restored anything again.
-"""
+error", the worker exits) or, for the lock, silently never restored anything again."""
 
 from __future__ import annotations
 
@@ -15,24 +14,16 @@ from typing import Any
 
 import pytest
 import redis
-from celery.exceptions import QueueNotFound
-from django.conf import settings
-from kombu import Exchange, Queue
 from prometheus_client import REGISTRY
 
-from cleanup.broker import keys, readers, routes
-from cleanup.broker.screening import parse_unacked
+from cleanup.broker import keys, readers
 from cleanup.conf import cleanup_settings
-from cleanup.models import DeadLetter
 from cleanup.release.messages import ReleaseMessage
 from cleanup.release.publish import publish_release_messages
-from cleanup.worker.redis_transport import screen_entry
 from config.celery_app import app
-from tests.support.planted import envelope, unacked_entry
+from tests.support.planted import QUEUE, envelope, redis_only, unacked_entry
 
-pytestmark = pytest.mark.skipif(not settings.BROKER_IS_REDIS, reason="Redis broker state")
-
-QUEUE = cleanup_settings().release_queue
+pytestmark = redis_only
 
 
 def set_aside_count(key: str) -> float:
@@ -244,97 +235,6 @@ def test_a_planted_binding_set_is_set_aside_and_the_bindings_put_back(broker: re
 
 
 # --- routing -----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"queue": "unacked"},
-        {"routing_key": "unacked"},
-        {"exchange": "", "routing_key": "unacked_index"},
-        {"queue": QUEUE, "routing_key": "_kombu.binding.cleanup"},
-        {"exchange": "celery.pidbox"},
-        {"queue": cleanup_settings().events_queue},
-    ],
-    ids=[
-        "queue",
-        "routing key",
-        "anonymous exchange",
-        "queue and routing key",
-        "exchange",
-        "events",
-    ],
-)
-def test_a_task_routed_anywhere_but_the_projects_queues_is_refused_before_publishing(
-    broker: redis.Redis, options: dict[str, Any]
-) -> None:
-    # when: a caller (Flower's API, a periodic task's options) names another destination
-    with pytest.raises((routes.RoutingRefused, QueueNotFound)):
-        app.send_task("cleanup.release_reservation", args=({},), **options)
-    # then: nothing was written anywhere
-    assert [k for k in broker.scan_iter() if not k.startswith(b"_kombu")] == []
-
-
-def as_options(queue: Queue) -> dict[str, Any]:
-    """``send_task``'s ``queue`` takes a queue object too (celery-types declares a name only)."""
-    return {"queue": queue}
-
-
-@pytest.mark.parametrize(
-    "queue",
-    [
-        Queue(QUEUE, exchange=Exchange("somewhere-else"), routing_key=QUEUE),
-        Queue(QUEUE, exchange=Exchange("somewhere-else")),
-        Queue(
-            QUEUE,
-            exchange=Exchange(app.conf.task_default_exchange or app.conf.task_default_queue),
-            routing_key="unacked",
-        ),
-    ],
-    ids=["foreign exchange", "foreign exchange, no routing key", "foreign routing key"],
-)
-def test_a_queue_object_named_like_a_task_queue_but_routed_elsewhere_is_refused(
-    broker: redis.Redis, queue: Queue
-) -> None:
-    # when: a caller passes a queue object that has a task queue's name but its own exchange or
-    # routing key (the message would be delivered by those, not by the name)
-    with pytest.raises(routes.RoutingRefused):
-        app.send_task("cleanup.release_reservation", args=({},), **as_options(queue))
-    # then: nothing was written anywhere, not even a binding to the foreign exchange
-    assert list(broker.scan_iter()) == []
-
-
-def test_the_projects_own_queue_object_passes_the_routing_check(broker: redis.Redis) -> None:
-    app.send_task("cleanup.release_reservation", args=({},), **as_options(app.amqp.queues[QUEUE]))
-    assert broker.llen(QUEUE) == 1
-
-
-def test_the_projects_own_publishes_pass_the_routing_check(broker: redis.Redis) -> None:
-    app.send_task("cleanup.prune")
-    app.send_task("cleanup.sweep_shard", kwargs={"shard": 0, "shards": 1})
-    publish_release_messages([ReleaseMessage.for_hold(1, 1, _utc_now(), 0, "t")])
-    assert broker.llen(QUEUE) == 1 and broker.llen(cleanup_settings().sweep_queue) == 1
-
-
-def test_an_unacked_entry_routed_to_another_key_is_refused_for_restore() -> None:
-    entry = json.dumps([json.loads(envelope(time.time())), "", "unacked"])
-    parsed, problem = parse_unacked(entry)
-    assert parsed is None and problem is not None and "routed elsewhere" in problem
-
-
-@pytest.mark.django_db
-def test_a_queue_entry_whose_delivery_info_names_another_key_is_dead_lettered() -> None:
-    entry = json.loads(envelope(time.time()))
-    entry["properties"]["delivery_info"]["routing_key"] = "unacked"
-    assert screen_entry(json.dumps(entry), QUEUE) is None
-    (letter,) = DeadLetter.objects.all()
-    assert "misrouted" in letter.error and "'unacked'" in letter.error
-
-
-def test_readers_report_a_planted_queue_key_as_unreadable(broker: redis.Redis) -> None:
-    broker.set(QUEUE, "x")
-    stats = readers.queue_stats(QUEUE)
-    assert stats.unreadable_keys == (QUEUE,) and not stats.readable
 
 
 def test_a_planted_key_rename_is_atomic_with_its_type_check(broker: redis.Redis) -> None:

@@ -1,14 +1,12 @@
 """RabbitMQ's queue types (cleanup.broker.queues, CLEANUP_RABBITMQ_QUEUE_TYPE): the declarations
 of both types, the settings that go with quorum queues and the ones refused, Celery's per-consumer
-QoS with them, the routes of native delayed delivery, the broker's own delivery count, and a
-cluster URL's failover keeping the screened transport. The queues on a real cluster:
-tests/integration/test_rabbitmq_cluster.py."""
+QoS with them, the headers RabbitMQ adds, the broker's own delivery count, and a queue of another
+type refused. The queues on a real cluster: tests/integration/test_rabbitmq_cluster.py."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,15 +15,11 @@ from amqp.exceptions import PreconditionFailed
 from celery.utils.quorum_queues import detect_quorum_queues
 from celery.worker.consumer.tasks import Tasks
 from django.core.exceptions import ImproperlyConfigured
-from kombu import Connection, Queue
-from kombu.transport.native_delayed_delivery import calculate_routing_key, level_name
+from kombu import Queue
 
 from cleanup import wire
-from cleanup.broker import queues, routes, screening
+from cleanup.broker import queues, screening
 from cleanup.conf import QUORUM_DELIVERY_LIMIT, CleanupSettings
-from cleanup.release import delivery_cap
-from cleanup.release.messages import build
-from cleanup.worker import amqp_transport
 from tests.support.child_python import run_with
 
 CLASSIC = CleanupSettings()
@@ -152,28 +146,6 @@ def test_celery_detects_the_quorum_declarations_and_turns_global_qos_off() -> No
     assert bootstep.qos_global(classic) is True
 
 
-def test_a_retry_through_native_delayed_delivery_is_routed_only_with_quorum_queues(
-    settings: Any,
-) -> None:
-    delayed_key = calculate_routing_key(3, "cleanup")
-    published_to, delivered_from = level_name(27), "celery_delayed_delivery"
-    settings.CLEANUP_RABBITMQ_QUEUE_TYPE = "quorum"
-    assert routes.route_problem(published_to, delayed_key) is None
-    assert routes.route_problem(delivered_from, delayed_key) is None
-    assert routes.route_problem(level_name(4), delayed_key) is None  # left from a lower level
-    routes.check_publish(wire.RELEASE_TASK, exchange=published_to, routing_key=delayed_key)
-    # the delay's digits lead only to the project's own queues, through Celery's exchanges only
-    assert "names none of the project's task queues" in str(
-        routes.route_problem(published_to, calculate_routing_key(3, "unacked"))
-    )
-    assert "is not one the project's task queues" in str(
-        routes.route_problem("amq.topic", delayed_key)
-    )
-    assert routes.route_problem(published_to, "1.0.cleanup") is not None  # not 28 digits
-    settings.CLEANUP_RABBITMQ_QUEUE_TYPE = "classic"
-    assert routes.route_problem(published_to, delayed_key) is not None
-
-
 def test_the_headers_rabbitmq_adds_are_accepted_only_from_quorum_queues() -> None:
     headers = {"id": "t1", "task": wire.RELEASE_TASK, "x-delivery-count": 2, "x-death": []}
     check = dict(time_limits=(30.0, 25.0), eta_bound_seconds=30.0, now=None)
@@ -199,57 +171,6 @@ def test_the_brokers_delivery_count_is_read_only_from_a_redelivery(
     headers: dict[str, Any], redelivered: bool, count: int | None
 ) -> None:
     assert queues.broker_delivery_count(headers, redelivered) == count
-
-
-@pytest.fixture
-def counter_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    calls: list[str] = []
-
-    def increment(key: str) -> int:
-        calls.append(f"increment {key}")
-        return 10
-
-    def current(key: str) -> int:
-        calls.append(f"current {key}")
-        return 2
-
-    monkeypatch.setattr(delivery_cap, "increment", increment)
-    monkeypatch.setattr(delivery_cap, "current", current)
-    return calls
-
-
-def _count(task: Any, retries: int, **headers: Any) -> int:
-    message = build(41, 1, datetime(2026, 1, 1, tzinfo=UTC), 0, "trace")
-    task.push_request(
-        id="t1", retries=retries, delivery_info={"redelivered": True}, called_directly=False,
-        **headers,
-    )  # fmt: skip
-    try:
-        return int(task.count_delivery((message,), {}))
-    finally:
-        task.pop_request()
-
-
-def test_a_quorum_redelivery_is_counted_by_the_broker_without_a_round_trip(
-    settings: Any, counter_calls: list[str]
-) -> None:
-    from cleanup.tasks import release_reservation_task as task
-
-    settings.BROKER_IS_REDIS = False  # RabbitMQ: a redelivery is counted where it arrives
-    settings.CLEANUP_RABBITMQ_QUEUE_TYPE = "quorum"
-    headers = {"x-delivery-count": 3}
-    # the broker's 3 earlier deliveries, and this one
-    assert _count(task, 0, **headers) == 4
-    assert counter_calls == []
-    # a retry's redelivery: the retries counted under its key (2) + the broker's 3 + this one
-    assert _count(task, 1, **headers) == 6
-    assert counter_calls == ["current release:41:1"]
-    # without the broker's header (or on classic queues) the redelivery is counted as before
-    counter_calls.clear()
-    assert _count(task, 0) == 11
-    settings.CLEANUP_RABBITMQ_QUEUE_TYPE = "classic"
-    assert _count(task, 0, **headers) == 11
-    assert counter_calls == ["increment release:41:1", "increment release:41:1"]
 
 
 class _Channel:
@@ -290,39 +211,3 @@ def test_a_queue_of_another_type_is_refused_naming_the_setting_and_the_queue() -
         "this worker does (quorum, x-delivery-limit 100), because it exists with other arguments"
     )
     assert "drain and delete it, or use a new vhost" in refusals[0]
-
-
-@pytest.mark.parametrize(
-    ("url", "transport"),
-    [
-        ("amqp://guest:guest@127.0.0.1:1//;amqp://guest:guest@127.0.0.1:2//", "Transport"),
-        ("amqps://guest:guest@127.0.0.1:1//;amqps://guest:guest@127.0.0.1:2//", "SSLTransport"),
-    ],
-)
-def test_a_failed_connection_switching_to_the_next_node_keeps_the_screened_transport(
-    url: str, transport: str
-) -> None:
-    # given: a broker connection over two nodes, as Celery makes it from the settings
-    conn = Connection(url, transport=f"cleanup.worker.amqp_transport:{transport}")
-    # when: kombu switches to the next URL, as it does after a failed connection attempt
-    conn.maybe_switch_next()
-    # then: the URL's scheme selects the project's transport, not kombu's unscreened one
-    assert conn.port == 2
-    assert type(conn.transport) is getattr(amqp_transport, transport)
-
-
-def test_a_worker_refuses_to_start_with_priorities_on_quorum_queues(
-    settings: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from celery import current_app
-
-    from cleanup.worker.signals import refuse_queues_of_another_type
-
-    # given: a RabbitMQ connection (never opened: the refusal comes first) and quorum queues
-    conn = SimpleNamespace(transport=SimpleNamespace(driver_type="amqp"), release=lambda: None)
-    monkeypatch.setattr(current_app, "connection_for_write", lambda: conn)
-    monkeypatch.setitem(current_app.conf, "task_queue_max_priority", 9)
-    settings.CLEANUP_RABBITMQ_QUEUE_TYPE = "quorum"
-    # when/then: the worker's start-up stops, naming the setting
-    with pytest.raises(SystemExit, match="refusing to start: CLEANUP_RABBITMQ_QUEUE_TYPE=quorum"):
-        refuse_queues_of_another_type()

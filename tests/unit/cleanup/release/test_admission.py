@@ -11,7 +11,16 @@ import logging
 import pytest
 
 from cleanup.release import admission
-from cleanup.release.admission import Reason, Stop, Take, Turn, after_the_batch, whose_turn
+from cleanup.release.admission import (
+    Reason,
+    Stop,
+    Take,
+    Turn,
+    after_the_batch,
+    fair_share,
+    near_the_cap,
+    whose_turn,
+)
 from cleanup.release.sweep import SweepResult, _stop
 
 FAR = Take(holds=10, depth=0, room=1_000)
@@ -103,3 +112,27 @@ def test_a_stop_is_logged_with_the_shard_its_fields_the_trace_id_and_the_turn(ca
     assert line.getMessage() == "sweep gave way"
     assert (line.shard, line.queue_depth, line.room, line.trace_id) == (1, 7, 1, "t-2")  # type: ignore[attr-defined]
     assert (line.furthest_behind, line.furthest_behind_s) == (2, 14.5)  # type: ignore[attr-defined]
+
+
+def test_the_share_is_the_whole_batch_with_room_to_spare_and_equal_near_the_cap():
+    # room wider than every shard's full batch together: no turns
+    assert not near_the_cap(room=20_000, shards=4, batch_size=500)
+    assert not near_the_cap(room=2_000, shards=4, batch_size=500)
+    assert not near_the_cap(room=10, shards=1, batch_size=500)  # one shard: all of the room
+    # narrower: turns, each an equal share of the whole cap, at most a batch
+    assert near_the_cap(room=1_999, shards=4, batch_size=500)
+    assert fair_share(shards=4, batch_size=500, cap=20_000) == 500
+    assert fair_share(shards=4, batch_size=500, cap=1_000) == 250
+    assert fair_share(shards=4, batch_size=500, cap=42) == 11  # ceil(42 / 4)
+    assert fair_share(shards=8, batch_size=500, cap=3) == 1
+
+
+def test_the_shares_of_one_round_fill_the_cap():
+    """Four sweeps taking their turns one after another fill the queue to its cap (shares of
+    the room each found would stop at about two thirds of it, and the drain with them)."""
+    cap, shards, batch, depth = 400, 4, 500, 0
+    for _ in range(shards):
+        room = cap - depth
+        assert near_the_cap(room, shards, batch)
+        depth += min(batch, room, fair_share(shards, batch, cap))
+    assert depth == cap

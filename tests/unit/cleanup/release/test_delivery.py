@@ -1,22 +1,21 @@
-"""The per-reservation hot path's shortcuts keep their guarantees: a first delivery is not
-counted but a redelivery or a retry is (and the cap still counts the first); attempts are
-tallied per hold; the release statement runs prepared, with a generic plan."""
+"""The delivery policy of the cleanup's tasks (cleanup.release.delivery): a first delivery is not
+counted but a redelivery or a retry is (and the cap still counts the first), the last delivery
+the cap allows runs and the next is dead-lettered, and on quorum queues the broker's own
+delivery count saves the round trip."""
 
 from __future__ import annotations
 
-import time
+import json
 import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.release import delivery_cap
 from cleanup.release.messages import build, validate
-from cleanup.release.release import Attempt, release
 from cleanup.tasks import release_reservation_task
 from reservations.models import Reservation
 from tools.seed import seed_holds
@@ -133,7 +132,6 @@ def test_the_last_delivery_the_cap_allows_runs_and_the_next_is_dead_lettered(
 
 def _envelope(message: dict[str, Any]) -> dict[str, Any]:
     import base64
-    import json
 
     body = json.dumps([[message], {}, None]).encode()
     return {
@@ -142,83 +140,55 @@ def _envelope(message: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def test_release_attempts_are_tallied_per_hold_and_reach_redis_within_seconds(
-    settings: Any,
+# --- on quorum queues: the broker's own delivery count ----------------------------------------
+
+
+@pytest.fixture
+def counter_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    calls: list[str] = []
+
+    def increment(key: str) -> int:
+        calls.append(f"increment {key}")
+        return 10
+
+    def current(key: str) -> int:
+        calls.append(f"current {key}")
+        return 2
+
+    monkeypatch.setattr(delivery_cap, "increment", increment)
+    monkeypatch.setattr(delivery_cap, "current", current)
+    return calls
+
+
+def _count_delivery(task: Any, retries: int, **headers: Any) -> int:
+    message = build(41, 1, datetime(2026, 1, 1, tzinfo=UTC), 0, "trace")
+    task.push_request(
+        id="t1", retries=retries, delivery_info={"redelivered": True}, called_directly=False,
+        **headers,
+    )  # fmt: skip
+    try:
+        return int(task.count_delivery((message,), {}))
+    finally:
+        task.pop_request()
+
+
+def test_a_quorum_redelivery_is_counted_by_the_broker_without_a_round_trip(
+    settings: Any, counter_calls: list[str]
 ) -> None:
-    assert settings.CLEANUP_COUNTER_REDIS_URL, "the tally lives in the counter's Redis"
-    minute = delivery_cap.current_minute()
-    delivery_cap.flush_tally()
-    before = delivery_cap.attempts_from(minute)
-    # when: three attempts are tallied, and nothing flushes them by hand
-    delivery_cap.tally(3)
-    # then: the process's flush thread adds them within a few seconds
-    deadline = time.monotonic() + 5
-    while delivery_cap.attempts_from(minute) - before < 3 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert delivery_cap.attempts_from(minute) - before == 3
+    from cleanup.tasks import release_reservation_task as task
 
-
-def _prepared() -> list[tuple[str, int, int]]:
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements "
-            "WHERE statement LIKE '%%released_rows%%'"
-        )
-        return list(cur.fetchall())
-
-
-def _release_three() -> list[str]:
-    ids = seed_holds(3, offerings=1, expires_in=-60.0, name="prepared")
-    attempt = Attempt(1, "w", "t", None)
-    outcomes = []
-    for reservation_id in ids:
-        message = build(reservation_id, 1, datetime(2000, 1, 1, tzinfo=UTC), 0, "prepared")
-        outcomes.append(release(validate(message), attempt))
-    return outcomes
-
-
-def test_the_release_statement_runs_prepared_with_a_generic_plan() -> None:
-    connection.close()  # a new connection, set up as the workers' are
-    assert _release_three() == ["released"] * 3
-    [(statement, generic, custom)] = _prepared()
-    assert "INSERT INTO cleanup_cleanupreceipt" in statement
-    assert (generic, custom) == (3, 0)
-
-
-def test_without_prepared_statements_the_release_is_the_same(settings: Any) -> None:
-    settings.DATABASE_PREPARED_STATEMENTS = False
-    connection.close()
-    assert _release_three() == ["released"] * 3
-    assert _prepared() == []
-
-
-def test_timestamps_load_through_psycopgs_own_loader_and_infinity_still_loads() -> None:
-    """Every timestamptz a query returns goes through ``common.db``'s loader (the sweep's
-    claim reads 500 at a time): finite values through psycopg's own loader (its C one where
-    psycopg-binary is installed: a Python subclass parsed each value in Python, ~40x slower),
-    ±infinity as datetime.max/min, every value in UTC."""
-    import importlib.util
-
-    import psycopg
-
-    from common import db
-
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT 'infinity'::timestamptz, '-infinity'::timestamptz, "
-            "'2026-01-02 03:04:05.123456+02'::timestamptz"
-        )
-        values = cur.fetchone()
-    assert values == (
-        datetime.max.replace(tzinfo=UTC),
-        datetime.min.replace(tzinfo=UTC),
-        datetime(2026, 1, 2, 1, 4, 5, 123456, tzinfo=UTC),
-    )
-    assert all(value.tzinfo is UTC for value in values)
-    loader = connection.connection.adapters.get_loader(
-        psycopg.adapters.types["timestamptz"].oid, psycopg.pq.Format.TEXT
-    )
-    assert loader is db.InfinityTimestamptzLoader
-    if importlib.util.find_spec("psycopg_binary") or importlib.util.find_spec("psycopg_c"):
-        assert db._FINITE_LOADER is not None
-        assert db._FINITE_LOADER.__module__.startswith(("psycopg_binary", "psycopg_c"))
+    settings.BROKER_IS_REDIS = False  # RabbitMQ: a redelivery is counted where it arrives
+    settings.CLEANUP_RABBITMQ_QUEUE_TYPE = "quorum"
+    headers = {"x-delivery-count": 3}
+    # the broker's 3 earlier deliveries, and this one
+    assert _count_delivery(task, 0, **headers) == 4
+    assert counter_calls == []
+    # a retry's redelivery: the retries counted under its key (2) + the broker's 3 + this one
+    assert _count_delivery(task, 1, **headers) == 6
+    assert counter_calls == ["current release:41:1"]
+    # without the broker's header (or on classic queues) the redelivery is counted as before
+    counter_calls.clear()
+    assert _count_delivery(task, 0) == 11
+    settings.CLEANUP_RABBITMQ_QUEUE_TYPE = "classic"
+    assert _count_delivery(task, 0, **headers) == 11
+    assert counter_calls == ["increment release:41:1", "increment release:41:1"]

@@ -1,7 +1,8 @@
-"""The console's "pause releases" switch: set from the health page by a user allowed to, with a
-reason, audited (one history entry per change), shown on the health page with since when and by
-whom, and exported to Prometheus for the paused-too-long alert. The workers' side is
-tests/integration/test_release_pause.py; the browser's, tests/integration/browser/."""
+"""The "pause releases" switch (cleanup.release.pause), from the console: set from the health page
+by a user allowed to, with a reason, audited (one history entry per change), shown with since
+when and by whom. The gauges: cleanup/operations/console/test_gauges.py; the workers' side:
+cleanup/worker/test_pause.py and tests/integration/test_release_pause.py; the browser's,
+tests/integration/browser/."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from django.test import Client
 from django.urls import reverse
 
 from cleanup.models import ReleasePause
-from cleanup.operations.console.gauges import BacklogCollector
 from cleanup.release import pause
+from tests.support.metrics import pause_gauges
 from tests.support.staff import login_staff
 
 pytestmark = [pytest.mark.django_db]
@@ -32,14 +33,6 @@ def _post(client: Client, action: str, reason: str = "") -> str:
     return page.content.decode()
 
 
-def _gauges() -> dict[str, float]:
-    return {
-        m.name: m.samples[0].value
-        for m in BacklogCollector().collect()
-        if m.name.startswith("reservation_cleanup_releases_paused")
-    }
-
-
 def test_pausing_shows_since_when_and_why_and_leaves_one_history_entry(operator: Client) -> None:
     # when: the operator pauses with a reason
     html = _post(operator, "pause", "database migration")
@@ -55,7 +48,7 @@ def test_pausing_shows_since_when_and_why_and_leaves_one_history_entry(operator:
     assert entry.user_id == get_user_model().objects.get(username="ops").pk
     assert entry.object_id == str(row.pk)
     # and Prometheus sees it (the paused-too-long alert reads the age)
-    gauges = _gauges()
+    gauges = pause_gauges()
     assert gauges["reservation_cleanup_releases_paused"] == 1
     assert gauges["reservation_cleanup_releases_paused_seconds"] >= 0
 
@@ -71,7 +64,7 @@ def test_resuming_is_audited_too_and_a_repeated_click_changes_nothing(operator: 
         "releases: paused (incident)",
         "releases: resumed",
     ]
-    assert _gauges() == {
+    assert pause_gauges() == {
         "reservation_cleanup_releases_paused": 0,
         "reservation_cleanup_releases_paused_seconds": 0,
     }
@@ -91,10 +84,3 @@ def test_a_user_without_the_permission_sees_the_state_but_no_switch() -> None:
     page = viewer.post(reverse("cleanup-pause"), {"action": "pause", "reason": "x"})
     assert page.status_code == 403
     assert not pause.state().paused and not LogEntry.objects.exists()
-
-
-def test_before_anyone_paused_the_gauges_read_running(db: None) -> None:
-    assert _gauges() == {
-        "reservation_cleanup_releases_paused": 0,
-        "reservation_cleanup_releases_paused_seconds": 0,
-    }

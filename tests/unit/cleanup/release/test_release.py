@@ -1,86 +1,30 @@
-"""The batched mode decides every hold exactly as the per-reservation mode would."""
+"""Handling release messages (cleanup.release.release), as a worker runs the tasks: a batch decides
+every hold as the per-reservation mode would, dead-letters its malformed items and failures hold
+by hold, gives back one seat per released hold and logs one attempt line per hold; receipts
+never block a real release; the release statement runs prepared, with a generic plan."""
 
-from datetime import datetime, timedelta
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
-from cleanup.models import DeadLetter
-from cleanup.release.messages import MalformedMessage, build_batch, validate_batch
+from cleanup.models import CleanupReceipt, DeadLetter
+from cleanup.release import dead_letters
+from cleanup.release.messages import (
+    build,
+    build_batch,
+    validate,
+)
 from cleanup.release.publish import RELEASE_BATCH_TASK
+from cleanup.release.release import Attempt, release, release_batch
+from cleanup.tasks import release_reservation_task
 from reservations import services
 from reservations.models import Reservation
-from reservations.services import ReleaseOutcome
-from reservations.services import release_holds as release_many_if_expired
-from tests.support.holds import expire
-
-
-def _scenario(offering_capacity: int = 10):
-    """Holds in every state the outcome order distinguishes; returns (offering, items)."""
-    offering = services.create_offering("bulk", offering_capacity)
-    expired = [services.hold_seat(offering.pk, f"h{i}", 60) for i in range(6)]
-    fresh = services.hold_seat(offering.pk, "fresh", 600)
-    services.renew(expired[1].pk, 1, 120)  # now v2; a v1 message is stale
-    renewed = services.renew(expired[5].pk, 1, 120)  # v2, expires within the later clock
-    services.confirm(expired[2].pk, 1)
-    services.cancel(expired[3].pk, 1)
-    items = [
-        (expired[0].pk, 1),  # released
-        (expired[1].pk, 1),  # renewed (version moved while held)
-        (expired[2].pk, 1),  # no_longer_held (confirmed)
-        (expired[3].pk, 1),  # no_longer_held (cancelled)
-        (fresh.pk, 1),  # not_expired at the later clock? no: fresh expires in 600 s
-        (999_999, 1),  # not_found
-        (expired[4].pk, 1),  # released
-        (renewed.pk, 2),  # renewed hold at its new version, expired by the clock → released
-    ]
-    return offering, items
-
-
-def test_bulk_release_gives_each_hold_the_outcome_it_would_get_alone(db):
-    # given two identical worlds, judged at a clock past the short holds but not the fresh one
-    later = timezone.now() + timedelta(seconds=300)
-    _, bulk_items = _scenario()
-    _, single_items = _scenario()
-    # when
-    bulk = release_many_if_expired(bulk_items, now=later)
-    single = [services.release_if_expired(rid, v, now=later) for rid, v in single_items]
-    # then: same outcome, position by position
-    assert [bulk[rid] for rid, _ in bulk_items] == single
-    assert [bulk[rid] for rid, _ in bulk_items] == [
-        ReleaseOutcome.RELEASED,
-        ReleaseOutcome.RENEWED,
-        ReleaseOutcome.NO_LONGER_HELD,
-        ReleaseOutcome.NO_LONGER_HELD,
-        ReleaseOutcome.NOT_EXPIRED,
-        ReleaseOutcome.NOT_FOUND,
-        ReleaseOutcome.RELEASED,
-        ReleaseOutcome.RELEASED,
-    ]
-    # and a second pass finds them released at this version
-    again = release_many_if_expired(bulk_items, now=later)
-    assert again[bulk_items[0][0]] == ReleaseOutcome.ALREADY_HANDLED
-    assert services.seat_conservation_violations() == []
-
-
-def test_a_batch_message_keeps_each_holds_key_and_rejects_bad_items_alone():
-    now = timezone.now()
-    raw = build_batch([(1, 1, now), (2, 3, now)], shard=0, trace_id="t")
-    raw["items"].append({"reservation_id": "x", "version": 1})
-    batch = validate_batch(raw)
-    assert [m.idempotency_key for m in batch.items] == ["release:1:1", "release:2:3"]
-    assert len(batch.rejected) == 1
-    assert "must be an integer" in batch.rejected[0][1]
-
-
-def test_a_batch_without_items_is_malformed():
-    raw = build_batch([], shard=0, trace_id="t")
-    try:
-        validate_batch(raw)
-    except MalformedMessage as exc:
-        assert "items" in str(exc)
-    else:
-        raise AssertionError("an empty batch must be malformed")
+from tests.support.holds import expire, seed_expired
+from tools.seed import seed_holds
 
 
 @pytest.mark.django_db(transaction=True)
@@ -120,7 +64,7 @@ def test_a_one_hold_message_and_a_batch_log_their_attempt_lines(broker, caplog):
     import logging
 
     from cleanup.release.messages import build
-    from cleanup.tasks import release_batch_task, release_reservation_task
+    from cleanup.tasks import release_batch_task
     from tools.seed import seed_holds
 
     alone, batched = seed_holds(2, offerings=1, expires_in=-60.0, name="lines")
@@ -234,3 +178,176 @@ def test_a_batch_gives_back_one_seat_per_released_hold_of_each_offering(run_task
     for s in seats.values():
         assert s["capacity"] == s["seats_available"] + s["held"] + s["confirmed"]
     assert services.seat_conservation_violations() == []
+
+
+# --- receipts never block a real release ------------------------------------------------------
+
+
+def _message(hold_id: int, version: int = 1) -> object:
+    return validate(build(hold_id, version, timezone.now() - timedelta(minutes=1), 0, "t"))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("path", ["single", "batch"])
+def test_a_message_for_a_hold_that_does_not_exist_yet_never_blocks_its_release(path) -> None:
+    # given: a message naming the id the next hold will get, handled before the hold exists
+    offering = services.create_offering("future", 2)
+    first = services.hold_seat(offering.pk, "a", 60)
+    future_id = first.pk + 1
+    attempt = Attempt(1, "w@h", "task-1", 0.1)
+
+    def handle() -> str:
+        message = _message(future_id)
+        if path == "single":
+            return release(message, attempt)  # type: ignore[arg-type]
+        return release_batch([message], attempt)[future_id]  # type: ignore[list-item]
+
+    assert handle() == "not_found"
+    # when: that hold is created, expires, and its release message comes
+    later = services.hold_seat(offering.pk, "b", 60)
+    assert later.pk == future_id
+    expire(later.pk, due=False)
+    # then: it is released, with exactly one 'released' receipt
+    assert handle() == "released"
+    assert Reservation.objects.get(pk=later.pk).status == "released"
+    receipts = list(CleanupReceipt.objects.filter(reservation_id=future_id))
+    assert [(r.idempotency_key, r.outcome) for r in receipts] == [
+        (f"release:{future_id}:1", "released")
+    ]
+    offering.refresh_from_db()
+    assert offering.seats_available == 1  # one seat back, one still held by the first hold
+    assert handle() == "already_handled"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("path", ["single", "batch"])
+def test_an_old_non_released_receipt_for_the_key_is_replaced_by_the_release(path) -> None:
+    # given: a not_found receipt an older version wrote for a key whose hold now expired
+    offering = services.create_offering("legacy", 1)
+    hold = services.hold_seat(offering.pk, "a", 60)
+    expire(hold.pk, due=False)
+    CleanupReceipt.objects.create(
+        idempotency_key=f"release:{hold.pk}:1",
+        reservation_id=hold.pk,
+        version=1,
+        outcome="not_found",
+    )
+    attempt = Attempt(2, "w@h", "task-2", 0.1)
+    # when
+    if path == "single":
+        outcome = release(_message(hold.pk), attempt)  # type: ignore[arg-type]
+    else:
+        outcome = release_batch([_message(hold.pk)], attempt)[hold.pk]  # type: ignore[list-item]
+    # then
+    assert outcome == "released"
+    receipt = CleanupReceipt.objects.get(idempotency_key=f"release:{hold.pk}:1")
+    assert (receipt.outcome, receipt.attempt, receipt.task_id) == ("released", 2, "task-2")
+    assert Reservation.objects.get(pk=hold.pk).status == "released"
+
+
+# --- the release statement, prepared ----------------------------------------------------------
+
+
+def _prepared() -> list[tuple[str, int, int]]:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE '%%released_rows%%'"
+        )
+        return list(cur.fetchall())
+
+
+def _release_three() -> list[str]:
+    ids = seed_holds(3, offerings=1, expires_in=-60.0, name="prepared")
+    attempt = Attempt(1, "w", "t", None)
+    outcomes = []
+    for reservation_id in ids:
+        message = build(reservation_id, 1, datetime(2000, 1, 1, tzinfo=UTC), 0, "prepared")
+        outcomes.append(release(validate(message), attempt))
+    return outcomes
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_release_statement_runs_prepared_with_a_generic_plan() -> None:
+    connection.close()  # a new connection, set up as the workers' are
+    assert _release_three() == ["released"] * 3
+    [(statement, generic, custom)] = _prepared()
+    assert "INSERT INTO cleanup_cleanupreceipt" in statement
+    assert (generic, custom) == (3, 0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_without_prepared_statements_the_release_is_the_same(settings: Any) -> None:
+    settings.DATABASE_PREPARED_STATEMENTS = False
+    connection.close()
+    assert _release_three() == ["released"] * 3
+    assert _prepared() == []
+
+
+# --- a batch's failures and attempt lines, hold by hold ---------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_batch_is_dead_lettered_hold_by_hold_and_each_letter_settles_alone(broker):
+    # given: a release batch of three holds that ran out of retries
+    from django.db import OperationalError
+    from django.utils import timezone
+
+    from cleanup.models import CleanupReceipt, DeadLetter
+    from cleanup.release.messages import build_batch
+    from cleanup.tasks import release_batch_task
+
+    ids = seed_expired(3, seconds_ago=1, offerings=1)
+    message = build_batch([(rid, 1, timezone.now()) for rid in ids], 0, "failed-batch")
+    # when: its final failure is dead-lettered (as the task does before acknowledging it)
+    release_batch_task.push_request(id="task-1", retries=5)
+    try:
+        stored = release_batch_task._dead_letter_failure(
+            OperationalError("db gone"), (message,), {}
+        )
+    finally:
+        release_batch_task.pop_request()
+    assert stored is not None
+    # then: one letter per hold, each naming its hold and its key
+    letters = list(DeadLetter.objects.order_by("reservation_id"))
+    assert [(d.reservation_id, d.version, d.idempotency_key, d.reason) for d in letters] == [
+        (rid, 1, f"release:{rid}:1", "retries_exhausted") for rid in sorted(ids)
+    ]
+    assert {d.task_id for d in letters} == {"task-1"}
+    # and a later release of one of the holds settles that hold's letter only
+    CleanupReceipt.objects.create(
+        idempotency_key=f"release:{ids[0]}:1", reservation_id=ids[0], version=1, outcome="released"
+    )
+    assert dead_letters.resolve_released() == 1
+    assert DeadLetter.objects.filter(resolved_at__isnull=True).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_attempt_log_line_names_each_hold_with_its_outcome(broker, caplog):
+    # given: a batch of three expired holds, one of them renewed after its message was built
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from cleanup.release.messages import build_batch
+    from cleanup.tasks import release_batch_task
+
+    ids = seed_expired(3, seconds_ago=1, offerings=1)
+    message = build_batch([(rid, 1, timezone.now()) for rid in ids], 0, "named-batch")
+    Reservation.objects.filter(pk=ids[1]).update(
+        version=2, expires_at=timezone.now() + timedelta(minutes=5)
+    )
+    caplog.set_level(logging.INFO, logger="cleanup.tasks")
+    # when: a worker runs it
+    release_batch_task.push_request(id="task-named", retries=0)
+    try:
+        release_batch_task(message)
+    finally:
+        release_batch_task.pop_request()
+    # then: its log line names which hold ended how, not only the counts
+    (line,) = [r for r in caplog.records if r.getMessage() == "release batch attempt"]
+    assert line.holds_by_outcome == {  # type: ignore[attr-defined]
+        "released": [ids[0], ids[2]],
+        "renewed": [ids[1]],
+    }
+    assert line.outcomes == {"released": 2, "renewed": 1}  # type: ignore[attr-defined]

@@ -1,5 +1,7 @@
-"""The Cleanup schedule: install_cleanup_schedule creates it only when missing (--force resets
-it), saving it rewrites the sweep entries; every bucket in exactly one shard under any N."""
+"""The beat schedule (cleanup.release.schedule): per-shard sweep entries installed once and
+rewritten when the Cleanup schedule is saved, beat's run records never overwriting an edit, a
+change noticed mid-heap never sending an entry twice, and a leader whose lease ended sending
+nothing. (The command: cleanup/management/commands/test_install_cleanup_schedule.py.)"""
 
 from __future__ import annotations
 
@@ -8,17 +10,12 @@ import logging
 import os
 from collections import Counter
 from datetime import timedelta
-from io import StringIO
 
 import pytest
-from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
-from django_celery_beat.models import IntervalSchedule, PeriodicTask, PeriodicTasks
+from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
-from cleanup.models import CleanupSchedule
-from cleanup.release import claim
-from cleanup.release.claim import shard_buckets
 from cleanup.release.schedule import (
     PRUNE_NAME,
     RELAY_NAME,
@@ -31,21 +28,16 @@ from cleanup.release.schedule import (
     sweep_entry_name,
 )
 from config.celery_app import app as celery_app
-from reservations.models import BUCKETS, Reservation
-from tools.seed import seed_holds
+from tests.support.schedule import install_command, sweep_entries, sweeps_as_beat_sees_them
 
 pytestmark = [pytest.mark.django_db]
-
-
-def _sweep_entries() -> list[PeriodicTask]:
-    return list(PeriodicTask.objects.filter(name__startswith=SWEEP_PREFIX).order_by("name"))
 
 
 def test_install_schedule_creates_one_sweep_entry_per_shard():
     # when
     report = install_schedule(shards=4, every=2)
     # then
-    entries = _sweep_entries()
+    entries = sweep_entries()
     # 4 sweeps + relay + prune + sample
     assert report == {"shards": 4, "changed": 7, "removed": 0}
     assert [e.name for e in entries] == [sweep_entry_name(k, 4) for k in range(4)]
@@ -71,81 +63,17 @@ def test_install_schedule_is_idempotent_and_does_not_touch_beats_change_marker()
     assert PeriodicTasks.last_change() == marker
 
 
-def _command(*args: str) -> str:
-    out = StringIO()
-    call_command("install_cleanup_schedule", *args, stdout=out)
-    return out.getvalue()
-
-
-def _sweeps_as_beat_sees_them() -> list[tuple[str, int, bool, dict[str, int]]]:
-    return [
-        (e.name, e.interval.every if e.interval else 0, e.enabled, json.loads(e.kwargs))
-        for e in _sweep_entries()
-    ]
-
-
-def test_the_command_creates_the_schedule_only_when_none_exists():
-    # when: first start
-    out = _command("--shards", "4", "--every", "10")
-    # then
-    assert "created: 4 shard(s) every 10s, enabled" in out
-    schedule = CleanupSchedule.objects.get()
-    assert (schedule.shards, schedule.every_seconds, schedule.enabled) == (4, 10, True)
-    assert len(_sweep_entries()) == 4
-    # given: an operator's edit (what the admin's save does)
-    save_schedule(shards=2, every=3, enabled=False)
-    edited = _sweeps_as_beat_sees_them()
-    marker = PeriodicTasks.last_change()
-    # when: a restart runs the same command line again
-    out = _command("--shards", "4", "--every", "10")
-    # then: the edit stands, and beat is not even told that something changed
-    assert "kept (exists; --force resets it): 2 shard(s) every 3s, DISABLED" in out
-    assert _sweeps_as_beat_sees_them() == edited
-    assert [(e[1], e[2]) for e in edited] == [(3, False), (3, False)]
-    assert PeriodicTasks.last_change() == marker
-    assert CleanupSchedule.objects.count() == 1
-
-
-def test_the_command_keeps_an_edited_relay_entry_and_force_resets_everything():
-    _command("--shards", "4", "--every", "10")
-    relay = PeriodicTask.objects.get(name=RELAY_NAME)
-    relay.interval, _ = IntervalSchedule.objects.get_or_create(
-        every=30, period=IntervalSchedule.SECONDS
-    )
-    relay.save()
-    save_schedule(shards=3, every=20, enabled=False)
-    # when: restarted without --force
-    _command("--shards", "4", "--every", "10")
-    # then
-    assert PeriodicTask.objects.get(name=RELAY_NAME).interval.every == 30
-    # when: --force
-    out = _command("--shards", "4", "--every", "10", "--force")
-    # then
-    assert "reset to 4 shard(s) every 10s, enabled" in out
-    assert PeriodicTask.objects.get(name=RELAY_NAME).interval.every == 5
-    assert [(e[1], e[2]) for e in _sweeps_as_beat_sees_them()] == [(10, True)] * 4
-
-
-def test_a_deleted_sweep_entry_comes_back_on_the_next_start():
-    _command("--shards", "2", "--every", "5")
-    PeriodicTask.objects.get(name=sweep_entry_name(1, 2)).delete()
-    # when
-    _command("--shards", "2", "--every", "5")
-    # then
-    assert [e.name for e in _sweep_entries()] == [sweep_entry_name(0, 2), sweep_entry_name(1, 2)]
-
-
 def test_saving_the_schedule_disables_and_reenables_every_sweep_entry_and_tells_beat():
     save_schedule(shards=3, every=2, enabled=True)
     before = PeriodicTasks.last_change()
     # when
     save_schedule(shards=3, every=2, enabled=False)
     # then
-    assert {e.enabled for e in _sweep_entries()} == {False}
+    assert {e.enabled for e in sweep_entries()} == {False}
     assert PeriodicTasks.last_change() > before
     # when
     save_schedule(shards=3, every=2, enabled=True)
-    assert {e.enabled for e in _sweep_entries()} == {True}
+    assert {e.enabled for e in sweep_entries()} == {True}
 
 
 def test_an_invalid_schedule_changes_nothing():
@@ -153,7 +81,7 @@ def test_an_invalid_schedule_changes_nothing():
     for shards, every in ((0, 4), (1025, 4), (2, 0)):
         with pytest.raises(ValueError):
             save_schedule(shards=shards, every=every)
-    assert [(e[1], e[3]["shards"]) for e in _sweeps_as_beat_sees_them()] == [(4, 2), (4, 2)]
+    assert [(e[1], e[3]["shards"]) for e in sweeps_as_beat_sees_them()] == [(4, 2), (4, 2)]
 
 
 @pytest.mark.parametrize(("first", "second"), [(4, 3), (3, 5), (5, 4)])
@@ -163,7 +91,7 @@ def test_a_new_shard_count_rewrites_the_sweep_entries(first, second):
     # when
     report = install_schedule(shards=second, every=1)
     # then
-    entries = _sweep_entries()
+    entries = sweep_entries()
     assert [json.loads(e.kwargs) for e in entries] == [
         {"shard": k, "shards": second} for k in range(second)
     ]
@@ -180,58 +108,9 @@ def test_a_new_interval_updates_interval_and_expiry():
     report = install_schedule(shards=2, every=7)
     # then
     assert report["changed"] == 2
-    for entry in _sweep_entries():
+    for entry in sweep_entries():
         assert entry.interval is not None and entry.interval.every == 7
         assert entry.expire_seconds == 7
-
-
-@pytest.mark.parametrize("shards", [1, 3, 4, 5, 7, BUCKETS])
-def test_every_bucket_belongs_to_exactly_one_shard(shards):
-    # the buckets the sweep's claim reads (claim_expired) and the SLO gauge reports per shard
-    owners: dict[int, list[int]] = {}
-    for k in range(shards):
-        for b in shard_buckets(k, shards):
-            owners.setdefault(b, []).append(k)
-    assert sorted(owners) == list(range(BUCKETS))
-    assert all(len(found) == 1 for found in owners.values())
-    # and the schedule's entries name exactly the shards 0..N-1 of N
-    if shards <= 8:
-        install_schedule(shards=shards, every=1)
-        kwargs = [json.loads(e.kwargs) for e in _sweep_entries()]
-        assert sorted(kw["shard"] for kw in kwargs) == list(range(shards))
-        assert {kw["shards"] for kw in kwargs} == {shards}
-
-
-@pytest.mark.parametrize(("shard", "shards"), [(0, 0), (-1, 4), (4, 4)])
-def test_an_impossible_shard_is_refused(shard, shards):
-    with pytest.raises(ValueError):
-        shard_buckets(shard, shards)
-
-
-@pytest.mark.django_db(transaction=True)
-def test_every_hold_is_claimed_by_exactly_one_shard_under_any_shard_count():
-    # given: holds covering all 1024 buckets, already expired
-    with transaction.atomic():
-        seed_holds(BUCKETS + 10, offerings=1, expires_in=-60.0, name="buckets")
-    ids = set(Reservation.objects.values_list("id", flat=True))
-    buckets = set(Reservation.objects.values_list("bucket", flat=True))
-    assert buckets == set(range(BUCKETS))
-    for shards in (3, 4, 5):
-        # the ORM's shard filter partitions the holds
-        seen: list[int] = []
-        for k in range(shards):
-            seen.extend(Reservation.objects.in_shard(k, shards).values_list("id", flat=True))
-        assert sorted(seen) == sorted(ids)
-        # and so does the sweep's claim statement (lease 0: due again at once for the next N)
-        claimed: list[int] = []
-        for k in range(shards):
-            with transaction.atomic():
-                got = claim.claim_expired(
-                    k, shards, batch_size=5000, lease_seconds=0, max_claims=100
-                )
-            assert all(c.bucket % shards == k for c in got)
-            claimed.extend(c.reservation_id for c in got)
-        assert sorted(claimed) == sorted(ids)
 
 
 def test_beats_run_record_never_overwrites_an_edit_committed_meanwhile(monkeypatch):
@@ -278,10 +157,10 @@ def test_entries_installed_before_the_schedule_object_existed_are_adopted_not_re
             enabled=False,
         )
     # when: the new release starts with its usual command line
-    out = _command("--shards", "4", "--every", "10")
+    out = install_command("--shards", "4", "--every", "10")
     # then
     assert "created: 3 shard(s) every 20s, DISABLED" in out
-    assert [(e[1], e[2]) for e in _sweeps_as_beat_sees_them()] == [(20, False)] * 3
+    assert [(e[1], e[2]) for e in sweeps_as_beat_sees_them()] == [(20, False)] * 3
 
 
 def test_beat_still_builds_entries_from_scheduler_entry_and_records_runs_through_save():

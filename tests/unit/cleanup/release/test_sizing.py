@@ -1,10 +1,9 @@
-"""The adaptive release mode (the default): how many holds each release message carries, and
-the sweeps' turns near the queue's cap.
+"""The adaptive release mode (the default, cleanup.release.sizing): how many holds each release
+message carries.
 
-The sizing function is pure (``cleanup.release.sizing``); the sweep tests run the product's
-sweep in process against the tests' PostgreSQL and Redis database, and read what it published
-from the broker, as a worker would receive it.
-"""
+The sizing function is pure; the sweep tests run the product's sweep in process against the
+tests' PostgreSQL and Redis database, and read what it published from the broker, as a worker
+would receive it. The sweeps' turns near the cap: test_admission.py and test_sweep.py."""
 
 from __future__ import annotations
 
@@ -18,11 +17,10 @@ from prometheus_client import REGISTRY
 
 from cleanup.broker.readers import priority_keys, queue_depth, redis_client
 from cleanup.release import sizing
-from cleanup.release.admission import fair_share, near_the_cap
 from cleanup.release.sizing import choose_release_size, split_evenly
 from cleanup.release.sweep import sweep_shard
-from reservations.models import Reservation
-from tools.seed import seed_holds
+from tests.support.holds import seed_expired
+from tests.support.metrics import counter
 
 
 def size(**inputs: Any) -> sizing.ReleaseSize:
@@ -159,28 +157,9 @@ def holds_in(message: dict[str, Any]) -> list[int]:
     return [message["reservation_id"]]
 
 
-def expired(count: int, seconds_ago: float, offerings: int = 2) -> list[int]:
-    return seed_holds(count, offerings=offerings, expires_in=-seconds_ago, name="sizing")
-
-
-def counter(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(f"reservation_cleanup_{name}_total", labels) or 0.0
-
-
-@pytest.fixture
-def adaptive(settings: Any) -> Any:
-    settings.CLEANUP_RELEASE_MODE = "adaptive"
-    settings.CLEANUP_RELEASE_TARGET_SECONDS = 10
-    settings.CLEANUP_RELEASE_BATCH_SIZE = 100
-    settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 0
-    settings.CLEANUP_AUTOSCALE_SERVICE_TIME = 0.05  # a floor of 20 messages/s
-    sizing._last_sizing.clear()
-    return settings
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_light_sweep_publishes_one_per_reservation_message_per_hold(adaptive, broker, caplog):
-    ids = expired(30, seconds_ago=1)
+    ids = seed_expired(30, seconds_ago=1)
     caplog.set_level(logging.DEBUG, logger="cleanup.sweep")
     # when
     result = sweep_shard(0, 1)
@@ -198,7 +177,7 @@ def test_a_light_sweep_publishes_one_per_reservation_message_per_hold(adaptive, 
 @pytest.mark.django_db(transaction=True)
 def test_a_burst_sweep_publishes_multi_hold_messages_and_says_why(adaptive, broker, caplog):
     # given: 1,000 holds just expired and nothing measured yet (the floor: 20 messages/s)
-    ids = expired(1_000, seconds_ago=1)
+    ids = seed_expired(1_000, seconds_ago=1)
     before = {
         reason: counter("release_sizing_decisions", reason=reason) for reason in sizing.REASONS
     }
@@ -245,11 +224,11 @@ def test_the_measured_rate_is_read_only_when_the_floor_would_batch(adaptive, bro
         return 10_000.0  # a fast fleet: 80,000 messages servable within the target
 
     monkeypatch.setattr(sizing, "_messages_per_second", measured)
-    expired(30, seconds_ago=1)
+    seed_expired(30, seconds_ago=1)
     sweep_shard(0, 1)
     assert reads == []  # 30 holds fit at the floor: no query
     redis_client().flushdb()
-    expired(1_000, seconds_ago=1)
+    seed_expired(1_000, seconds_ago=1)
     result = sweep_shard(0, 1, batch_size=500)
     # the floor would have batched; the measured fleet keeps up with one hold per message
     assert reads == [1]  # once per sweep run
@@ -260,7 +239,7 @@ def test_the_measured_rate_is_read_only_when_the_floor_would_batch(adaptive, bro
 def test_the_measured_rate_counts_messages_not_holds(adaptive, broker):
     from cleanup.models import CleanupReceipt
 
-    ids = expired(6, seconds_ago=1)
+    ids = seed_expired(6, seconds_ago=1)
     now_rows = [
         CleanupReceipt(
             idempotency_key=f"release:{rid}:1",
@@ -279,191 +258,12 @@ def test_the_measured_rate_counts_messages_not_holds(adaptive, broker):
 # --- Turns near the cap ---------------------------------------------------------------------
 
 
-def test_the_share_is_the_whole_batch_with_room_to_spare_and_equal_near_the_cap():
-    # room wider than every shard's full batch together: no turns
-    assert not near_the_cap(room=20_000, shards=4, batch_size=500)
-    assert not near_the_cap(room=2_000, shards=4, batch_size=500)
-    assert not near_the_cap(room=10, shards=1, batch_size=500)  # one shard: all of the room
-    # narrower: turns, each an equal share of the whole cap, at most a batch
-    assert near_the_cap(room=1_999, shards=4, batch_size=500)
-    assert fair_share(shards=4, batch_size=500, cap=20_000) == 500
-    assert fair_share(shards=4, batch_size=500, cap=1_000) == 250
-    assert fair_share(shards=4, batch_size=500, cap=42) == 11  # ceil(42 / 4)
-    assert fair_share(shards=8, batch_size=500, cap=3) == 1
-
-
-def test_the_shares_of_one_round_fill_the_cap():
-    """Four sweeps taking their turns one after another fill the queue to its cap (shares of
-    the room each found would stop at about two thirds of it, and the drain with them)."""
-    cap, shards, batch, depth = 400, 4, 500, 0
-    for _ in range(shards):
-        room = cap - depth
-        assert near_the_cap(room, shards, batch)
-        depth += min(batch, room, fair_share(shards, batch, cap))
-    assert depth == cap
-
-
-@pytest.mark.django_db(transaction=True)
-def test_near_the_cap_every_shard_publishes_in_every_round(settings, broker):
-    # given: a cap of 40 messages, 4 shards each with more due holds than the whole cap
-    settings.CLEANUP_RELEASE_MODE = "single"
-    settings.CLEANUP_MAX_QUEUE_DEPTH = 40
-    ids = expired(400, seconds_ago=5, offerings=4)
-    shard_of = {
-        rid: bucket % 4
-        for rid, bucket in Reservation.objects.filter(pk__in=ids).values_list("pk", "bucket")
-    }
-    assert all(list(shard_of.values()).count(shard) > 40 for shard in range(4))
-    rounds: list[dict[int, int]] = []
-    for _ in range(3):
-        # when: the four sweeps of one beat interval run, then the workers drain the queue
-        published = {shard: sweep_shard(shard, 4).published for shard in range(4)}
-        rounds.append(published)
-        assert queue_depth("cleanup") <= 40
-        redis_client().flushdb()
-    # then: in every round every shard published (before, shard 0 took all 40 and the others
-    # found the queue full), and no sweep took more than an equal share of the room it found
-    for published in rounds:
-        assert all(n > 0 for n in published.values()), rounds
-        assert published[0] == 10  # ceil(40 / 4)
-    # and over the rounds the first shard published less than the other three together
-    firsts = sum(r[0] for r in rounds)
-    others = sum(r[s] for r in rounds for s in (1, 2, 3))
-    assert firsts < others
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_sweep_waits_in_line_for_the_publish_lock_at_most_the_lock_wait(settings, broker):
-    # given: another session holds the publish lock; the lock wait is 0.3 s, the budget 600 s
-    import threading
-
-    from django.db import connection, connections
-
-    from cleanup.release import locks
-
-    settings.CLEANUP_SWEEP_TIME_BUDGET = 600
-    settings.CLEANUP_SWEEP_LOCK_WAIT = 0.3
-    ids = expired(5, seconds_ago=1)
-    other = connections.create_connection("default")
-    results: list[Any] = []
-
-    def sweep() -> None:
-        try:
-            results.append(sweep_shard(0, 1))
-            with connection.cursor() as cur:
-                cur.execute("SHOW lock_timeout")
-                results.append(cur.fetchone()[0])
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=sweep)
-    try:
-        with other.cursor() as cur:
-            cur.execute("SELECT pg_advisory_lock(%s, %s)", list(locks.SWEEP_PUBLISH))
-        # when: a sweep runs while the lock stays taken
-        thread.start()
-        thread.join(60)  # far beyond the lock wait: still running means it waits its budget
-        still_waiting = thread.is_alive()
-    finally:
-        other.close()
-        thread.join(60)
-    # then: it gave its pool process back without the lock, long before its budget, claimed
-    # nothing, and its session's lock_timeout is back to the default
-    assert not still_waiting, "the sweep waited for the publish lock beyond its lock wait"
-    result, lock_timeout = results
-    assert result.budget_exhausted is True
-    assert (result.claimed, result.published) == (0, 0)
-    assert set(Reservation.objects.filter(pk__in=ids).values_list("claim_count", flat=True)) == {0}
-    assert lock_timeout == "0"
-    assert sweep_shard(0, 1).published == 5
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_failed_batch_is_dead_lettered_hold_by_hold_and_each_letter_settles_alone(broker):
-    # given: a release batch of three holds that ran out of retries
-    from django.db import OperationalError
-    from django.utils import timezone
-
-    from cleanup.models import CleanupReceipt, DeadLetter
-    from cleanup.release import dead_letters
-    from cleanup.release.messages import build_batch
-    from cleanup.tasks import release_batch_task
-
-    ids = expired(3, seconds_ago=1, offerings=1)
-    message = build_batch([(rid, 1, timezone.now()) for rid in ids], 0, "failed-batch")
-    # when: its final failure is dead-lettered (as the task does before acknowledging it)
-    release_batch_task.push_request(id="task-1", retries=5)
-    try:
-        stored = release_batch_task._dead_letter_failure(
-            OperationalError("db gone"), (message,), {}
-        )
-    finally:
-        release_batch_task.pop_request()
-    assert stored is not None
-    # then: one letter per hold, each naming its hold and its key
-    letters = list(DeadLetter.objects.order_by("reservation_id"))
-    assert [(d.reservation_id, d.version, d.idempotency_key, d.reason) for d in letters] == [
-        (rid, 1, f"release:{rid}:1", "retries_exhausted") for rid in sorted(ids)
-    ]
-    assert {d.task_id for d in letters} == {"task-1"}
-    # and a later release of one of the holds settles that hold's letter only
-    CleanupReceipt.objects.create(
-        idempotency_key=f"release:{ids[0]}:1", reservation_id=ids[0], version=1, outcome="released"
-    )
-    assert dead_letters.resolve_released() == 1
-    assert DeadLetter.objects.filter(resolved_at__isnull=True).count() == 2
-
-
-@pytest.mark.django_db(transaction=True)
-def test_the_last_sweep_shows_messages_and_holds_on_the_health_page(adaptive, broker, admin_client):
-    from cleanup.operations.console import health
-
-    expired(1_000, seconds_ago=1, offerings=2)
-    result = sweep_shard(0, 1, batch_size=500)
-    health.record_sweep(result)
-    page = admin_client.get("/admin/cleanup/health/").content.decode()
-    assert f'data-metric="published">{result.published}<' in page
-    assert f'data-metric="messages">{result.messages}<' in page
-    assert f"up to {result.largest_message} ({result.sizing_reason})" in page
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_batch_attempt_log_line_names_each_hold_with_its_outcome(broker, caplog):
-    # given: a batch of three expired holds, one of them renewed after its message was built
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from cleanup.release.messages import build_batch
-    from cleanup.tasks import release_batch_task
-
-    ids = expired(3, seconds_ago=1, offerings=1)
-    message = build_batch([(rid, 1, timezone.now()) for rid in ids], 0, "named-batch")
-    Reservation.objects.filter(pk=ids[1]).update(
-        version=2, expires_at=timezone.now() + timedelta(minutes=5)
-    )
-    caplog.set_level(logging.INFO, logger="cleanup.tasks")
-    # when: a worker runs it
-    release_batch_task.push_request(id="task-named", retries=0)
-    try:
-        release_batch_task(message)
-    finally:
-        release_batch_task.pop_request()
-    # then: its log line names which hold ended how, not only the counts
-    (line,) = [r for r in caplog.records if r.getMessage() == "release batch attempt"]
-    assert line.holds_by_outcome == {  # type: ignore[attr-defined]
-        "released": [ids[0], ids[2]],
-        "renewed": [ids[1]],
-    }
-    assert line.outcomes == {"released": 2, "renewed": 1}  # type: ignore[attr-defined]
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_full_batch_is_sized_for_the_holds_due_behind_it(adaptive, broker, monkeypatch, caplog):
     # given: 6,000 holds due, a fleet measured at 400 messages/s (3,600 servable in the 9 s
     # left of the target), and batches of 500: one batch alone fits one hold per message
     monkeypatch.setattr(sizing, "_messages_per_second", lambda: 400.0)
-    expired(6_000, seconds_ago=1)
+    seed_expired(6_000, seconds_ago=1)
     caplog.set_level(logging.INFO, logger="cleanup.sweep")
     # when: a sweep claims one full batch
     result = sweep_shard(0, 1, batch_size=500, max_batches=1)
@@ -488,7 +288,7 @@ def test_a_sweep_run_counts_the_due_backlog_once_and_a_partial_batch_never(
         return real(bound)
 
     monkeypatch.setattr(sizing, "_eligible_in_all_shards", count)
-    expired(2_400, seconds_ago=1)
+    seed_expired(2_400, seconds_ago=1)
     caplog.set_level(logging.DEBUG, logger="cleanup.sweep")
     # when: shard 0 of 2 (about half the holds) is swept in batches of 500
     result = sweep_shard(0, 2, batch_size=500, max_batches=5)
@@ -499,6 +299,6 @@ def test_a_sweep_run_counts_the_due_backlog_once_and_a_partial_batch_never(
     assert [line.claimed for line in lines][:2] == [500, 500] and lines[2].claimed < 500
     assert lines[2].due == 2_400 - lines[0].messages - lines[1].messages > lines[2].claimed
     # and a light run (one partial batch) never counts
-    expired(30, seconds_ago=1)
+    seed_expired(30, seconds_ago=1)
     sweep_shard(1, 2, batch_size=5_000)
     assert len(counted) == 1

@@ -18,7 +18,6 @@ import pytest
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import connection
 from django.db.backends.base.base import BaseDatabaseWrapper
-from prometheus_client import REGISTRY
 
 from cleanup.broker.readers import queue_depth, redis_client
 from cleanup.release import admission, claim, locks
@@ -27,7 +26,8 @@ from cleanup.release.messages import BatchMessage, ReleaseMessage
 from cleanup.release.publish import publish_release_messages
 from cleanup.release.sweep import SweepResult, sweep_shard
 from reservations.models import Reservation
-from tests.support.holds import claim_counts, due_now, expired_holds
+from tests.support.holds import claim_counts, due_now, expired_holds, seed_expired
+from tests.support.metrics import counter
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("broker")]
 
@@ -71,10 +71,6 @@ def _lock_holders(key: int, granted: bool = True) -> int:
             [granted, LOCK_NAMESPACE, key],
         )
         return int(cur.fetchone()[0])
-
-
-def counter(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(f"reservation_cleanup_{name}_total", labels) or 0.0
 
 
 def sweep_in_a_thread(
@@ -577,3 +573,81 @@ def test_room_another_running_sweep_reserved_is_not_free_until_that_sweep_is_gon
     assert sweep_shard(0, 1).published == 5
     assert queue_depth(settings.CLEANUP_RELEASE_QUEUE) == 5
     assert len(due_now(waiting)) == 1
+
+
+# --- near the cap: every shard in every round, and the publish lock's wait --------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_near_the_cap_every_shard_publishes_in_every_round(settings, broker):
+    # given: a cap of 40 messages, 4 shards each with more due holds than the whole cap
+    settings.CLEANUP_RELEASE_MODE = "single"
+    settings.CLEANUP_MAX_QUEUE_DEPTH = 40
+    ids = seed_expired(400, seconds_ago=5, offerings=4)
+    shard_of = {
+        rid: bucket % 4
+        for rid, bucket in Reservation.objects.filter(pk__in=ids).values_list("pk", "bucket")
+    }
+    assert all(list(shard_of.values()).count(shard) > 40 for shard in range(4))
+    rounds: list[dict[int, int]] = []
+    for _ in range(3):
+        # when: the four sweeps of one beat interval run, then the workers drain the queue
+        published = {shard: sweep_shard(shard, 4).published for shard in range(4)}
+        rounds.append(published)
+        assert queue_depth("cleanup") <= 40
+        redis_client().flushdb()
+    # then: in every round every shard published (before, shard 0 took all 40 and the others
+    # found the queue full), and no sweep took more than an equal share of the room it found
+    for published in rounds:
+        assert all(n > 0 for n in published.values()), rounds
+        assert published[0] == 10  # ceil(40 / 4)
+    # and over the rounds the first shard published less than the other three together
+    firsts = sum(r[0] for r in rounds)
+    others = sum(r[s] for r in rounds for s in (1, 2, 3))
+    assert firsts < others
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sweep_waits_in_line_for_the_publish_lock_at_most_the_lock_wait(settings, broker):
+    # given: another session holds the publish lock; the lock wait is 0.3 s, the budget 600 s
+    import threading
+
+    from django.db import connection, connections
+
+    from cleanup.release import locks
+
+    settings.CLEANUP_SWEEP_TIME_BUDGET = 600
+    settings.CLEANUP_SWEEP_LOCK_WAIT = 0.3
+    ids = seed_expired(5, seconds_ago=1)
+    other = connections.create_connection("default")
+    results: list[Any] = []
+
+    def sweep() -> None:
+        try:
+            results.append(sweep_shard(0, 1))
+            with connection.cursor() as cur:
+                cur.execute("SHOW lock_timeout")
+                results.append(cur.fetchone()[0])
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=sweep)
+    try:
+        with other.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(%s, %s)", list(locks.SWEEP_PUBLISH))
+        # when: a sweep runs while the lock stays taken
+        thread.start()
+        thread.join(60)  # far beyond the lock wait: still running means it waits its budget
+        still_waiting = thread.is_alive()
+    finally:
+        other.close()
+        thread.join(60)
+    # then: it gave its pool process back without the lock, long before its budget, claimed
+    # nothing, and its session's lock_timeout is back to the default
+    assert not still_waiting, "the sweep waited for the publish lock beyond its lock wait"
+    result, lock_timeout = results
+    assert result.budget_exhausted is True
+    assert (result.claimed, result.published) == (0, 0)
+    assert set(Reservation.objects.filter(pk__in=ids).values_list("claim_count", flat=True)) == {0}
+    assert lock_timeout == "0"
+    assert sweep_shard(0, 1).published == 5

@@ -6,6 +6,7 @@ the delivery callback and of the frame stream still propagate)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 import time
@@ -18,10 +19,12 @@ import pytest
 from amqp import spec
 from amqp.exceptions import FrameSyntaxError, UnexpectedFrame
 from amqp.serialization import dumps as _dumps
+from kombu import Connection
 
 from cleanup.models import DeadLetter
 from cleanup.worker import amqp_transport
 from cleanup.worker.amqp_transport import MAX_DEPTH, check_content_header
+from config.celery_app import app
 from tests.support.child_python import run_python
 
 # py-amqp's type stubs lack the message's frame (de)serialization methods used here.
@@ -58,7 +61,6 @@ def header(headers: bytes | None, body_size: int = 0, content_type: bytes | None
 
 def celery_header(body: bytes = b"[]") -> bytes:
     """The content header py-amqp writes for a task message as Celery builds it."""
-    from config.celery_app import app
 
     task_id = str(uuid.uuid4())
     task = app.amqp.as_task_v2(
@@ -361,3 +363,68 @@ def test_the_settings_select_the_screened_transport_for_amqp_urls(url: str, tran
         "from config.settings import test; print(test.CELERY_BROKER_TRANSPORT)", env, check=True
     )
     assert out.stdout.strip() == transport
+
+
+# --- py-amqp's own decoder, and a cluster's failover ------------------------------------------
+
+
+def test_our_amqp_header_scan_still_matches_py_amqps_decoder() -> None:
+    """cleanup.worker.amqp_transport scans content headers with its own table of py-amqp's field
+    types and property layout, and hands py-amqp's frame handler a stand-in header for a refused
+    delivery. When py-amqp changes its table decoder, its basic properties or where its frame
+    handler decodes a header, this fails, and the scan (and the tests above)
+    must be checked against the new version."""
+    import re
+    from struct import pack
+
+    import amqp
+    from amqp import method_framing
+    from amqp import serialization as _serialization
+
+    from cleanup.worker import amqp_transport
+
+    serialization: Any = _serialization  # its type stubs lack the private decoder
+    message: Any = amqp.Message
+
+    # the same field types, each taking as many bytes as the scan skips
+    letters = set(re.findall(r"ftype == '(.)'", inspect.getsource(serialization._read_item)))
+    fixed = {chr(kind): size for kind, size in amqp_transport._FIXED_SIZE.items()}
+    assert letters == set(fixed) | {"S", "x", "F", "A"}
+    for letter, size in fixed.items():
+        item = letter.encode() + bytes(16)
+        assert serialization._read_item(item, 0)[1] == 1 + size, letter
+    two_bytes = {"S": b"ab", "x": b"ab", "A": b"VV", "F": b"\x00V"}  # F: a nameless void
+    for letter, content in two_bytes.items():
+        item = letter.encode() + pack(">I", 2) + content
+        assert serialization._read_item(item, 0)[1] == 7, letter
+    # every basic property set: py-amqp reads exactly what the scan walks, not a byte more
+    frame = pack(">HHQ", 60, 0, 0) + message(
+        content_type="a", content_encoding="b", application_headers={"h": [1, {"x": None}]},
+        delivery_mode=2, priority=1, correlation_id="c", reply_to="d", expiration="1",
+        message_id="e", timestamp=1, type="f", user_id="g", app_id="h", cluster_id="i",
+    )._serialize_properties()  # fmt: skip
+    assert serialization.decode_properties_basic(frame, 12)[1] == len(frame)
+    assert amqp_transport.check_content_header(frame) is None
+    assert amqp_transport.check_content_header(frame[:-1]) == "content header is truncated"
+    # the frame handler still decodes a header where the scan puts itself in front of it
+    source = inspect.getsource(method_framing.frame_handler)
+    assert "elif frame_type == 2:" in source and "msg.inbound_header(buf)" in source
+
+
+@pytest.mark.parametrize(
+    ("url", "transport"),
+    [
+        ("amqp://guest:guest@127.0.0.1:1//;amqp://guest:guest@127.0.0.1:2//", "Transport"),
+        ("amqps://guest:guest@127.0.0.1:1//;amqps://guest:guest@127.0.0.1:2//", "SSLTransport"),
+    ],
+)
+def test_a_failed_connection_switching_to_the_next_node_keeps_the_screened_transport(
+    url: str, transport: str
+) -> None:
+    # given: a broker connection over two nodes, as Celery makes it from the settings
+    conn = Connection(url, transport=f"cleanup.worker.amqp_transport:{transport}")
+    # when: kombu switches to the next URL, as it does after a failed connection attempt
+    conn.maybe_switch_next()
+    # then: the URL's scheme selects the project's transport, not kombu's unscreened one
+    assert conn.port == 2
+    assert type(conn.transport) is getattr(amqp_transport, transport)

@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from tests.support.child_python import DEPLOYED, run_as_deployed
+from tests.support.child_python import run_as_deployed
+from tests.support.sentinel import MASTER
 
 
 def load_production(**changes: str | None) -> subprocess.CompletedProcess[str]:
@@ -208,20 +209,6 @@ def test_deploy_check_reports_nothing_with_the_documented_variables() -> None:
     assert "no issues" in out.stdout
 
 
-def test_local_settings_start_on_a_fresh_clone_with_nothing_set() -> None:
-    # given: none of the variables production refuses to default (what `make run` starts with)
-    unset: dict[str, str | None] = {k: None for k in DEPLOYED}
-    out = run_as_deployed(
-        "from django.conf import settings; import os;"
-        "os.environ['DJANGO_SETTINGS_MODULE'] = 'config.settings.local';"
-        "print(settings.DEBUG, settings.DATABASES['default']['NAME'], bool(settings.SECRET_KEY))",
-        **unset,
-    )
-    # then: development defaults, a local database, debug on
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", "reservations", "True"]
-
-
 # --- TLS to Redis ------------------------------------------------------------------------------
 
 TLS_BROKER = "rediss://:pw@redis.internal:6380/0"
@@ -299,3 +286,20 @@ def test_production_takes_a_multi_host_database_url_only_with_the_writable_pick(
     )
     assert example.returncode != 0
     assert "DATABASE_URL" in example.stderr
+
+
+# --- Redis Sentinel ---------------------------------------------------------------------------
+
+
+def test_production_refuses_a_remote_sentinel_without_a_password_and_example_passwords() -> None:
+    remote = "sentinel://s1.internal:26379/0;sentinel://s2.internal:26379/0"
+    out = load_production(CELERY_BROKER_URL=remote, CELERY_BROKER_SENTINEL_MASTER=MASTER)
+    assert "CELERY_BROKER_URL has no password and its host (s1.internal) is not local" in refusal(
+        out
+    )
+    example = "sentinel://:pw@s1.internal:26379/0;sentinel://:change-me-redis@s2.internal:26379/0"
+    out = load_production(CELERY_BROKER_URL=example, CELERY_BROKER_SENTINEL_MASTER=MASTER)
+    assert "CELERY_BROKER_URL carries a development or example password" in refusal(out)
+    strong = "sentinel://:Zq2Lm5Xv9Rb3@s1.internal:26379/0;sentinel://s2.internal:26379/0"
+    out = load_production(CELERY_BROKER_URL=strong, CELERY_BROKER_SENTINEL_MASTER=MASTER)
+    assert out.returncode == 0, out.stderr[-800:]

@@ -4,11 +4,8 @@ hold (real PostgreSQL; sweeps publish to the tests' own Redis database, emptied 
 from __future__ import annotations
 
 from datetime import timedelta
-from io import StringIO
 
 import pytest
-from django.core.management import call_command
-from django.test import Client
 
 from cleanup.models import DeadLetter
 from cleanup.operations.console.story import explain
@@ -87,21 +84,3 @@ def test_never_claimed_and_unknown_holds(offering: Offering) -> None:
     expire(hold.pk)
     assert "never claimed" in explain(hold.pk).verdict
     assert explain(999_999).verdict == "no hold #999999"
-
-
-def test_explain_hold_command_prints_the_story(offering: Offering) -> None:
-    hold = services.hold_seat(offering.pk, "fay", ttl_seconds=60)
-    out = StringIO()
-    call_command("explain_hold", str(hold.pk), stdout=out)
-    assert out.getvalue().splitlines()[0] == f"hold #{hold.pk}"
-    assert out.getvalue().splitlines()[-1].startswith("verdict: held, not expired until ")
-    with pytest.raises(SystemExit):
-        call_command("explain_hold", "999999", stdout=StringIO())
-
-
-def test_admin_hold_page_shows_the_story(offering: Offering, admin_client: Client) -> None:
-    hold = services.hold_seat(offering.pk, "gus", ttl_seconds=60)
-    page = admin_client.get(f"/admin/reservations/reservation/{hold.pk}/change/")
-    assert page.status_code == 200
-    assert b"Story (explain_hold)" in page.content
-    assert b"verdict: held, not expired until" in page.content

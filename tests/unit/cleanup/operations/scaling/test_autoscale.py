@@ -1,8 +1,19 @@
-"""The autoscaler's policy (cleanup.operations.scaling.autoscale.decide) on hand-made readings."""
+"""The pool autoscaler (cleanup.operations.scaling.autoscale): its policy (``decide``) on hand-made
+readings, the sustained arrivals its reader estimates, and the reader past bad entries planted
+in the broker."""
 
 from __future__ import annotations
 
+import pytest
+import redis
+
 from cleanup.operations.scaling.autoscale import Policy, Reader, Reading, decide
+from tests.support.planted import (
+    GOOD_AGE,
+    plant_bad_state,
+    redis_only,
+    skipped,
+)
 
 POLICY = Policy(min_procs=1, max_procs=8, slo_seconds=300, slo_target=0.5, cooldown_seconds=60)
 NOW = 1000.0
@@ -106,3 +117,21 @@ def test_a_one_off_burst_is_not_a_stream() -> None:
 def test_no_estimate_before_the_window_is_covered() -> None:
     reader = _reader_with([(30.0, 0), (40.0, 0)], (0, 0))
     assert reader._sustained_arrivals(60.0, 0) is None
+
+
+# --- the reader, past bad entries planted in the broker ---------------------------------------
+
+
+@redis_only
+@pytest.mark.django_db
+def test_the_autoscaler_reads_the_good_values_instead_of_an_error(broker: redis.Redis) -> None:
+    # given
+    plant_bad_state(broker)
+    before = skipped("queue_age")
+    # when
+    reading = Reader("reader-test", 60.0, lambda: 1).read()
+    # then: no read_error (which holds the pool), no absurd age (which grows it to max)
+    assert reading.error == ""
+    assert reading.queue_depth == 3
+    assert reading.queue_oldest_age_s == pytest.approx(GOOD_AGE, abs=5)
+    assert skipped("queue_age") == before + 2
