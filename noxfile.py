@@ -96,7 +96,7 @@ DRILL_FILES = [
 
 # The Debian packages some tests need, each with where it is found (commands, or path patterns).
 # With CI=true (as root) the missing ones are installed with apt; a tool that still cannot be
-# had fails the tests that need it (tests/missing_tools.py). Elsewhere those tests skip.
+# had fails the tests that need it (tests/support/missing_tools.py). Elsewhere those tests skip.
 TOOLS = {
     "chromium": ("chromium", "chromium-browser"),  # the browser tests (never a downloaded one)
     "prometheus": ("prometheus",),  # the production-stack drill: these five in namespaces
@@ -107,8 +107,13 @@ TOOLS = {
     "iproute2": ("ip",),
     "iptables": ("iptables",),  # the chaos drills' partitions (docs/CHAOS.md)
     "openssl": ("openssl",),  # the TLS suites' certificates
-    "pgbouncer": ("pgbouncer", "/usr/sbin/pgbouncer"),  # tests/unit/test_pooling.py, pgbouncer
-    "kubernetes-client": ("kubectl",),  # the kustomize comparisons (tests/unit/test_deploy.py)
+    "pgbouncer": (
+        "pgbouncer",
+        "/usr/sbin/pgbouncer",
+    ),  # tests/unit/common/test_pooling.py, pgbouncer
+    "kubernetes-client": (
+        "kubectl",
+    ),  # the kustomize comparisons (tests/unit/project/test_deploy.py)
     "rabbitmq-server": ("rabbitmq-server", "/usr/sbin/rabbitmq-server"),  # unit and rabbitmq
 }
 LINT = {

@@ -3,7 +3,7 @@ hold's records and story on the reservation page.
 
 The hold's page gets its sections through ``reservations.admin.add_reservation_section``, the domain
 admin's hook for other apps: ``reservations`` never imports ``cleanup``, and neither admin
-module depends on being imported first (tests/unit/test_admin_order.py).
+module depends on being imported first (tests/unit/reservations/test_admin.py).
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
-# The keys of a field's metadata (what tests/unit/test_conf.py checks docs/CONFIGURATION.md's
-# settings tables against). ENV is the field's name among Django's settings, and its
-# environment variable's when ENVIRONMENT is true.
+# The keys of a field's metadata (what tests/unit/cleanup/test_conf.py checks
+# docs/CONFIGURATION.md's settings tables against). ENV is the field's name among Django's settings,
+# and its environment variable's when ENVIRONMENT is true.
 ENV = "env"
 DOC = "doc"
 MINIMUM = "minimum"

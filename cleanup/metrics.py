@@ -139,8 +139,8 @@ KNOWN_DEAD_LETTER_REASONS = (
     "periodic_failed",
 )
 # The reasons cleanup.worker.remote_control and the Redis transport drop a control message for,
-# and the broker readers that skip entries (tests/unit/test_deploy.py checks these against the
-# calls in the code): the alerts on both counters need a series to read 0 from.
+# and the broker readers that skip entries (tests/unit/project/test_deploy.py checks these against
+# the calls in the code): the alerts on both counters need a series to read 0 from.
 KNOWN_CONTROL_DROP_REASONS = ("malformed", "not_allowed", "undecodable", "not_an_envelope")
 KNOWN_SKIP_READERS = ("queue_age", "queue_depth", "unacked_count", "unacked_restore")
 
@@ -192,7 +192,7 @@ def observe_times(histogram: Histogram, amount: float, times: int) -> None:
     """What ``times`` calls of ``histogram.observe(amount)`` record (the sum grows by the amount
     each time, the first bucket whose bound is at least the amount by one), in two value
     writes. prometheus_client has no call for it; this reads ``observe``'s own fields, and
-    tests/unit/test_observability.py checks the two still record the same."""
+    tests/unit/cleanup/operations/console/test_endpoints.py checks the two still record the same."""
     if times == 1:
         histogram.observe(amount)
         return

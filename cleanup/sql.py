@@ -8,7 +8,7 @@ lives here only. Tables are named as Django names them (``<app>_<model>``).
 The receipts of released holds are written by the domain's release statement itself: this
 module's ``RELEASED_RECEIPTS`` is the cleanup's side of that contract, reading the CTE named
 ``reservations.sql.RELEASED_ROWS`` (columns ``RELEASED_COLUMNS``) with placeholders of its own,
-none of ``RELEASE_PARAMS`` (tests/unit/test_release_contract.py).
+none of ``RELEASE_PARAMS`` (tests/unit/project/test_release_contract.py).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ transactions move between server connections: transaction pooling. The same answ
 of its own (direct, or session pooling). With a pool of one server connection A's second
 question waits for B's transaction: a wait longer than ``WAIT_S`` is pooling too. A pooler in
 statement mode refuses B's transaction, which is pooling as well. Checked against PgBouncer
-1.18 (tests/unit/test_pooling.py, through a private one started by scripts/pgbouncer.py).
+1.18 (tests/unit/common/test_pooling.py, through a private one started by scripts/pgbouncer.py).
 """
 
 from __future__ import annotations

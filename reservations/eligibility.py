@@ -5,8 +5,8 @@ Written by hand in two places only: here in SQL (``eligible_sql``) and in the OR
 reclaim of ``hold_seat``, the release statement, ``availability`` and the backlog statements
 (reservations/sql.py: read by ``services.eligible_backlog`` for the web process's gauges, the
 admin health page and the pool autoscaler), the burst drill and the bench all build on
-``eligible_sql``; ``tests/unit/test_eligibility.py`` seeds a table and checks that they agree.
-The partial indexes (``status = 'held'``) serve it but do not define it.
+``eligible_sql``; ``tests/unit/reservations/test_eligibility.py`` seeds a table and checks that they
+agree. The partial indexes (``status = 'held'``) serve it but do not define it.
 """
 
 from __future__ import annotations

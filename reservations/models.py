@@ -189,8 +189,8 @@ class Reservation(models.Model):
 
 
 # Eligible for release, in the ORM: held and past ``expires_at`` by the database clock (the SQL
-# form is ``reservations.eligibility.eligible_sql``; tests/unit/test_eligibility.py holds them
-# together).
+# form is ``reservations.eligibility.eligible_sql``; tests/unit/reservations/test_eligibility.py
+# holds them together).
 ELIGIBLE = Q(status=Reservation.Status.HELD, expires_at__lte=Now())
 
 

@@ -6,8 +6,8 @@ what serves requests. Serving through django-ninja (or Django REST framework) me
 on every operation (docs/API.md, "Why the views are hand-written"), and its validation and
 405 answers differ from the API's strict validators and error body, which clients rely on.
 So ninja describes and the views serve, and two checks keep them the same:
-``tests/unit/test_openapi.py`` compares the document's paths and methods with the URLconf's,
-and schemathesis (``tests/integration/test_api_schema.py``) sends generated requests to a
+``tests/unit/reservations/test_openapi.py`` compares the document's paths and methods with the
+URLconf's, and schemathesis (``tests/integration/test_api_schema.py``) sends generated requests to a
 live server and checks every answer against this document.
 """
 

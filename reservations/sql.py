@@ -12,7 +12,7 @@ The release statement is a contract with the cleanup, which attaches its receipt
 (``reservations.services.AttachedWrite``): they meet in ``RELEASED_ROWS`` (the CTE the attached
 write reads), ``RELEASED_COLUMNS`` (what that CTE returns) and ``RELEASE_PARAMS`` (the
 placeholders the release itself uses). The statement below is built from those three names, so
-they cannot drift from it; tests/unit/test_release_contract.py checks both sides.
+they cannot drift from it; tests/unit/project/test_release_contract.py checks both sides.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ the line to ``eval``:
 
     export RESERVATIONS_TEST_PGBOUNCER='127.0.0.1:PORT'
 
-tests/integration/fleet.py then sends the worker and beat processes through it
+tests/support/fleet.py then sends the worker and beat processes through it
 (``DATABASE_POOLING=transaction``, with ``DATABASE_DIRECT_URL`` direct). It never touches the
 machine's own pgbouncer service. ``stop`` ends the one started in DIR. Exit 3 with the reason
 on stderr when pgbouncer is missing or does not start.

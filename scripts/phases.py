@@ -126,7 +126,7 @@ def iptables_in_namespace() -> str:
 
 class LeftOut:
     """The file every process of one run appends its "left out" lines to (pytest's skips for
-    missing tools, tests/missing_tools.py, and the phases' own). The process that creates it
+    missing tools, tests/support/missing_tools.py, and the phases' own). The process that creates it
     (the outermost nox) prints it at the end and removes it; lanes and the pytest runs they
     start inherit its name through the environment."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,12 +12,16 @@ from reservations import services
 from reservations.models import Offering
 
 # A skip for a missing tool fails in CI and is listed at the end of a person's run.
-from .integration.fleet import SessionFleet, purge_broker
-from .missing_tools import (  # noqa: F401  (hooks: pytest finds them by name here)
+from tests.support.fleet import SessionFleet, purge_broker
+from tests.support.missing_tools import (  # noqa: F401  (hooks: pytest finds them by name here)
     pytest_runtest_logreport,
     pytest_runtest_makereport,
     pytest_terminal_summary,
 )
+
+# Fixtures every test may ask for: the API's development token (``api_token``), a logged-in
+# superuser (``root_client``), and the web behind gunicorn (``web``, set up by ``web_options``).
+pytest_plugins = ("tests.support.api", "tests.support.staff", "tests.support.web")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -29,6 +34,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     them first means the fleet is started once, after them, instead of stopped and restarted.
     """
     items.sort(key=lambda item: item.nodeid.startswith("tests/integration/"))
+    for item in items:
+        skip_drill_unless_asked(item)
+
+
+def skip_drill_unless_asked(item: pytest.Item) -> None:
+    """A drill (marker ``drill``) that names its variable runs only when that variable is 1:
+    its own phase sets it (scripts/test.sh, the Makefile's drill targets)."""
+    drill = item.get_closest_marker("drill")
+    if drill is None or "env" not in drill.kwargs:
+        return
+    variable = drill.kwargs["env"]
+    item.add_marker(
+        pytest.mark.skipif(os.environ.get(variable) != "1", reason=drill.kwargs["reason"])
+    )
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +57,7 @@ def worker_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def session_fleet(django_db_blocker: object, worker_logs: Path) -> Iterator[SessionFleet]:
-    """The session's shared worker fleet (tests/integration/fleet.py): not started until a
+    """The session's shared worker fleet (tests/support/fleet.py): not started until a
     real-worker test asks for it (``workers``); paused by unit tests and exclusive tests."""
     with django_db_blocker.unblock():  # type: ignore[attr-defined]
         purge_broker()

@@ -14,9 +14,9 @@
   counted twice or not at all, and totals never go backwards. Dead pids' ``live*`` gauge files
   are removed (``mark_process_dead``), which also covers children killed by SIGKILL/OOM.
   Limitation: non-live gauge files of dead pids are left as they are, so every gauge the
-  cleanup defines uses a live* mode (tests/unit/test_observability.py checks that nothing of a
-  dead pool process is left after a pass); a pid reused by a new child between the liveness
-  check and the archive would lose that child's first increments (the window is one
+  cleanup defines uses a live* mode (tests/unit/cleanup/operations/console/test_endpoints.py checks
+  that nothing of a dead pool process is left after a pass); a pid reused by a new child between the
+  liveness check and the archive would lose that child's first increments (the window is one
   compaction pass).
 """
 
@@ -69,7 +69,7 @@ def compact(path: str) -> dict[str, int]:
 
     prometheus_client has no public API to merge files, so this is the one place that uses its
     file format through ``MmapedDict`` (``read_all_values_from_file``, ``write_value``,
-    ``close``); tests/unit/test_library_contracts.py fails if that API changes."""
+    ``close``); tests/unit/project/test_library_contracts.py fails if that API changes."""
     from prometheus_client.mmap_dict import MmapedDict  # noqa: PLC0415 - prometheus_client chooses its multiprocess mode at first import (docs/LIBRARY-NOTES.md §3)
     from prometheus_client.multiprocess import mark_process_dead  # noqa: PLC0415 - prometheus_client chooses its multiprocess mode at first import (docs/LIBRARY-NOTES.md §3)
 

@@ -358,7 +358,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
         next tick. Neither library has a public call for this: ``_initial_read`` makes
         django-celery-beat's ``schedule`` property reload all rows, and ``_heap = None`` makes
         Celery's ``Scheduler.tick`` rebuild its heap from them. The only private names we use;
-        tests/unit/test_library_contracts.py fails if either library stops reading them."""
+        tests/unit/project/test_library_contracts.py fails if either library stops reading them."""
         self._initial_read = True
         self._heap = None
 

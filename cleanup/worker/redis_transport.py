@@ -9,7 +9,8 @@ one that fails becomes a dead letter with the raw entry (bounded) and the reason
 worker reads on. Selected by the ``broker_transport`` setting when the broker is Redis.
 
 ``Channel._brpop_read`` below is kombu 5.7's own, with the screening between the pop and the
-delivery; a unit test fails when kombu's version of it changes (tests/unit/test_hardening.py).
+delivery; a unit test fails when kombu's version of it changes
+(tests/unit/cleanup/broker/test_screening.py).
 
 The ``unacked`` hash (kombu's ack emulation) is broker state too: ``ScreenedQoS`` screens each
 entry before it is restored, so one planted entry cannot stop the restore of dead workers'
@@ -165,9 +166,9 @@ class ScreenedQoS(_RedisQoS):
     messages stranded before it are never restored. Here a bad entry is removed from
     ``unacked`` and ``unacked_index`` in the same transaction, counted and dead-lettered, and
     the scan goes on. ``restore_by_tag`` is kombu 5.7's own with the screening in place of the
-    bare decode; tests/unit/test_hardening.py fails when kombu's version changes. Every path
-    that restores an unacked entry goes through it: the visibility-timeout scan, a requeue,
-    and the restore at shutdown.
+    bare decode; tests/unit/cleanup/broker/test_screening.py fails when kombu's version changes.
+    Every path that restores an unacked entry goes through it: the visibility-timeout scan, a
+    requeue, and the restore at shutdown.
 
     A key of the wrong type where the bookkeeping lives (``unacked``, ``unacked_index``, the
     queue a message is restored to) is quarantined (``cleanup.broker.keys``) and the operation
@@ -500,8 +501,8 @@ class Transport(_RedisTransport):
 # The screened channel comes first in the bases, so every method it overrides is the one that
 # runs; kombu's Sentinel channel comes next, so its pool and fan-out methods (which the screened
 # channel does not touch) are the ones used; both reach kombu's own channel through ``super()``.
-# tests/unit/test_sentinel.py checks the method resolution and fails when kombu's Sentinel
-# channel starts overriding one of the screened methods.
+# tests/unit/cleanup/test_redis_sentinel.py checks the method resolution and fails when kombu's
+# Sentinel channel starts overriding one of the screened methods.
 _SentinelChannel: Any = redis.SentinelChannel
 _SentinelTransport: Any = redis.SentinelTransport
 

@@ -22,7 +22,7 @@ TEST_DEFAULTS = {
 for _name, _value in TEST_DEFAULTS.items():
     os.environ.setdefault(_name, _value)
 # Tuning settings (never read from the environment) shortened the same way; a test's child
-# process may choose its own first (config.settings.tuning, tests/child_settings.py).
+# process may choose its own first (config.settings.tuning, tests/support/child_settings.py).
 TEST_TUNING = {
     "CLEANUP_UNACKED_RESTORE_INTERVAL": 1,
     "CLEANUP_BEAT_IDLE_SESSION_TIMEOUT": 5,

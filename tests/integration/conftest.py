@@ -9,8 +9,8 @@ import psycopg
 import pytest
 from django.conf import settings
 
-from . import fleet
-from .fleet import SessionFleet, Worker, purge_broker
+from tests.support import fleet
+from tests.support.fleet import SessionFleet, Worker, purge_broker
 
 TABLES = (
     "cleanup_cleanupreceipt, cleanup_deadletter, cleanup_deliverycount, "

@@ -15,8 +15,7 @@ from cleanup.release import sweep as sweep_module
 from cleanup.release.messages import BatchMessage, ReleaseMessage
 from cleanup.release.sweep import sweep_shard
 from reservations import services
-
-from . import fleet
+from tests.support import fleet
 
 pytestmark = [pytest.mark.workers]
 

@@ -9,18 +9,15 @@ test waits until PostgreSQL shows all of them waiting before it lets go.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from reservations import clients, services
 from reservations.models import ApiClient, Offering, OutboxEvent, Reservation
-
-from .fleet import blocked_backends, offering_locked, wait_until
-from .web import Answer, WebServer, gunicorn
+from tests.support.fleet import blocked_backends, offering_locked, wait_until
+from tests.support.web import Answer, WebServer
 
 pytestmark = [pytest.mark.slow]
 
@@ -31,9 +28,8 @@ CONCURRENT = 8
 
 
 @pytest.fixture
-def web(transactional_db: None, tmp_path: Path) -> Iterator[WebServer]:
-    with gunicorn(tmp_path, workers=2, threads=CONCURRENT) as server:
-        yield server
+def web_options() -> dict[str, Any]:
+    return {"workers": 2, "threads": CONCURRENT}
 
 
 def client_token(name: str = "checkout", **fields: Any) -> str:

@@ -9,8 +9,6 @@ success and conflict paths are exercised too, not only the 404s.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import hypothesis
@@ -28,8 +26,6 @@ from schemathesis.specs.openapi.checks import (
 from reservations import clients, services
 from reservations.models import ApiClient
 
-from .web import WebServer, gunicorn
-
 pytestmark = [pytest.mark.slow]
 
 EXAMPLES_PER_OPERATION = 40
@@ -43,9 +39,8 @@ CHECKS = [
 
 
 @pytest.fixture
-def web(transactional_db: None, tmp_path: Path) -> Iterator[WebServer]:
-    with gunicorn(tmp_path, workers=2, threads=2) as server:
-        yield server
+def web_options() -> dict[str, Any]:
+    return {"workers": 2, "threads": 2}
 
 
 def test_every_operation_answers_as_its_schema_says_and_never_with_a_5xx(web):

@@ -21,8 +21,7 @@ import psycopg
 import pytest
 
 from cleanup.conf import cleanup_settings
-
-from .fleet import (
+from tests.support.fleet import (
     Worker,
     create_eligible_holds,
     free_port,
@@ -166,7 +165,8 @@ def test_a_backlog_grows_the_pool_to_max_and_an_idle_queue_shrinks_it_to_min(
     # One hold per message (CLEANUP_RELEASE_MODE "single"): this checks that a backlog of
     # per-reservation messages grows the pool. In the default adaptive mode the sweeps answer
     # the same backlog with multi-hold messages, which one process drains before the pool has
-    # grown (the sizing is covered by test_adaptive.py and tests/unit/test_sizing.py).
+    # grown (the sizing is covered by test_adaptive.py and
+    # tests/unit/cleanup/release/test_sizing.py).
     with autoscaled_worker(
         tmp_path,
         "4,1",

@@ -19,10 +19,8 @@ from cleanup.release.messages import BatchMessage, build_batch
 from cleanup.release.publish import publish_release_messages
 from cleanup.wire import RELEASE_BATCH_TASK
 from reservations import services
-from tests.wire import publish_raw
-
-from .conftest import SessionFleet
-from .fleet import (
+from tests.support.fleet import (
+    SessionFleet,
     Worker,
     blocked_backends,
     create_eligible_holds,
@@ -39,6 +37,7 @@ from .fleet import (
     sweep_until,
     wait_until,
 )
+from tests.support.wire import publish_raw
 
 pytestmark = [pytest.mark.workers]
 

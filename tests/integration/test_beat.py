@@ -42,8 +42,7 @@ from cleanup.release.schedule import (
     sweep_entry_name,
 )
 from cleanup.tasks import sample_health_task
-
-from .fleet import (
+from tests.support.fleet import (
     Beat,
     beats,
     claim_counts,
@@ -53,6 +52,7 @@ from .fleet import (
     released_count,
     wait_until,
 )
+from tests.support.staff import logged_in
 
 pytestmark = [pytest.mark.workers]
 
@@ -346,8 +346,7 @@ def _sends_of(beat: Beat, shards: int) -> int:
 def test_a_real_beat_follows_schedule_edits_saved_in_the_admin(workers, clean, beat_logs):
     # given: the schedule as `make run` installs it, then an operator at the admin
     call_command("install_cleanup_schedule", "--shards", "4", "--every", "1")
-    operator = Client()
-    operator.force_login(User.objects.create_superuser("op", "op@example.com", "pw"))
+    operator = logged_in(User.objects.create_superuser("op", "op@example.com", "pw"))
     with beats(beat_logs, 1) as (beat,):
         wait_until(beat.is_leader, timeout=60, what="beat lock acquired")
         wait_until(lambda: _sends_of(beat, 4) >= 4, timeout=30, what="first sends of 4 shards")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from .fleet import ROOT, scalar, service_env, sql
+from tests.support.fleet import ROOT, scalar, service_env, sql
 
 pytestmark = [pytest.mark.workers, pytest.mark.slow]
 

@@ -33,9 +33,7 @@ import pytest
 from cleanup.broker.readers import queue_depth
 from cleanup.conf import CleanupSettings, cleanup_settings
 from cleanup.release.schedule import install_schedule
-from tests.missing_tools import skip_for_missing
-
-from .fleet import (
+from tests.support.fleet import (
     Worker,
     beats,
     blocked_backends,
@@ -56,12 +54,13 @@ from .fleet import (
     sweep_until,
     wait_until,
 )
+from tests.support.missing_tools import skip_for_missing
 
 pytestmark = [
     pytest.mark.workers,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        os.environ.get("RESERVATIONS_CHAOS") != "1",
+    pytest.mark.drill(
+        env="RESERVATIONS_CHAOS",
         reason="chaos drills take minutes: CI and make test-full run them; alone: make chaos",
     ),
 ]

@@ -24,12 +24,8 @@ from cleanup.broker import readers as broker
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.release import delivery_cap
-from tests.missing_tools import leave_out
-from tests.wire import GOOD, publish_raw
-from tests.wire import task_body as _body
-
-from . import fleet
-from .fleet import (
+from tests.support import fleet
+from tests.support.fleet import (
     blocked_backends,
     broker_counts_redeliveries,
     broker_is_redis,
@@ -46,10 +42,13 @@ from .fleet import (
     status_of,
     wait_until,
 )
+from tests.support.missing_tools import leave_out
+from tests.support.wire import GOOD, publish_raw
+from tests.support.wire import task_body as _body
 
 pytestmark = [pytest.mark.workers]
 
-POISON = ["-I", "tests.integration.poison_tasks"]
+POISON = ["-I", "tests.support.poison_tasks"]
 
 
 @pytest.mark.skipif(

@@ -36,8 +36,7 @@ from django.db import connection
 from cleanup.models import DeadLetter
 from cleanup.operations import triage
 from cleanup.release import dead_letters, locks
-
-from . import fleet
+from tests.support import fleet
 
 pytestmark = [pytest.mark.workers]
 

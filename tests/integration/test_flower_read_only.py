@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from .fleet import ROOT, free_port, service_env, wait_until
+from tests.support.fleet import ROOT, free_port, service_env, wait_until
 
 USER, PASSWORD = "ops", "a-long-flower-password"
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from cleanup.release.schedule import install_schedule
-
-from .fleet import ROOT, Worker, beats, service_env, wait_until
+from tests.support.fleet import ROOT, Worker, beats, service_env, wait_until
 
 pytestmark = [pytest.mark.workers]
 

@@ -29,11 +29,7 @@ from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.release.messages import ReleaseMessage
 from cleanup.release.publish import publish_release_messages
-from tests.wire import RELEASE_TASK, publish_raw
-from tests.wire import release_message as _good
-from tests.wire import task_body as _body
-
-from .fleet import (
+from tests.support.fleet import (
     Worker,
     create_eligible_holds,
     free_port,
@@ -47,6 +43,9 @@ from .fleet import (
     total,
     wait_until,
 )
+from tests.support.wire import RELEASE_TASK, publish_raw
+from tests.support.wire import release_message as _good
+from tests.support.wire import task_body as _body
 
 pytestmark = [pytest.mark.workers]
 

@@ -15,8 +15,7 @@ from cleanup.release.messages import ReleaseMessage
 from cleanup.release.publish import publish_release_messages
 from cleanup.release.schedule import install_schedule
 from cleanup.release.sweep import sweep_shard
-
-from .fleet import (
+from tests.support.fleet import (
     Samples,
     Worker,
     create_eligible_holds,

@@ -37,9 +37,7 @@ from cleanup.tasks import sweep_shard_task
 from cleanup.wire import RELEASE_TASK, SWEEP_TASK
 from reservations import services
 from reservations.models import OutboxEvent
-from tests.wire import publish_task
-
-from .fleet import (
+from tests.support.fleet import (
     Worker,
     broker_is_redis,
     claim_counts,
@@ -61,6 +59,7 @@ from .fleet import (
     sql,
     wait_until,
 )
+from tests.support.wire import publish_task
 
 pytestmark = [pytest.mark.workers]
 
@@ -523,8 +522,9 @@ CAP_ENV = {"CLEANUP_MAX_QUEUE_DEPTH": str(CAP), "CLEANUP_LEASE_SECONDS": "60"}
 CAP_SETTINGS: dict[str, object] = {
     # One hold per message, so the queue's depth in messages is its depth in holds: this
     # scenario checks the cap itself. (In the default adaptive mode a claim is still bounded by
-    # the room in holds, so multi-hold messages never fill the cap; tests/unit/
-    # test_sizing.py and tests/integration/test_adaptive.py cover that mode.)
+    # the room in holds, so multi-hold messages never fill the cap;
+    # tests/unit/cleanup/release/test_sizing.py and tests/integration/test_adaptive.py cover
+    # that mode.)
     "CLEANUP_RELEASE_MODE": "single",
     "CLEANUP_SWEEP_BATCH_SIZE": BATCH,
     # queues of its own, so the session's fleet (same Redis database) never takes its work

@@ -2,7 +2,7 @@
 
 import pytest
 
-from .fleet import (
+from tests.support.fleet import (
     create_eligible_holds,
     invariant_violations,
     outcome_counts,

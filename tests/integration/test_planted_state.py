@@ -17,8 +17,7 @@ import pytest
 from cleanup.broker.readers import redis_client
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
-
-from . import fleet
+from tests.support import fleet
 
 pytestmark = [
     pytest.mark.workers,

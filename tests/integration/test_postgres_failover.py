@@ -44,9 +44,7 @@ from django.db import connection
 
 from cleanup.release.schedule import BEAT_LOCK_APP_PREFIX, install_schedule
 from config.env import parse_database_url
-from tests.missing_tools import skip_for_missing
-
-from .fleet import (
+from tests.support.fleet import (
     ROOT,
     Beat,
     assert_each_released_once,
@@ -60,13 +58,14 @@ from .fleet import (
     sql,
     wait_until,
 )
-from .web import gunicorn
+from tests.support.missing_tools import skip_for_missing
+from tests.support.web import gunicorn
 
 pytestmark = [
     pytest.mark.workers,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        os.environ.get("RESERVATIONS_PG_FAILOVER_DRILL") != "1",
+    pytest.mark.drill(
+        env="RESERVATIONS_PG_FAILOVER_DRILL",
         reason="the PostgreSQL failover drill runs in its own phase: make pg-failover-drill",
     ),
 ]

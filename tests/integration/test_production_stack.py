@@ -1,5 +1,5 @@
 """The production stack as a whole: docker-compose.yml's own services, wiring and
-production settings, run as processes in network namespaces (tests/integration/prodstack.py),
+production settings, run as processes in network namespaces (tests/support/prodstack.py),
 with Debian's Prometheus and Alertmanager on deploy/prometheus.yml, deploy/alerts.yml and
 deploy/alertmanager.yml unchanged. Checks what an operator looks at first:
 
@@ -31,10 +31,8 @@ from typing import Any
 
 import pytest
 
-from tests.missing_tools import skip_for_missing
-from tests.quick_start import quick_start_env
-
-from .prodstack import (
+from tests.support.missing_tools import skip_for_missing
+from tests.support.prodstack import (
     ROOT,
     Browser,
     Stack,
@@ -44,8 +42,9 @@ from .prodstack import (
     missing_tools,
     selectors,
 )
+from tests.support.quick_start import quick_start_env
 
-pytestmark = [pytest.mark.prodstack, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.drill, pytest.mark.slow, pytest.mark.timeout(420)]
 
 SLO_SECONDS = 60
 POOL_MIN, POOL_MAX = 1, 3
@@ -72,7 +71,7 @@ DEAD_LETTER_ALERT = "ReservationCleanupDeadLetters"
 
 
 def _unavailable(reason: str) -> None:
-    # a skip outside CI, a failure in CI (tests/missing_tools.py)
+    # a skip outside CI, a failure in CI (tests/support/missing_tools.py)
     skip_for_missing("production-stack tools", reason)
 
 

@@ -29,7 +29,6 @@ in its own phase (RESERVATIONS_RABBITMQ_CLUSTER_DRILL=1: noxfile.py's session
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -44,10 +43,7 @@ from kombu import Connection, Exchange, Producer, Queue
 
 from cleanup.broker.confirms import confirmed_producer
 from cleanup.release.schedule import install_schedule
-from tests.missing_tools import skip_for_missing
-from tools.rabbitmq_cluster import Cluster, MissingTool, Node
-
-from .fleet import (
+from tests.support.fleet import (
     ROOT,
     Worker,
     assert_each_released_once,
@@ -63,13 +59,14 @@ from .fleet import (
     sql,
     wait_until,
 )
+from tests.support.missing_tools import skip_for_missing
+from tools.rabbitmq_cluster import Cluster, MissingTool, Node
 
 pytestmark = [
     pytest.mark.workers,
     pytest.mark.slow,
-    pytest.mark.rabbitmq_cluster,
-    pytest.mark.skipif(
-        os.environ.get("RESERVATIONS_RABBITMQ_CLUSTER_DRILL") != "1",
+    pytest.mark.drill(
+        env="RESERVATIONS_RABBITMQ_CLUSTER_DRILL",
         reason="the RabbitMQ cluster drill runs in its own phase: make rabbitmq-cluster-drill",
     ),
 ]

@@ -10,8 +10,7 @@ from cleanup.broker.readers import queue_stats
 from cleanup.conf import cleanup_settings
 from cleanup.release.pause import set_paused
 from cleanup.worker.pause_step import POLL_INTERVAL_S
-
-from .fleet import (
+from tests.support.fleet import (
     Worker,
     claim_counts,
     create_eligible_holds,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -35,9 +34,7 @@ import redis
 
 from cleanup.release import delivery_cap
 from cleanup.release.schedule import install_schedule
-from tests.missing_tools import skip_for_missing
-
-from .fleet import (
+from tests.support.fleet import (
     assert_each_released_once,
     beats,
     claim_counts,
@@ -53,13 +50,13 @@ from .fleet import (
     sql,
     wait_until,
 )
+from tests.support.missing_tools import skip_for_missing
 
 pytestmark = [
     pytest.mark.workers,
     pytest.mark.slow,
-    pytest.mark.sentinel,
-    pytest.mark.skipif(
-        os.environ.get("RESERVATIONS_SENTINEL_DRILL") != "1",
+    pytest.mark.drill(
+        env="RESERVATIONS_SENTINEL_DRILL",
         reason="the Sentinel failover drill runs in its own phase: make sentinel-drill",
     ),
 ]

@@ -21,8 +21,7 @@ import pytest
 
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
-
-from . import fleet
+from tests.support import fleet
 
 pytestmark = [pytest.mark.workers]
 

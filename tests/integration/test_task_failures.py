@@ -25,8 +25,7 @@ from cleanup.operations import triage
 from cleanup.release.messages import build
 from cleanup.wire import RELEASE_TASK
 from config.celery_app import app
-
-from . import fleet
+from tests.support import fleet
 
 pytestmark = [pytest.mark.workers]
 

@@ -23,9 +23,8 @@ from typing import IO
 import pytest
 
 from config.settings.test import TEST_DEFAULTS
-from tests.missing_tools import skip_for_missing
-
-from .fleet import ROOT, free_port, scalar, service_env, sql, wait_until
+from tests.support.fleet import ROOT, free_port, scalar, service_env, sql, wait_until
+from tests.support.missing_tools import skip_for_missing
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import tryit

@@ -3,17 +3,15 @@ by whichever process, shows every process's requests by route, method and status
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from reservations import clients, services
 from reservations.models import ApiClient
-
-from .fleet import parse, total
-from .web import WebServer, gunicorn
+from tests.support.fleet import parse, total
 
 pytestmark = [pytest.mark.slow]
 
@@ -28,16 +26,14 @@ def metrics_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def web(transactional_db: None, tmp_path: Path, metrics_dir: Path) -> Iterator[WebServer]:
-    with gunicorn(
-        tmp_path,
-        workers=2,
-        threads=1,
-        worker_class="sync",
-        WEB_METRICS_DIR=str(metrics_dir),
-        METRICS_TOKEN=METRICS_TOKEN,
-    ) as server:
-        yield server
+def web_options(metrics_dir: Path) -> dict[str, Any]:
+    return {
+        "workers": 2,
+        "threads": 1,
+        "worker_class": "sync",
+        "WEB_METRICS_DIR": str(metrics_dir),
+        "METRICS_TOKEN": METRICS_TOKEN,
+    }
 
 
 def test_one_scrape_counts_every_worker_processs_requests_by_route_and_status(web, metrics_dir):

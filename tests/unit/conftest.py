@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -11,9 +12,11 @@ import redis
 from celery import current_app
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
 
 from cleanup.broker.readers import redis_client
-from tests.integration.fleet import SessionFleet
+from reservations import services
+from tests.support.fleet import SessionFleet
 
 
 @pytest.fixture
@@ -42,6 +45,19 @@ def leading_beat(settings: Any) -> Iterator[tuple[Any, Any]]:
         yield scheduler, next(e for e in scheduler.schedule.values() if e.task == SWEEP_TASK)
     finally:
         scheduler.close()
+
+
+@pytest.fixture
+def t0() -> datetime:
+    """Now, as the explicit ``now=`` the domain's services accept from unit tests."""
+    return timezone.now()
+
+
+@pytest.fixture
+def seats_are_conserved_after_every_test(db: None) -> Iterator[None]:
+    """After the test, every offering's seats add up (capacity = free + held + confirmed)."""
+    yield
+    assert services.seat_conservation_violations() == []
 
 
 @pytest.fixture

@@ -2,7 +2,8 @@
 django's live server.
 
 Outside CI a missing browser skips these tests with the reason; with CI=true it fails them
-(tests/missing_tools.py; scripts/test.sh installs chromium with apt in CI when it is missing).
+(tests/support/missing_tools.py; scripts/test.sh installs chromium with apt in CI when it is
+missing).
 Screenshots go to ``$SCREENSHOT_DIR`` when set (docs/screenshots/ was made that way), else to
 the test's tmp dir.
 """
@@ -17,9 +18,9 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.test import Client
 
-from tests.missing_tools import skip_for_missing
+from tests.support.missing_tools import skip_for_missing
+from tests.support.staff import logged_in
 
 BROWSER_NAMES = ("chromium", "chromium-browser")
 LAUNCH_FLAGS = [
@@ -101,8 +102,7 @@ def operator(transactional_db: None) -> User:
 @pytest.fixture
 def signed_in(page: Any, operator: User, live_server: Any) -> Any:
     """The page with the operator's session cookie (the login form has its own test)."""
-    client = Client()
-    client.force_login(operator)
+    client = logged_in(operator)
     page.context.add_cookies(
         [{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": live_server.url}]
     )

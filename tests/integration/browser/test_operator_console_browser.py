@@ -18,8 +18,7 @@ from cleanup.operations import samples
 from cleanup.release.messages import ReleaseMessage, build
 from cleanup.release.publish import publish_release_messages
 from cleanup.release.schedule import install_schedule
-
-from ..fleet import (
+from tests.support.fleet import (
     beats,
     claim_counts,
     create_eligible_holds,
@@ -28,6 +27,7 @@ from ..fleet import (
     sql,
     wait_until,
 )
+
 from .conftest import PASSWORD, USERNAME
 
 pytestmark = [pytest.mark.browser]

@@ -14,8 +14,7 @@ from cleanup.broker.readers import queue_depth
 from cleanup.conf import cleanup_settings
 from cleanup.release.pause import set_paused
 from cleanup.worker.pause_step import POLL_INTERVAL_S
-
-from ..fleet import (
+from tests.support.fleet import (
     Worker,
     claim_counts,
     create_eligible_holds,
@@ -25,6 +24,7 @@ from ..fleet import (
     sweep_until_each_worker_swept,
     wait_until,
 )
+
 from .conftest import USERNAME
 
 pytestmark = [pytest.mark.browser]

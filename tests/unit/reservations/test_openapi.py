@@ -1,0 +1,74 @@
+"""The OpenAPI document: served publicly, browsable by staff, and describing exactly the
+routes and methods the API serves."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.test import Client
+from django.urls import URLPattern
+
+from reservations import urls as api_urls
+from tests.support.api import AUTH
+
+DOCUMENTATION = {"openapi-json", "openapi-view"}
+
+pytestmark = pytest.mark.usefixtures("api_token")
+
+
+def served_operations(client: Client) -> set[tuple[str, str]]:
+    """(method, path) for every API route, read from what the server answers: a request with
+    a method no route takes is a 405 whose Allow lists the route's methods."""
+    found = set()
+    for pattern in api_urls.urlpatterns:
+        assert isinstance(pattern, URLPattern)
+        if pattern.name in DOCUMENTATION:
+            continue
+        template = "/api/v1/" + str(pattern.pattern)
+        path = re.sub(r"<int:\w+>", "1", template)
+        answer = client.generic("OPTIONS", path, headers=AUTH)
+        assert answer.status_code == 405, (path, answer.content)
+        documented_path = re.sub(r"<int:(\w+)>", r"{\1}", template)
+        for method in answer["Allow"].split(", "):
+            if method != "HEAD":  # answered wherever GET is, as HTTP asks
+                found.add((method, documented_path))
+    return found
+
+
+def test_the_document_describes_exactly_the_served_routes_and_methods(client, db):
+    document = client.get("/api/v1/openapi.json").json()
+    documented = {
+        (method.upper(), path) for path, item in document["paths"].items() for method in item
+    }
+    assert documented == served_operations(client)
+
+
+def test_the_document_is_public_openapi_3_with_the_error_body_and_strict_bodies(client, db):
+    # given no credentials at all
+    response = client.get("/api/v1/openapi.json")
+    # then
+    assert response.status_code == 200
+    document = response.json()
+    assert document["openapi"].startswith("3.")
+    schemas = document["components"]["schemas"]
+    assert schemas["ErrorDetail"]["required"] == ["code", "message", "field"]
+    for body in ("HoldRequest", "RenewRequest", "VersionRequest"):
+        assert schemas[body]["additionalProperties"] is False
+    create = document["paths"]["/api/v1/offerings/{offering_id}/holds"]["post"]
+    assert "Location" in create["responses"]["201"]["headers"]
+    assert "Retry-After" in create["responses"]["429"]["headers"]
+    assert {p["name"] for p in create["parameters"]} == {"offering_id", "Idempotency-Key"}
+    assert document["components"]["securitySchemes"]["BearerToken"]["scheme"] == "bearer"
+
+
+def test_the_browsable_page_is_for_staff_and_needs_no_cdn(client, admin_client, db):
+    anonymous = client.get("/api/v1/docs")
+    assert anonymous.status_code == 302
+    assert anonymous["Location"].startswith("/admin/login/")
+    page = admin_client.get("/api/v1/docs")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "swagger-ui" in html
+    assert "/api/v1/openapi.json" in html
+    assert not re.search(r"""src=["']https?://""", html)  # bundled, not fetched from a CDN
