@@ -468,22 +468,22 @@ def test_a_beat_that_cannot_connect_for_its_lease_says_why_sends_nothing_and_rec
                     [BEAT_LOCK_APP_PREFIX + "%"],
                 )
             fleet.wait_until(
-                lambda: beat.lines("beat cannot take its lease"),
+                lambda: beat.lines("beat cannot take its lock"),
                 timeout=60,
                 what="the beat saying why it does not send",
             )
             sends_while_down = beat.sends()
             # then: it says so once, naming the cause, and keeps trying
-            (said,) = beat.lines("beat cannot take its lease")
+            (said,) = beat.lines("beat cannot take its lock")
             assert "not currently accepting connections" in said
         finally:
             allow_connections(True)
         # when: the database takes connections again, the beat leads and sends again
         fleet.wait_until(
-            lambda: len(beat.lines("beat lock acquired")) == 2, timeout=60, what="lease again"
+            lambda: len(beat.lines("beat lock acquired")) == 2, timeout=60, what="the lock again"
         )
         fleet.wait_until(lambda: beat.sends() > sends_while_down, timeout=60, what="sends again")
-        assert beat.lines("beat reaches the database for its lease again")
+        assert beat.lines("beat reaches the database for its lock again")
         assert beat.lines("beat lock lost")
         assert beat.alive()
 

@@ -511,7 +511,7 @@ def test_a_primary_stopped_mid_drain_is_followed_to_the_promoted_standby_each_ho
                 beats_alive = [b.alive() for b in two]
                 sends = [_sends(b) for b in two]
                 acquired = [len(b.lines("beat lock acquired")) for b in two]
-                lease_failures = [b.lines("beat cannot take its lease") for b in two]
+                lease_failures = [b.lines("beat cannot take its lock") for b in two]
                 switches = _sender_switches(two)
             alive = [w.alive() for w in workers]
         old = Committed.on(pair.old_primary_alone())
