@@ -111,7 +111,7 @@ TOOLS = {
     "pgbouncer": (
         "pgbouncer",
         "/usr/sbin/pgbouncer",
-    ),  # tests/unit/common/test_pooling.py, pgbouncer
+    ),  # tests/unit/reservations/test_pooling.py, pgbouncer
     "kubernetes-client": (
         "kubectl",
     ),  # the kustomize comparisons (tests/unit/project/test_deploy.py)

@@ -16,8 +16,8 @@ from cleanup import sql as cleanup_sql
 from cleanup.broker.readers import redis_client
 from cleanup.release import claim
 from cleanup.release.messages import idempotency_key
-from common.db import rows as sql
 from reservations import sql as reservation_sql
+from reservations.db import rows as sql
 from reservations.eligibility import eligible_sql
 from tools.seed import seed_holds
 

@@ -33,7 +33,7 @@ from cleanup.operations.console.story import explain
 from cleanup.release import dead_letters, delivery_cap, periodic_guard
 from cleanup.release.messages import idempotency_key
 from cleanup.release.schedule import MANAGED_NOTE, SWEEP_PREFIX, apply_schedule, is_managed
-from common import admin_guard
+from reservations import admin_guard
 from reservations.admin import EMPTY, ReservationSection, add_reservation_section
 from reservations.models import OutboxEvent, Reservation
 

@@ -225,7 +225,7 @@ def env_choice(name: str, choices: tuple[str, ...], default: str) -> str:
 # session settings, pg_backend_pid(), prepared statements, server-side cursors.
 POOLING_MODES = ("none", "transaction")
 # The Django alias of the direct connection that carries the session state behind a transaction
-# pooler (common.db.session_connection); without one, the session state is on "default".
+# pooler (reservations.db.session_connection); without one, the session state is on "default".
 SESSION_ALIAS = "locks"
 
 

@@ -43,7 +43,7 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
-from common import admin_guard
+from reservations import admin_guard
 
 from . import clients, services
 from .errors import ReservationError

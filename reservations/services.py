@@ -23,7 +23,7 @@ from typing import Any, NoReturn, cast
 from django.conf import settings
 from django.db import connection, transaction
 
-from common.db import fetch_prepared
+from reservations.db import fetch_prepared
 
 from . import sql
 from .errors import (

@@ -280,3 +280,12 @@ DELETE FROM reservations_idempotencykey
 WHERE id IN (SELECT id FROM reservations_idempotencykey WHERE expires_at <= now()
              ORDER BY expires_at LIMIT %(batch)s)
 """
+
+# --- The connection's own statements (reservations.db, reservations.pooling) -------------------
+
+# The statement timeout of the current transaction only (``SET LOCAL``), in milliseconds.
+LOCAL_STATEMENT_TIMEOUT = "SELECT set_config('statement_timeout', %s, true)"
+# Prepared statements of this connection planned once, generically (reservations/db.py).
+FORCE_GENERIC_PLANS = "SET plan_cache_mode = force_generic_plan"
+# Which server process answers this client (the pooling probe compares two answers).
+BACKEND_PID = "SELECT pg_backend_pid()"

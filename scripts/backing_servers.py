@@ -50,7 +50,7 @@ from urllib.parse import quote
 ROOT = Path(__file__).resolve().parent.parent
 # The project's plumbing that needs no Django (run as a script, the checkout is not on sys.path).
 sys.path.insert(0, str(ROOT))
-from common.processes import pid_alive  # noqa: E402
+from cleanup.processes import pid_alive  # noqa: E402
 
 EMBEDDED_DIR = ROOT / ".embedded"
 PG_DATA = EMBEDDED_DIR / "pg"

@@ -19,7 +19,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from cleanup.models import DeadLetter
 from cleanup.operations import triage
-from common import admin_guard
+from reservations import admin_guard
 
 CLI_USERNAME = "manage.py"
 SHOWN_IDS = 20

@@ -32,7 +32,7 @@ from cleanup.release.messages import (
     validate_batch,
 )
 from cleanup.release.publish import publish_release_messages
-from common.db import rows
+from reservations.db import rows
 
 logger = logging.getLogger("cleanup.deadletters")
 

@@ -33,7 +33,7 @@ from celery.signals import worker_process_shutdown, worker_ready, worker_shutdow
 
 from cleanup import metrics_boot
 from cleanup.conf import cleanup_settings
-from common.processes import pid_alive
+from cleanup.processes import pid_alive
 
 logger = logging.getLogger("cleanup.observability")
 

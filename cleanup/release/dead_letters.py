@@ -23,7 +23,7 @@ from cleanup import metrics, sql
 from cleanup.conf import PRUNE_BATCH_SIZE, cleanup_settings
 from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.release import locks
-from common.db import rows, scalar
+from reservations.db import rows, scalar
 
 logger = logging.getLogger("cleanup.deadletters")
 

@@ -42,7 +42,7 @@ from cleanup import redis_clients, sql
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeliveryCount
 from cleanup.release.messages import BATCH_KIND, MalformedMessage, validate, validate_batch
-from common.db import scalar
+from reservations.db import scalar
 
 logger = logging.getLogger("cleanup.deliveries")
 

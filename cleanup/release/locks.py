@@ -15,7 +15,7 @@ from typing import Any
 from django.db import InterfaceError, OperationalError
 
 from cleanup import sql
-from common.db import scalar, session_alias, session_connection
+from reservations.db import scalar, session_alias, session_connection
 
 LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of a lock_timeout
 
@@ -43,7 +43,7 @@ def beat_lock(lock_id: int) -> tuple[int, int]:
 # Taking and dropping them. A session lock lasts until unlocked (or the session ends); a
 # transaction lock until the caller's transaction ends. Session locks, the session's
 # lock_timeout and the room claims (keyed by pg_backend_pid()) are on the session's connection
-# (common.db.session_connection: Django's default one, or DATABASE_DIRECT_URL's behind a
+# (reservations.db.session_connection: Django's default one, or DATABASE_DIRECT_URL's behind a
 # transaction pooler); transaction locks on Django's default one, inside the caller's
 # transaction.
 

@@ -32,7 +32,7 @@ from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupSchedule
 from cleanup.release import locks
 from cleanup.wire import PRUNE_TASK, RELAY_OUTBOX_TASK, SAMPLE_HEALTH_TASK, SWEEP_TASK
-from common.db import psycopg_params, session_alias
+from reservations.db import psycopg_params, session_alias
 
 logger = logging.getLogger("cleanup.schedule")
 

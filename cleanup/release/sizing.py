@@ -50,7 +50,7 @@ from cleanup import metrics, sql
 from cleanup.conf import ASSUMED_SERVICE_TIME_S, cleanup_settings
 from cleanup.release.claim import ClaimedReservation
 from cleanup.release.messages import BatchMessage, ReleaseMessage
-from common.db import scalar
+from reservations.db import scalar
 from reservations.models import BUCKETS
 from reservations.services import eligible_count
 

@@ -36,7 +36,7 @@ from cleanup.release.claim import ClaimedReservation, claim_expired
 from cleanup.release.messages import ReleaseMessage
 from cleanup.release.publish import publish_release_messages
 from cleanup.release.sizing import DueBacklog, ServiceRate, messages_for, note_sizing
-from common import db
+from reservations import db
 
 logger = logging.getLogger("cleanup.sweep")
 

@@ -1,6 +1,6 @@
 """Celery signal handlers: stamp ``enqueued_at`` on every publish; dead-letter what never
 reaches task code (unknown task names, rejected content); refuse to start a worker or beat
-behind a transaction pooler that the settings do not declare (common.pooling), or on RabbitMQ
+behind a transaction pooler that the settings do not declare (reservations.pooling), or on RabbitMQ
 queues of another type than CLEANUP_RABBITMQ_QUEUE_TYPE (cleanup.broker.queues)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from cleanup.broker import queues
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.release import dead_letters, delivery_cap
-from common import pooling
+from reservations import pooling
 
 logger = logging.getLogger("cleanup.worker")
 

@@ -71,7 +71,6 @@ INSTALLED_APPS = [
     "django_celery_beat",
     # The API's OpenAPI document and its Swagger UI (templates and bundled static files).
     "ninja",
-    "common",
     "reservations",
     "cleanup",
     # The example project's tooling (the burst drill's command); not part of the product.
@@ -117,7 +116,7 @@ TEMPLATES = [
 # How DATABASE_URL reaches PostgreSQL (config.env.POOLING_MODES); behind a transaction pooler
 # the session state (advisory locks, the beat's lease) goes over DATABASE_DIRECT_URL, and the
 # processes that need it refuse to start when a pooler is found but not declared
-# (common.pooling; docs/TOPOLOGIES.md, "PgBouncer").
+# (reservations.pooling; docs/TOPOLOGIES.md, "PgBouncer").
 DATABASE_POOLING = env_choice("DATABASE_POOLING", POOLING_MODES, "none")
 DATABASE_DIRECT_URL = env_str("DATABASE_DIRECT_URL", "")
 # Probed at start-up whenever it is given (it must not be transaction pooled either).
@@ -130,9 +129,9 @@ DATABASES = database_aliases(
     DATABASE_POOLING,
     conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0),
 )
-# The alias whose connection holds session state (common.db.session_connection).
+# The alias whose connection holds session state (reservations.db.session_connection).
 DATABASE_SESSION_ALIAS = SESSION_ALIAS if SESSION_ALIAS in DATABASES else "default"
-# The release statement runs prepared (common.db.fetch_prepared), except behind a transaction
+# The release statement runs prepared (reservations.db.fetch_prepared), except behind a transaction
 # pooler, which cannot keep prepared statements (PgBouncer in transaction mode before 1.21).
 DATABASE_PREPARED_STATEMENTS = prepared_statements(DATABASE_POOLING)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

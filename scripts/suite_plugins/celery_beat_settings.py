@@ -63,6 +63,6 @@ DATABASES = {
 
 CLEANUP_BEAT_LOCK_ID = 727_999
 CLEANUP_BEAT_IDLE_SESSION_TIMEOUT = 30
-# The lease's connection is the session alias's (common.db.session_alias): without a
+# The lease's connection is the session alias's (reservations.db.session_alias): without a
 # transaction pooler, Django's default one, whose server the entry above names.
 DATABASE_SESSION_ALIAS = "default"

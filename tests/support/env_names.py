@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("cleanup", "reservations", "common", "config", "gunicorn.conf.py", "manage.py")
+SOURCES = ("cleanup", "reservations", "config", "gunicorn.conf.py", "manage.py")
 # The strict readers: config.env's helpers and cleanup.conf's field declaration.
 READERS = frozenset(
     {

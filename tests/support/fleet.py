@@ -30,8 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 # The invariants moved to the product (the burst drill checks them too); re-exported here.
 from cleanup.conf import cleanup_settings
 from cleanup.release.messages import ReleaseMessage
-from common.db import rows as sql
-from common.db import scalar as scalar
+from reservations.db import rows as sql
+from reservations.db import scalar as scalar
 from tests.support import ROOT as ROOT
 from tests.support.child_python import settings_env
 from tools.drills.invariants import invariant_violations as invariant_violations

@@ -26,8 +26,8 @@ from cleanup.conf import cleanup_settings
 from cleanup.release import delivery_cap
 from cleanup.release.messages import ReleaseMessage, idempotency_key
 from cleanup.release.publish import publish_release_messages, send_sweep
-from common.db import rows, scalar
 from reservations import services
+from reservations.db import rows, scalar
 from reservations.errors import NotHeld, ReservationExpired, StaleVersion
 from tools.drills import sql
 from tools.drills.invariants import invariant_violations

@@ -6,7 +6,7 @@ An empty list from ``invariant_violations`` means every invariant holds.
 
 from __future__ import annotations
 
-from common.db import rows, scalar
+from reservations.db import rows, scalar
 from reservations.services import seat_conservation_violations
 from tools.drills import sql
 

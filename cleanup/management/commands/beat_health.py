@@ -18,8 +18,8 @@ from typing import Any
 from cleanup import sql
 from cleanup.conf import cleanup_settings
 from cleanup.release import locks
-from common.commands import ProjectCommand
-from common.db import rows
+from reservations.commands import ProjectCommand
+from reservations.db import rows
 
 
 def leaders() -> int:

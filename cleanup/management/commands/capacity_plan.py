@@ -14,7 +14,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from cleanup.operations.scaling import capacity
-from common.commands import ProjectCommand, add_options
+from reservations.commands import ProjectCommand, add_options
 
 
 class Command(ProjectCommand):

@@ -10,7 +10,7 @@ from django.core.management.base import CommandError, CommandParser
 from cleanup.management import dead_letter_commands
 from cleanup.operations.triage import by_reason, clean_why, discard
 from cleanup.release.dead_letters import DISCARDED
-from common.commands import ProjectCommand
+from reservations.commands import ProjectCommand
 
 COMMAND = "discard_dead_letters"
 

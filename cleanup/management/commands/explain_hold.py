@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from cleanup.operations.console.story import explain
-from common.commands import ProjectCommand
+from reservations.commands import ProjectCommand
 
 
 class Command(ProjectCommand):

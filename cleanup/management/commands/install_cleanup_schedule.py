@@ -6,7 +6,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from cleanup.operations.schedule_preview import preview
 from cleanup.release.schedule import ensure_schedule, install_schedule
-from common.commands import ProjectCommand
+from reservations.commands import ProjectCommand
 
 
 class Command(ProjectCommand):

@@ -11,7 +11,7 @@ from django.core.management.base import CommandError, CommandParser
 from cleanup.management import dead_letter_commands
 from cleanup.models import DeadLetter
 from cleanup.operations.triage import requeue
-from common.commands import ProjectCommand
+from reservations.commands import ProjectCommand
 
 COMMAND = "requeue_dead_letters"
 REQUEUED = ("republished", "rescheduled")

@@ -14,7 +14,7 @@ from typing import Any
 from celery import current_app as app
 from django.core.management.base import CommandParser
 
-from common.commands import ProjectCommand
+from reservations.commands import ProjectCommand
 
 
 class Command(ProjectCommand):

@@ -41,7 +41,7 @@ from cleanup import sql
 from cleanup.broker.readers import redis_client
 from cleanup.conf import cleanup_settings
 from cleanup.operations.console.gauges import BacklogCollector
-from common.db import scalar
+from reservations.db import scalar
 
 logger = logging.getLogger("cleanup.views")
 

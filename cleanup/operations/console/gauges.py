@@ -22,7 +22,7 @@ from cleanup.models import DeadLetter
 from cleanup.operations.scaling.capacity import DESIRED_WINDOW_S, desired_consumers
 from cleanup.release.claim import shard_buckets
 from cleanup.release.schedule import installed_shards
-from common.db import rows, set_local_statement_timeout
+from reservations.db import rows, set_local_statement_timeout
 from reservations.services import eligible_backlog
 
 # --- Scrape-time gauges (web process only) ---------------------------------------------------

@@ -33,7 +33,7 @@ from cleanup.release.schedule import (
     current_schedule,
     installed_shards,
 )
-from common import db
+from reservations import db
 
 logger = logging.getLogger("cleanup.health")
 

@@ -13,7 +13,7 @@ from django.urls import reverse
 from cleanup.operations.console import health
 from cleanup.operations.console.charts import chart_svg
 from cleanup.release import pause
-from common import admin_guard
+from reservations import admin_guard
 from reservations.admin import _as_id
 from reservations.models import Reservation
 

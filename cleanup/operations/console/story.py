@@ -15,7 +15,7 @@ from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.release import delivery_cap
 from cleanup.release.messages import idempotency_key
-from common.db import scalar
+from reservations.db import scalar
 from reservations.models import OutboxEvent, Reservation
 
 
@@ -137,7 +137,7 @@ def explain(reservation_id: int) -> Story:
         story.events.append((now, f"delivery counters unavailable: {exc!r}"[:200]))
     traces = [hold.last_trace_id] + [r.trace_id for r in receipts] + [d.trace_id for d in letters]
     story.trace_ids = list(dict.fromkeys(t for t in traces if t))
-    # A set-aside hold's 'infinity' loads as datetime.max (common.db): "never".
+    # A set-aside hold's 'infinity' loads as datetime.max (reservations.db): "never".
     next_attempt_at = None if hold.next_attempt_at == _NEVER else hold.next_attempt_at
     story.verdict = _verdict(hold, next_attempt_at, receipts, letters, now)
     return story

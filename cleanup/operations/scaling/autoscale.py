@@ -42,7 +42,7 @@ from cleanup.broker.readers import queue_stats
 from cleanup.conf import ASSUMED_SERVICE_TIME_S, cleanup_settings
 from cleanup.operations.scaling.capacity import compute_desired_consumers
 from cleanup.release.sizing import drain_consumers
-from common.db import rows, set_local_statement_timeout
+from reservations.db import rows, set_local_statement_timeout
 from reservations.models import BUCKETS
 from reservations.services import eligible_backlog
 

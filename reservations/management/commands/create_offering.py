@@ -9,8 +9,8 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from common.commands import ProjectCommand
 from reservations import services
+from reservations.commands import ProjectCommand
 from reservations.models import Offering
 
 NAME_MAX_LENGTH = Offering._meta.get_field("name").max_length or 200

@@ -89,7 +89,7 @@ def test_the_metrics_compactor_can_still_read_and_write_mmap_files() -> None:
 
 
 def test_django_still_turns_psycopg_preparing_off_by_default() -> None:
-    # common.db sets prepare_threshold itself because Django passes None.
+    # reservations.db sets prepare_threshold itself because Django passes None.
     from django.db.backends.postgresql import base
 
     assert '"prepare_threshold"' in inspect.getsource(base.DatabaseWrapper.get_connection_params)

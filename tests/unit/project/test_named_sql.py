@@ -1,6 +1,6 @@
-"""The project's raw SQL lives in four modules, by name: common/sql.py (the connection's own
-session settings), reservations/sql.py (the domain's), cleanup/sql.py (the cleanup's) and
-tools/drills/sql.py (the drills' checks of the pipeline).
+"""The project's raw SQL lives in three modules, by name: reservations/sql.py (the domain's and
+the connection's own session settings), cleanup/sql.py (the cleanup's) and tools/drills/sql.py
+(the drills' checks of the pipeline).
 Every named statement is accepted by PostgreSQL as it stands (prepared against the migrated
 schema, not run), and no other product module writes a statement of its own.
 
@@ -18,14 +18,11 @@ import pytest
 from django.db import connection
 
 from cleanup import sql as cleanup_sql
-from common import sql as common_sql
 from reservations import sql as reservations_sql
 from tests.support import ROOT
 from tools.drills import sql as drills_sql
 
-SQL_MODULES = {
-    ROOT / package / "sql.py" for package in ("common", "reservations", "cleanup", "tools/drills")
-}
+SQL_MODULES = {ROOT / package / "sql.py" for package in ("reservations", "cleanup", "tools/drills")}
 # A string that starts like a statement (after white space): what a module must not write.
 STATEMENT = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|ANALYZE|SET)\s")
 # What PREPARE takes; the utility statements (ANALYZE, SET) run in every test run anyway
@@ -38,7 +35,7 @@ PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s")
 
 def _named_statements() -> list[tuple[str, str]]:
     found = []
-    for module in (common_sql, reservations_sql, cleanup_sql, drills_sql):
+    for module in (reservations_sql, cleanup_sql, drills_sql):
         for name, value in vars(module).items():
             if name.isupper() and not name.startswith("_"):
                 texts = value if isinstance(value, tuple) else (value,)
@@ -83,7 +80,7 @@ def test_every_named_statement_is_accepted_by_postgresql(name: str, statement: s
 
 def test_no_other_product_module_writes_a_statement() -> None:
     written = []
-    for package in ("common", "reservations", "cleanup", "config"):
+    for package in ("reservations", "cleanup", "config"):
         for path in sorted((ROOT / package).rglob("*.py")):
             if path in SQL_MODULES or "migrations" in path.parts:
                 continue

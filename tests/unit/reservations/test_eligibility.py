@@ -15,8 +15,8 @@ from django.db import connection
 from cleanup.operations import samples
 from cleanup.operations.console.gauges import BacklogCollector
 from cleanup.release import claim, delivery_cap
-from common.db import rows, scalar
 from reservations import services, sql
+from reservations.db import rows, scalar
 from reservations.eligibility import eligible_sql
 from reservations.models import BUCKETS, Reservation
 from tools.drills.burst import sample

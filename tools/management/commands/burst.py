@@ -13,7 +13,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from cleanup.conf import cleanup_settings
-from common.commands import ProjectCommand, add_options
+from reservations.commands import ProjectCommand, add_options
 from tools.drills.burst import run
 from tools.drills.state import BurstConfig
 

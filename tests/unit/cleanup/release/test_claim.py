@@ -277,7 +277,7 @@ def test_a_set_aside_hold_reclaimed_by_a_new_hold_can_still_be_read(make_offerin
 
     services.hold_seat(full.pk, "learner-2", ttl_seconds=60, now=later)
 
-    released = Reservation.objects.get(pk=hold.pk)  # 'infinity' loads (common.db)
+    released = Reservation.objects.get(pk=hold.pk)  # 'infinity' loads (reservations.db)
     assert released.status == Reservation.Status.RELEASED
     assert released.next_attempt_at == datetime.max.replace(tzinfo=UTC)
 

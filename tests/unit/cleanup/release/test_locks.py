@@ -1,5 +1,5 @@
 """Behind a transaction pooler the session state lives on the direct connection
-(``DATABASE_DIRECT_URL``'s alias, ``common.db.session_connection``): every session lock of
+(``DATABASE_DIRECT_URL``'s alias, ``reservations.db.session_connection``): every session lock of
 ``cleanup.release.locks``, the sweep's wait in line for the publish lock, and beat's lease.
 
 In process and without a pooler: the session alias is made a connection of its own to the
@@ -31,9 +31,9 @@ from cleanup import sql
 from cleanup.release import locks
 from cleanup.release.schedule import BEAT_LOCK_APP_PREFIX, LeaderDatabaseScheduler
 from cleanup.release.sweep import SweepResult, sweep_shard
-from common.db import psycopg_params, rows, scalar, session_alias
 from config.celery_app import app as celery_app
 from config.env import SESSION_ALIAS
+from reservations.db import psycopg_params, rows, scalar, session_alias
 from tests.support.holds import claim_counts, expired_holds
 
 pytestmark = [

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from cleanup.models import CleanupReceipt
 from cleanup.operations import triage
 from cleanup.operations.console.gauges import BacklogCollector
-from common.db import rows
 from reservations import services
+from reservations.db import rows
 from tests.support.dead_letters import MALFORMED, letter
 from tests.support.fleet import create_eligible_holds
 from tests.support.holds import expire

@@ -20,8 +20,8 @@ from cleanup.operations.console import health
 from cleanup.release.messages import ReleaseMessage
 from cleanup.release.schedule import install_schedule
 from cleanup.release.sweep import SweepResult, record_last_sweep, sweep_shard
-from common.db import rows as sql
 from reservations import services
+from reservations.db import rows as sql
 from tests.support.dead_letters import MALFORMED, UNKNOWN, letter
 from tests.support.holds import expired_holds, seed_expired
 

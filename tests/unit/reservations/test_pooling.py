@@ -1,5 +1,5 @@
-"""Is a database transaction pooled (common.pooling)? The start-up probe through a real PgBouncer
-(scripts/pgbouncer.py) and directly, its refusals naming what to set, ``manage.py check``,
+"""Is a database transaction pooled (reservations.pooling)? The start-up probe through a real
+PgBouncer (scripts/pgbouncer.py) and directly, its refusals naming what to set, ``manage.py check``,
 workers and beat refusing an undeclared pooler, and the session locks on the direct connection.
 The settings: config/test_env.py."""
 
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from common import pooling
-from common.db import psycopg_params
+from reservations import pooling
+from reservations.db import psycopg_params
 from tests.support import ROOT
 from tests.support.child_python import run_python
 from tests.support.missing_tools import skip_for_missing
@@ -122,7 +122,7 @@ def test_manage_py_check_refuses_an_undeclared_transaction_pooler(
         check, cwd=ROOT, env=_pooled_env(pgbouncers[4]), capture_output=True, text=True, timeout=60
     )
     assert refused.returncode != 0
-    assert "common.E001" in refused.stderr and "DATABASE_POOLING" in refused.stderr
+    assert "reservations.E001" in refused.stderr and "DATABASE_POOLING" in refused.stderr
     declared = subprocess.run(
         check,
         cwd=ROOT,
@@ -142,7 +142,7 @@ import django
 django.setup()
 from django.db import connection, connections
 from cleanup.release import locks
-from common.db import scalar, session_alias
+from reservations.db import scalar, session_alias
 
 key = locks.sweep_shard(0, 1)
 taken = locks.try_lock(key)

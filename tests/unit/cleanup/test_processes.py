@@ -1,4 +1,4 @@
-"""common.processes: the liveness check the metrics reaper and the embedded servers' scripts
+"""cleanup.processes: the liveness check the metrics reaper and the embedded servers' scripts
 use to tell a dead process's leftovers from a live one's."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from common.processes import pid_alive
+from cleanup.processes import pid_alive
 
 
 def test_a_running_process_is_alive_and_one_that_exited_is_not() -> None:

@@ -17,7 +17,8 @@ transactions move between server connections: transaction pooling. The same answ
 of its own (direct, or session pooling). With a pool of one server connection A's second
 question waits for B's transaction: a wait longer than ``WAIT_S`` is pooling too. A pooler in
 statement mode refuses B's transaction, which is pooling as well. Checked against PgBouncer
-1.18 (tests/unit/common/test_pooling.py, through a private one started by scripts/pgbouncer.py).
+1.18 (tests/unit/reservations/test_pooling.py, through a private one started by
+scripts/pgbouncer.py).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from django.core.checks import CheckMessage, Error
 from . import sql
 from .db import psycopg_params
 
-logger = logging.getLogger("common.pooling")
+logger = logging.getLogger("reservations.pooling")
 
 SESSION = "session"
 TRANSACTION = "transaction"
@@ -48,7 +49,7 @@ CONNECT_TIMEOUT_S = 3
 
 def probe(params: Mapping[str, Any], *, wait_s: float = WAIT_S) -> str:
     """``TRANSACTION`` when the server connection behind a client changes between its
-    transactions, else ``SESSION``. ``params``: libpq parameters (common.db.psycopg_params).
+    transactions, else ``SESSION``. ``params``: libpq parameters (reservations.db.psycopg_params).
     Raises ``psycopg.OperationalError`` when it cannot connect."""
     conninfo = {"connect_timeout": CONNECT_TIMEOUT_S, **params, "autocommit": True}
     with psycopg.connect(**conninfo) as a, psycopg.connect(**conninfo) as b:
@@ -122,4 +123,4 @@ def check(app_configs: Any = None, databases: Any = None, **_: Any) -> list[Chec
     ``migrate``)."""
     if not databases or "default" not in databases:
         return []
-    return [Error(problem, id="common.E001") for problem in configured_refusals()]
+    return [Error(problem, id="reservations.E001") for problem in configured_refusals()]

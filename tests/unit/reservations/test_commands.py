@@ -12,7 +12,7 @@ import pytest
 from django.core.management import load_command_class
 from django.core.management.base import BaseCommand
 
-from common.commands import HelpFormatter
+from reservations.commands import HelpFormatter
 from tests.support.commands import project_commands, run_from_argv
 
 # Options every Django command has (their help is Django's).
@@ -59,7 +59,7 @@ def test_the_walk_finds_every_project_command() -> None:
 def test_every_option_has_help_and_its_default_is_shown(name: str) -> None:
     parser = _parser(name)
     formatter = parser._get_formatter()
-    assert isinstance(formatter, HelpFormatter), f"{name}: not a common.commands.ProjectCommand"
+    assert isinstance(formatter, HelpFormatter), f"{name}: not a ProjectCommand"
     without_help = [
         _name(a)
         for a in _own_actions(parser)

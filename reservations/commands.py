@@ -4,8 +4,9 @@ Every command under ``*/management/commands/`` subclasses :class:`ProjectCommand
 keeps Django's layout (the command's own options first, Django's common ones last) and appends
 ``(default: X)`` to an option whose default is a value. A flag (off unless given) and an option
 without a default get nothing appended: their help says what happens when they are not given.
-``tests/unit/common/test_commands.py`` walks every command's parser and fails on an option without
-help. A command with many options writes them as a table, one line an option, for ``add_options``.
+``tests/unit/reservations/test_commands.py`` walks every command's parser and fails on an
+option without help. A command with many options writes them as a table, one line an option,
+for ``add_options``.
 """
 
 from __future__ import annotations

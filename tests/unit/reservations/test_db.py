@@ -1,4 +1,4 @@
-"""The PostgreSQL connection (common.db): timestamps load through psycopg's own loader, and
+"""The PostgreSQL connection (reservations.db): timestamps load through psycopg's own loader, and
 ``infinity`` still loads."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_timestamps_load_through_psycopgs_own_loader_and_infinity_still_loads() -> None:
-    """Every timestamptz a query returns goes through ``common.db``'s loader (the sweep's
+    """Every timestamptz a query returns goes through ``reservations.db``'s loader (the sweep's
     claim reads 500 at a time): finite values through psycopg's own loader (its C one where
     psycopg-binary is installed: a Python subclass parsed each value in Python, ~40x slower),
     ±infinity as datetime.max/min, every value in UTC."""
@@ -20,7 +20,7 @@ def test_timestamps_load_through_psycopgs_own_loader_and_infinity_still_loads() 
 
     import psycopg
 
-    from common import db
+    from reservations import db
 
     with connection.cursor() as cur:
         cur.execute(
