@@ -54,7 +54,9 @@ def _sentinel_master(url: str) -> redis.Redis | None:
 
     # Checked at start-up (the settings call cleanup.redis_sentinel.check); the name given is
     # not the URL, which may carry a password.
-    target = redis_sentinel.parse("a sentinel:// URL", url, settings.CELERY_BROKER_SENTINEL_MASTER)
+    target = redis_sentinel.parse(
+        "a sentinel:// URL", url, getattr(settings, redis_sentinel.MASTER_VARIABLE, "")
+    )
     timeouts = {"socket_timeout": 5, "socket_connect_timeout": 5}
     sentinels = Sentinel(list(target.nodes), sentinel_kwargs=dict(timeouts), **timeouts)
     return sentinels.master_for(

@@ -9,8 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from celery import shared_task
-
+from cleanup.broker.celery_app import app
 from cleanup.operations import samples
 from cleanup.release import dead_letters, outbox
 from cleanup.release.delivery import RELEASE_TASK_OPTIONS, CleanupTask, queue_age
@@ -28,7 +27,7 @@ from cleanup.wire import (
 from reservations import idempotency
 
 
-@shared_task(name=RELEASE_TASK, **RELEASE_TASK_OPTIONS)
+@app.task(name=RELEASE_TASK, **RELEASE_TASK_OPTIONS)
 def release_reservation_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     age = queue_age(self.request)
@@ -39,7 +38,7 @@ def release_reservation_task(self: CleanupTask, message: dict[str, Any]) -> dict
     return run_attempt(parsed, self.attempt(age), started)
 
 
-@shared_task(name=RELEASE_BATCH_TASK, **RELEASE_TASK_OPTIONS)
+@app.task(name=RELEASE_BATCH_TASK, **RELEASE_TASK_OPTIONS)
 def release_batch_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, Any]:
     """Batched mode: one message, many holds, one transaction; per-hold outcomes. Each
     malformed item is dead-lettered on its own; the valid ones are released."""
@@ -55,19 +54,19 @@ def release_batch_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, 
     return run_attempt(batch, self.attempt(age), started)
 
 
-@shared_task(bind=True, base=CleanupTask, name=SWEEP_TASK, periodic=True)
+@app.task(bind=True, base=CleanupTask, name=SWEEP_TASK, periodic=True)
 def sweep_shard_task(self: CleanupTask, shard: int, shards: int) -> dict[str, Any]:
     result = sweep_shard(shard, shards, trace_id=self.request.id)
     record_last_sweep(result)  # the health page's "last sweep" of this shard
     return result.as_dict()
 
 
-@shared_task(bind=True, base=CleanupTask, name=RELAY_OUTBOX_TASK, periodic=True)
+@app.task(bind=True, base=CleanupTask, name=RELAY_OUTBOX_TASK, periodic=True)
 def relay_outbox_task(self: CleanupTask) -> dict[str, Any]:
     return {"published": outbox.relay_batch()}
 
 
-@shared_task(bind=True, base=CleanupTask, name=PRUNE_TASK, periodic=True)
+@app.task(bind=True, base=CleanupTask, name=PRUNE_TASK, periodic=True)
 def prune_task(self: CleanupTask) -> dict[str, Any]:
     counts = outbox.prune()
     counts["health_samples"] = samples.prune_samples()
@@ -75,7 +74,7 @@ def prune_task(self: CleanupTask) -> dict[str, Any]:
     return counts
 
 
-@shared_task(bind=True, base=CleanupTask, name=SAMPLE_HEALTH_TASK, periodic=True)
+@app.task(bind=True, base=CleanupTask, name=SAMPLE_HEALTH_TASK, periodic=True)
 def sample_health_task(self: CleanupTask) -> dict[str, Any]:
     """Health upkeep (beat entry "cleanup: sample health", every 30 s): dead letters that a
     later release settled are resolved first, so the sample's open count is what still needs

@@ -16,13 +16,12 @@ from collections.abc import Callable, Mapping
 from functools import partial, wraps
 from typing import Any, TypeVar
 
-from django.conf import settings
 from django.db import OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
-from . import clients, idempotency, services
+from . import clients, conf, idempotency, services
 from .clients import Principal
 from .errors import (
     InvalidTtl,
@@ -122,7 +121,7 @@ def _require_scope(principal: Principal, method: str) -> None:
 
 def _read_body(request: HttpRequest) -> bytes:
     """The raw body, refusing anything over the limit by its declared and its actual length."""
-    limit: int = settings.RESERVATIONS_API_MAX_BODY_BYTES
+    limit: int = conf.value("RESERVATIONS_API_MAX_BODY_BYTES")
     declared = request.META.get("CONTENT_LENGTH") or ""
     if declared:
         try:

@@ -16,11 +16,10 @@ import math
 import secrets
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from . import sql
+from . import conf, sql
 from .models import ApiClient, ApiToken, Reservation, ReservationQuerySet
 
 TOKEN_PREFIX = "rsv_"
@@ -78,7 +77,7 @@ def revoke_tokens(tokens: list[ApiToken] | None = None, *, ids: list[int] | None
 def authenticate(token: str) -> Principal | None:
     """The principal ``token`` names, or None. Counts the request against the client's rate
     limit (``RateLimited`` once it is used up) and records the token's last use."""
-    shared = settings.RESERVATIONS_API_TOKEN
+    shared = conf.value("RESERVATIONS_API_TOKEN")
     # compare_digest on bytes: on str it raises TypeError for non-ASCII input.
     if shared and hmac.compare_digest(token.encode(), shared.encode()):
         return DEVELOPMENT_PRINCIPAL

@@ -29,13 +29,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 from psycopg.adapt import Loader
 from psycopg.types.datetime import TimestamptzLoader
 
+from . import conf
 from .sql import FORCE_GENERIC_PLANS, LOCAL_STATEMENT_TIMEOUT
 
 INFINITY = datetime.max.replace(tzinfo=UTC)
@@ -77,7 +77,7 @@ def _register(sender: Any, connection: Any, **_: Any) -> None:
     conn = connection.connection
     # settings.TIME_ZONE is UTC with USE_TZ, so Django's own loader is a UTC one too.
     conn.adapters.register_loader("timestamptz", InfinityTimestamptzLoader)
-    if settings.DATABASE_PREPARED_STATEMENTS:
+    if conf.prepared_statements():
         # Django turns psycopg's preparing off (None). A threshold no query reaches keeps the
         # automatic preparing off, while ``fetch_prepared`` prepares its statements.
         conn.prepare_threshold = NEVER_AUTOMATICALLY
@@ -115,7 +115,7 @@ def session_alias() -> str:
     transactions, a session's lock_timeout, ``pg_backend_pid()``. "default", except behind a
     transaction pooler, where the next transaction may run on another server connection: there
     it is ``DATABASE_DIRECT_URL``'s (``DATABASE_SESSION_ALIAS``, config.settings.base)."""
-    return str(settings.DATABASE_SESSION_ALIAS)
+    return str(conf.value("DATABASE_SESSION_ALIAS"))
 
 
 def session_connection() -> BaseDatabaseWrapper:
@@ -151,7 +151,7 @@ def fetch_prepared(sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]
     return its rows. Errors are Django's, as from ``connection.cursor()``. Every placeholder
     must be cast in ``sql`` where its type matters: with server-side binding PostgreSQL infers
     it, once, for every place the placeholder appears."""
-    if not settings.DATABASE_PREPARED_STATEMENTS:
+    if not conf.prepared_statements():
         with connection.cursor() as cur:
             cur.execute(sql, params)
             return list(cur.fetchall())

@@ -29,10 +29,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
 
-from . import sql
+from . import conf, sql
 from .errors import ReservationError
 from .services import TransientConflict
 
@@ -87,7 +86,7 @@ def run_once(
         "client": client_id,
         "key": key,
         "hash": fingerprint,
-        "ttl": settings.RESERVATIONS_IDEMPOTENCY_KEY_TTL_SECONDS,
+        "ttl": conf.value("RESERVATIONS_IDEMPOTENCY_KEY_TTL_SECONDS"),
     }
     with transaction.atomic():
         with connection.cursor() as cur:

@@ -32,7 +32,7 @@ import psycopg
 from django.conf import settings
 from django.core.checks import CheckMessage, Error
 
-from . import sql
+from . import conf, sql
 from .db import psycopg_params
 
 logger = logging.getLogger("reservations.pooling")
@@ -114,7 +114,7 @@ def refusals(
 def configured_refusals() -> list[str]:
     """``refusals`` for this process's settings."""
     return refusals(
-        settings.DATABASE_POOLING, settings.DATABASES["default"], settings.DATABASE_DIRECT
+        conf.value("DATABASE_POOLING"), settings.DATABASES["default"], conf.value("DATABASE_DIRECT")
     )
 
 

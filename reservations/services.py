@@ -20,12 +20,11 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, NoReturn, cast
 
-from django.conf import settings
 from django.db import connection, transaction
 
 from reservations.db import fetch_prepared
 
-from . import sql
+from . import conf, sql
 from .errors import (
     InvalidTtl,
     NoSeatsAvailable,
@@ -55,12 +54,14 @@ class ReleaseOutcome(StrEnum):
 
 
 def _ttl(ttl_seconds: int | None) -> int:
-    ttl = settings.RESERVATIONS_DEFAULT_HOLD_TTL_SECONDS if ttl_seconds is None else ttl_seconds
+    ttl = (
+        conf.value("RESERVATIONS_DEFAULT_HOLD_TTL_SECONDS") if ttl_seconds is None else ttl_seconds
+    )
     if isinstance(ttl, bool) or not isinstance(ttl, int):
         raise InvalidTtl("ttl_seconds must be an integer")
-    if not 1 <= ttl <= settings.RESERVATIONS_MAX_HOLD_TTL_SECONDS:
+    if not 1 <= ttl <= conf.value("RESERVATIONS_MAX_HOLD_TTL_SECONDS"):
         raise InvalidTtl(
-            f"ttl_seconds must be between 1 and {settings.RESERVATIONS_MAX_HOLD_TTL_SECONDS}"
+            f"ttl_seconds must be between 1 and {conf.value('RESERVATIONS_MAX_HOLD_TTL_SECONDS')}"
         )
     return ttl
 

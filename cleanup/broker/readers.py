@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from celery import current_app as app
 from django.conf import settings
 
 from cleanup import metrics, redis_clients
-from cleanup.broker import keys, screening
+from cleanup.broker import celery_policy, keys, screening
+from cleanup.broker.celery_app import app
 from cleanup.broker.screening import ENVELOPE_SLACK, parse_unacked
 
 _log = logging.getLogger("cleanup.broker")
@@ -127,7 +127,7 @@ def entry_stamp(raw: bytes | str, now: float) -> tuple[float | None, str | None]
 
 def queue_depth(queue: str) -> int:
     """Waiting messages (all priorities). Cheap: one pipelined LLEN per priority list."""
-    if settings.BROKER_IS_REDIS:
+    if celery_policy.broker_is_redis():
         pipe = redis_client().pipeline(transaction=False)
         names = priority_keys(queue)
         for key in names:
@@ -180,7 +180,7 @@ def _oldest_stamp(
 
 
 def queue_stats(queue: str, *, now: float | None = None) -> QueueStats:
-    if not settings.BROKER_IS_REDIS:
+    if not celery_policy.broker_is_redis():
         return QueueStats(queue, _amqp_depth(queue), None, None)
     now = time.time() if now is None else now
     client = redis_client()

@@ -30,6 +30,7 @@ from celery.app.amqp import AMQP
 from kombu import Exchange, Queue
 
 from cleanup.broker import queues
+from cleanup.broker.celery_app import app
 from cleanup.conf import cleanup_settings
 
 
@@ -48,9 +49,7 @@ def task_exchanges() -> frozenset[str]:
     """The exchanges a task message may name: the anonymous one (Celery's default for direct
     routing) and the exchange Celery binds the task queues to (named after the default queue,
     the release queue, unless ``task_default_exchange`` is set)."""
-    from celery import current_app  # noqa: PLC0415 - the configured app, at call time
-
-    conf = current_app.conf
+    conf = app.conf
     return frozenset({"", conf.task_default_exchange or conf.task_default_queue})
 
 

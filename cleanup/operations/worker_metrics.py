@@ -32,6 +32,7 @@ from typing import Any
 from celery.signals import worker_process_shutdown, worker_ready, worker_shutdown
 
 from cleanup import metrics_boot
+from cleanup.broker.celery_app import runs_this_app
 from cleanup.conf import cleanup_settings
 from cleanup.processes import pid_alive
 
@@ -197,7 +198,8 @@ def start_metrics_server(port: int, addr: str = "0.0.0.0", consumer: Any = None)
 
 @worker_ready.connect
 def serve_worker_metrics(sender: Any = None, **_: Any) -> None:
-
+    if not runs_this_app(sender):
+        return
     conf = cleanup_settings()
     if conf.worker_metrics_port > 0:
         from cleanup import metrics  # noqa: PLC0415 - prometheus_client chooses its multiprocess mode at first import (docs/LIBRARY-NOTES.md §3)

@@ -18,11 +18,10 @@ from typing import Any
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
-from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from cleanup import metrics
-from cleanup.broker import queues
+from cleanup.broker import celery_policy, queues
 from cleanup.broker.confirms import PublishNotConfirmed, confirmed_producer
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
@@ -119,7 +118,7 @@ class CleanupTask(Task):  # type: ignore[misc]
         try:
             if broker_count is not None:
                 return delivery_cap.current(key) + broker_count + 1
-            if redelivered and not settings.BROKER_IS_REDIS:
+            if redelivered and not celery_policy.broker_is_redis():
                 return delivery_cap.increment(key) + 1
             return delivery_cap.current(key) + 1
         except Exception:  # the counter is a guard, not a dependency
@@ -136,7 +135,7 @@ class CleanupTask(Task):  # type: ignore[misc]
             except Exception:  # the counter is a guard, not a dependency
                 logger.exception("delivery counter unavailable", extra={"key": key})
         if (
-            settings.BROKER_IS_REDIS
+            celery_policy.broker_is_redis()
             or self.request.called_directly
             or self.request.is_eager
             or "producer" in kwargs

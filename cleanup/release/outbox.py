@@ -15,12 +15,12 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from celery import current_app as app
 from django.db import connection, transaction
 from django.utils import timezone
 
 from cleanup import sql
 from cleanup.broker import queues
+from cleanup.broker.celery_app import app
 from cleanup.broker.confirms import confirmed_producer
 from cleanup.conf import PRUNE_BATCH_SIZE, cleanup_settings
 from cleanup.release import locks

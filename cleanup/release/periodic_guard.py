@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
-
+from cleanup.broker.celery_app import app
 from cleanup.conf import cleanup_settings
 from cleanup.wire import TASK_PREFIX
 
@@ -22,7 +21,7 @@ def is_project_task(task: str | None) -> bool:
 
 
 def project_queues() -> tuple[str, ...]:
-    return tuple(queue.name for queue in settings.CELERY_TASK_QUEUES)
+    return tuple(queue.name for queue in app.conf.task_queues)
 
 
 def interval_seconds(interval: Any) -> float | None:

@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from celery import current_app as app
-
+from cleanup.broker.celery_app import app
 from cleanup.broker.confirms import confirmed_producer, confirms_available
 from cleanup.conf import cleanup_settings
 from cleanup.release.messages import BatchMessage, ReleaseMessage

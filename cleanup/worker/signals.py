@@ -20,6 +20,7 @@ from celery.signals import (
 from django.core.exceptions import ImproperlyConfigured
 
 from cleanup.broker import queues
+from cleanup.broker.celery_app import app, runs_this_app
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.release import dead_letters, delivery_cap
@@ -37,39 +38,41 @@ def stamp_enqueued_at(headers: dict[str, Any] | None = None, **_: Any) -> None:
 
 @worker_init.connect
 @beat_init.connect
-def refuse_a_transaction_pooler(**_: Any) -> None:
+def refuse_a_transaction_pooler(sender: Any = None, **_: Any) -> None:
     """Before the worker's pool or beat's loop starts: their session locks and lease would not
     hold behind an undeclared transaction pooler. SystemExit, because Celery logs and ignores an
     exception a signal handler raises (and an embedded beat, ``worker -B``, starts with its
     worker)."""
+    if not runs_this_app(sender):
+        return
     problems = pooling.configured_refusals()
     if problems:
         raise SystemExit("refusing to start: " + "; ".join(problems))
 
 
 @worker_init.connect
-def refuse_queues_of_another_type(**_: Any) -> None:
+def refuse_queues_of_another_type(sender: Any = None, **_: Any) -> None:
     """Before the worker consumes: declare the project's task queues on RabbitMQ, and refuse to
     start, naming CLEANUP_RABBITMQ_QUEUE_TYPE and the queue, when RabbitMQ refuses one because
     it exists as another type (or with another delivery limit). Celery's own declaration would
     take the refusal for a lost channel and retry it for ever. A broker that cannot be reached
     now is left to Celery's reconnection."""
-    from celery import current_app  # noqa: PLC0415 - the configured app, at call time
-
-    conn = current_app.connection_for_write()
+    if not runs_this_app(sender):
+        return
+    conn = app.connection_for_write()
     try:
         if conn.transport.driver_type != "amqp":
             return
         # RabbitMQ 3.x quorum queues have no priorities: whatever configured them is refused
         queues.check_priorities(
             cleanup_settings(),
-            current_app.amqp.queues.values(),
-            current_app.conf.task_queue_max_priority,
+            app.amqp.queues.values(),
+            app.conf.task_queue_max_priority,
         )
         conn.ensure_connection(max_retries=2, interval_start=1, interval_max=1)
         refusals = queues.declaration_refusals(
             conn.default_channel,
-            [current_app.amqp.queues[name] for name in sorted(current_app.amqp.queues)],
+            [app.amqp.queues[name] for name in sorted(app.amqp.queues)],
             cleanup_settings().rabbitmq_queue_type,
         )
     except ImproperlyConfigured as exc:
@@ -142,9 +145,15 @@ def flush_attempt_tally(**_: Any) -> None:
 
 @task_unknown.connect
 def dead_letter_unknown_task(
-    message: Any = None, exc: Any = None, name: str = "", id: str = "", **_: Any
+    sender: Any = None,
+    message: Any = None,
+    exc: Any = None,
+    name: str = "",
+    id: str = "",
+    **_: Any,
 ) -> None:
-
+    if not runs_this_app(sender):
+        return
     dead_letters.record(
         DeadLetter.Reason.UNKNOWN_TASK,
         error=f"no task named {name!r} is registered",
@@ -155,8 +164,11 @@ def dead_letter_unknown_task(
 
 
 @task_rejected.connect
-def dead_letter_rejected(message: Any = None, exc: Any = None, **_: Any) -> None:
-
+def dead_letter_rejected(
+    sender: Any = None, message: Any = None, exc: Any = None, **_: Any
+) -> None:
+    if not runs_this_app(sender):
+        return
     dead_letters.record(
         DeadLetter.Reason.REJECTED,
         error=repr(exc) if exc is not None else "message is not a task message",

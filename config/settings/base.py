@@ -12,8 +12,8 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from cleanup import conf as cleanup_conf
-from cleanup import redis_sentinel, wire
-from cleanup.broker import queues
+from cleanup import redis_sentinel
+from cleanup.broker import celery_policy, queues
 from cleanup.conf import CleanupSettings
 from config import redis_tls
 from config.env import (
@@ -248,13 +248,6 @@ if BROKER_IS_REDIS and queues.is_quorum(_cleanup):
         "CELERY_BROKER_URL); with Redis leave it 'classic'"
     )
 
-CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
-if BROKER_IS_REDIS:
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "visibility_timeout": _cleanup.visibility_timeout,
-        "unacked_restore_interval": _cleanup.unacked_restore_interval,
-        "unacked_restore_throttle": 1,
-    }
 # TLS for every rediss:// client of the project (broker, counters, readers): from the URL's
 # query or the REDIS_TLS_* settings (config.redis_tls).
 REDIS_TLS_OPTIONS = redis_tls.options_from_environment()
@@ -264,91 +257,33 @@ redis_sentinel.check(
     CELERY_BROKER_SENTINEL_MASTER,
     redis_tls.explicit_settings(),
 )
-if BROKER_IS_SENTINEL:
-    # kombu's Sentinel connection logic under the project's screened channel; the master's name
-    # is a transport option in kombu.
-    CELERY_BROKER_TRANSPORT_OPTIONS["master_name"] = CELERY_BROKER_SENTINEL_MASTER
-if BROKER_IS_REDIS:
-    # kombu's Redis transport with every list entry screened before kombu decodes it, for TLS
-    # (rediss://) as for plain connections: the screening does not depend on the socket.
-    CELERY_BROKER_TRANSPORT = "cleanup.worker.redis_transport:" + (
-        "SentinelTransport" if BROKER_IS_SENTINEL else "Transport"
-    )
-    if redis_tls.is_tls(CELERY_BROKER_URL):
-        # kombu reads TLS options from the URL's query itself; otherwise it must be given them
-        # (named transport or not, it would otherwise connect without TLS, or without checks).
-        CELERY_BROKER_USE_SSL = (
-            redis_tls.for_url("CELERY_BROKER_URL", CELERY_BROKER_URL, REDIS_TLS_OPTIONS) or None
-        )
-else:
-    # kombu's py-amqp transport with every content header screened before py-amqp decodes it.
-    CELERY_BROKER_TRANSPORT = "cleanup.worker.amqp_transport:" + (
-        "SSLTransport" if CELERY_BROKER_URL.startswith("amqps://") else "Transport"
+# kombu's Sentinel connection logic takes the master's name as a transport option.
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = (
+    {"master_name": CELERY_BROKER_SENTINEL_MASTER} if BROKER_IS_SENTINEL else {}
+)
+if BROKER_IS_REDIS and redis_tls.is_tls(CELERY_BROKER_URL):
+    # kombu reads TLS options from the URL's query itself; otherwise it must be given them
+    # (named transport or not, it would otherwise connect without TLS, or without checks).
+    CELERY_BROKER_USE_SSL = (
+        redis_tls.for_url("CELERY_BROKER_URL", CELERY_BROKER_URL, REDIS_TLS_OPTIONS) or None
     )
 # A mix of URL options and settings is refused at start-up for every Redis URL.
 if _cleanup.counter_redis_url != CELERY_BROKER_URL:
     redis_tls.for_url("CLEANUP_COUNTER_REDIS_URL", _cleanup.counter_redis_url, REDIS_TLS_OPTIONS)
-CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# JSON only: a pickle payload would execute code; anything else is rejected and dead-lettered.
-CELERY_TASK_SERIALIZER = "json"
-CELERY_ACCEPT_CONTENT = ["json"]
-CELERY_RESULT_SERIALIZER = "json"
-# Outcomes live in PostgreSQL (receipts); no result backend round trip per task.
-CELERY_TASK_IGNORE_RESULT = True
-CELERY_RESULT_BACKEND = None
-# Acknowledge after the durable write; a lost pool child puts its message back
-# (docs/PIPELINE.md, invariant 4).
-CELERY_TASK_ACKS_LATE = True
-CELERY_TASK_REJECT_ON_WORKER_LOST = True
-# A hard time limit must ack, not requeue (requeue loops forever — docs/LIBRARY-NOTES.md §2); the
-# delivery counter and the dead letter written in on_failure account for it.
-CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True
-# Messages each pool process may hold beyond the one it runs is this minus one. 1 (the default)
-# keeps every waiting message in the broker, where any idle worker can take it, and leaves
-# the fewest messages behind a lost worker (each waits for the visibility timeout); higher
-# values hide the broker round trip between two tasks (docs/PERFORMANCE.md measures both).
+# Messages each pool process may hold beyond the one it runs is this minus one (1: every
+# waiting message stays in the broker, where any idle worker can take it).
 CELERY_WORKER_PREFETCH_MULTIPLIER = env_int("CELERY_WORKER_PREFETCH_MULTIPLIER", 1, minimum=1)
-# Celery holds each message with an eta (a retry waiting out its backoff) in the worker's
-# memory until it is due, and raises the prefetch count for it: without a limit a flood of them
-# grows the main process at will. 64 is far more retries than a worker's few pool processes
-# have waiting at once while anything is healthy.
-CELERY_WORKER_ETA_TASK_LIMIT = 64
-CELERY_TASK_TIME_LIMIT = _cleanup.task_time_limit
-CELERY_TASK_SOFT_TIME_LIMIT = _cleanup.task_soft_time_limit
-CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
-CELERY_TASK_DEFAULT_QUEUE = _cleanup.release_queue
-# Classic queues on Celery's default direct exchange, or (CLEANUP_RABBITMQ_QUEUE_TYPE=quorum)
-# replicated quorum queues on a topic exchange, which Celery's native delayed delivery of a
-# retry needs (cleanup.broker.queues; docs/TOPOLOGIES.md, "RabbitMQ cluster").
-CELERY_TASK_QUEUES = queues.task_queues(_cleanup)
-if queues.is_quorum(_cleanup):
-    CELERY_TASK_DEFAULT_EXCHANGE = queues.task_exchange_name(_cleanup)
-    CELERY_TASK_DEFAULT_EXCHANGE_TYPE = queues.task_exchange_type(_cleanup)
-# Celery's default, stated: with quorum queues (which have no global QoS) each consumer's
-# prefetch is set per consumer, prefetch multiplier x pool processes, as with classic queues.
-CELERY_WORKER_DETECT_QUORUM_QUEUES = True
-# A queue not declared above is refused, not created (cleanup.broker.routes checks the rest).
-CELERY_TASK_CREATE_MISSING_QUEUES = False
-# Sweeps to the sweep queue, releases to the release queue, the rest to maintenance
-# (cleanup.wire names each task and its queue).
-CELERY_TASK_ROUTES = wire.task_routes(_cleanup)
-# Flower shows nothing without task events; a benchmark measures their cost by turning both off
-# in its settings module (bench/settings.py).
-CELERY_WORKER_SEND_TASK_EVENTS = True
-CELERY_TASK_SEND_SENT_EVENT = True
-CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-CELERY_BEAT_SCHEDULER = "cleanup.release.schedule:LeaderDatabaseScheduler"
-# Persist last_run_at after every send so a new beat leader does not re-send
-# (docs/LIBRARY-NOTES.md §4).
-CELERY_BEAT_SYNC_EVERY = 1
-# Beat wakes at least this often (seconds) to look for due entries and edits made in the admin;
-# the schedule's shortest interval is seconds, so 5 s keeps sends close to due at no cost.
-CELERY_BEAT_MAX_LOOP_INTERVAL = 5
-CELERY_TIMEZONE = "UTC"
+# The apps' delivery policy (cleanup.broker.celery_policy), which their Celery app applies over
+# these settings whatever they say; published here too, under Django's names, so that the
+# settings show what the workers run with. Its defaults (task events on, beat's 5 s loop) too.
+globals().update(celery_policy.as_django_settings(celery_policy.DEFAULTS))
+globals().update(
+    celery_policy.as_django_settings(
+        celery_policy.policy(_cleanup, CELERY_BROKER_URL, CELERY_BROKER_TRANSPORT_OPTIONS)
+    )
+)
 
 # --- Observability and scaling (their settings: cleanup.conf) -----------------------------
-# Only used when a worker runs with --autoscale; without it the pool has a fixed size.
-CELERY_WORKER_AUTOSCALER = "cleanup.operations.scaling.autoscale:BacklogAutoscaler"
 LOG_FORMAT = env_str("LOG_FORMAT", "text")
 if LOG_FORMAT not in {"text", "json"}:
     raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r}: expected 'text' or 'json'")
@@ -371,11 +306,3 @@ LOGGING = {
         "celery.worker.strategy": {"level": "WARNING"},
     },
 }
-
-# Undecodable messages are dead-lettered before Celery acks them (cleanup.worker.consumer).
-CELERY_WORKER_CONSUMER = "cleanup.worker.consumer:DeadLetteringConsumer"
-# Remote control (the pidbox broadcast channel): anyone who can write to the broker can send a
-# command, so a worker runs only these and drops the rest with a log line and a counted metric
-# (cleanup.worker.remote_control; CLEANUP_REMOTE_CONTROL_COMMANDS in cleanup.conf), and none at
-# all with CLEANUP_REMOTE_CONTROL_COMMANDS=none.
-CELERY_WORKER_ENABLE_REMOTE_CONTROL = bool(_cleanup.remote_control_commands)

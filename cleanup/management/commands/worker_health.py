@@ -11,9 +11,9 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from celery import current_app as app
 from django.core.management.base import CommandParser
 
+from cleanup.broker.celery_app import app
 from reservations.commands import ProjectCommand
 
 

@@ -24,7 +24,6 @@ import time
 from functools import lru_cache
 from typing import Any
 
-from celery import current_app as app
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -38,6 +37,8 @@ from prometheus_client import (
 from prometheus_client.registry import Collector
 
 from cleanup import sql
+from cleanup.broker import celery_policy
+from cleanup.broker.celery_app import app
 from cleanup.broker.readers import redis_client
 from cleanup.conf import cleanup_settings
 from cleanup.operations.console.gauges import BacklogCollector
@@ -146,7 +147,7 @@ def _check_database() -> None:
 
 
 def _check_broker() -> None:
-    if settings.BROKER_IS_REDIS:
+    if celery_policy.broker_is_redis():
         redis_client().ping()
         return
 

@@ -9,12 +9,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from django.conf import settings
 from django.db import transaction
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from cleanup import sql
+from cleanup.broker import celery_policy
 from cleanup.broker.readers import queue_stats
 from cleanup.conf import cleanup_settings
 from cleanup.metrics import PREFIX
@@ -113,7 +113,9 @@ class BacklogCollector(Collector):
             depth.append(((queue,), float(stats.depth)))
             if stats.oldest_age_seconds is not None:
                 age.append(((queue,), stats.oldest_age_seconds))
-            elif settings.BROKER_IS_REDIS and stats.depth == 0:  # empty on Redis: nothing waits
+            elif (
+                celery_policy.broker_is_redis() and stats.depth == 0
+            ):  # empty on Redis: nothing waits
                 age.append(((queue,), 0.0))
             # RabbitMQ cannot peek, and on Redis the oldest entries may all have been skipped as
             # unreadable (cleanup.broker.readers): the age is not exported rather than faked.

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from celery import current_app as app
 from django.db import transaction
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
 
 from cleanup import sql
+from cleanup.broker.celery_app import app
 from cleanup.broker.readers import QueueStats, queue_stats
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter, HealthSample, SweepRecord

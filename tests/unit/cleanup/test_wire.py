@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
-
 from cleanup import wire
 from cleanup.conf import cleanup_settings
 
@@ -36,9 +34,9 @@ def test_every_name_on_the_wire_is_a_task_the_worker_registers_and_no_other() ->
 def test_every_task_routes_to_its_configured_queue() -> None:
     from config.celery_app import app
 
-    queues = {queue.name for queue in settings.CELERY_TASK_QUEUES}
-    assert settings.CELERY_TASK_ROUTES == wire.task_routes(cleanup_settings())
-    assert {route["queue"] for route in settings.CELERY_TASK_ROUTES.values()} <= queues
+    queues = {queue.name for queue in app.conf.task_queues}
+    assert app.conf.task_routes == wire.task_routes(cleanup_settings())
+    assert {route["queue"] for route in app.conf.task_routes.values()} <= queues
     conf = cleanup_settings()
     for name, setting in wire.QUEUE_SETTING.items():
         routed = app.amqp.router.route({}, name)

@@ -73,12 +73,9 @@ def test_compose_runs_every_service_the_system_needs() -> None:
     assert "/readyz" in healthcheck(services["web"])
     # worker: an autoscaled pool (the backlog autoscaler is the configured class)
     assert "--autoscale=" in command(services["worker"])
-    from django.conf import settings
+    from cleanup.celery import app
 
-    assert (
-        settings.CELERY_WORKER_AUTOSCALER
-        == "cleanup.operations.scaling.autoscale:BacklogAutoscaler"
-    )
+    assert app.conf.worker_autoscaler == "cleanup.operations.scaling.autoscale:BacklogAutoscaler"
     # every long-running service has a health check
     for name in ("postgres", "redis", "web", "worker", "beat", "flower"):
         assert healthcheck(services[name]), f"{name} has no health check"
@@ -865,14 +862,14 @@ def test_the_app_starts_only_after_the_migrations_job() -> None:
 
 
 def test_beat_runs_two_replicas_behind_the_leader_lease() -> None:
-    from django.conf import settings
+    from cleanup.celery import app
 
     beat = _deployments()["reservation-cleanup-beat"]
     assert beat["spec"]["replicas"] == 2
     container = _container(beat)
     assert container["args"][:4] == ["celery", "-A", "config", "beat"]
     # only the holder of the PostgreSQL lease sends: a second replica is a standby
-    assert settings.CELERY_BEAT_SCHEDULER.endswith("LeaderDatabaseScheduler")
+    assert app.conf.beat_scheduler.endswith("LeaderDatabaseScheduler")
     for probe in ("livenessProbe", "startupProbe"):
         assert container[probe]["exec"]["command"] == ["python", "manage.py", "beat_health"]
     # beat_health answers within its own statement budget; the probe gives it room

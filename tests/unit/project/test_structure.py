@@ -157,7 +157,7 @@ CLEANUP_FLOORS: tuple[tuple[str, ...], ...] = (
     ("cleanup.release",),
     ("cleanup.worker",),
     ("cleanup.operations",),
-    ("cleanup.tasks", "cleanup.admin", "cleanup.apps", "cleanup.management"),
+    ("cleanup.tasks", "cleanup.admin", "cleanup.apps", "cleanup.management", "cleanup.celery"),
 )
 
 
