@@ -7,15 +7,23 @@ without a default get nothing appended: their help says what happens when they a
 ``tests/unit/reservations/test_commands.py`` walks every command's parser and fails on an
 option without help. A command with many options writes them as a table, one line an option,
 for ``add_options``.
+
+A command that changes what the admin also changes records who ran it (``--by``, by default the
+OS user) in the admin's history: ``history_user_id`` names the Django user of that name, else
+the inactive account ``manage.py`` (created on first use, no password).
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
 from collections.abc import Iterable
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandParser, DjangoHelpFormatter
+
+CLI_USERNAME = "manage.py"
 
 
 class HelpFormatter(DjangoHelpFormatter):
@@ -48,3 +56,26 @@ def add_options(parser: CommandParser, options: Iterable[Option]) -> None:
             parser.add_argument(flag, action="store_true", help=text)
         else:
             parser.add_argument(flag, type=kind, default=default, help=text)
+
+
+def os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no USER/LOGNAME and no passwd entry (some containers)
+        return "unknown"
+
+
+def history_user_id(by: str) -> int:
+    """The Django user named ``by``, else the inactive ``manage.py`` account: an admin history
+    entry needs a user."""
+    user_model = get_user_model()
+    manager = user_model._default_manager
+    field = user_model.USERNAME_FIELD
+    found = manager.filter(**{field: by}).values_list("pk", flat=True).first()
+    if found is not None:
+        return int(found)
+    user, created = manager.get_or_create(**{field: CLI_USERNAME}, defaults={"is_active": False})
+    if created:
+        user.set_unusable_password()
+        user.save(update_fields=["password"])
+    return int(user.pk)

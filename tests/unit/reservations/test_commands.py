@@ -26,6 +26,17 @@ def _parser(name: str) -> argparse.ArgumentParser:
     return command.create_parser("manage.py", name)
 
 
+def _parsers(name: str) -> list[tuple[str, argparse.ArgumentParser]]:
+    """The command's parser, then each of its actions' (``api_clients create``) when it has
+    subcommands: their options are not on the command's own parser."""
+    parser = _parser(name)
+    found = [(name, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found += [(f"{name} {sub}", p) for sub, p in action.choices.items()]
+    return found
+
+
 def _own_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     return [a for a in parser._actions if a.dest not in DJANGO_OPTIONS]
 
@@ -43,6 +54,7 @@ COMMANDS = project_commands()
 
 def test_the_walk_finds_every_project_command() -> None:
     assert {
+        "api_clients",
         "beat_health",
         "burst",
         "capacity_plan",
@@ -57,7 +69,11 @@ def test_the_walk_finds_every_project_command() -> None:
 
 @pytest.mark.parametrize("name", COMMANDS)
 def test_every_option_has_help_and_its_default_is_shown(name: str) -> None:
-    parser = _parser(name)
+    for label, parser in _parsers(name):
+        _check_help(label, parser)
+
+
+def _check_help(name: str, parser: argparse.ArgumentParser) -> None:
     formatter = parser._get_formatter()
     assert isinstance(formatter, HelpFormatter), f"{name}: not a ProjectCommand"
     without_help = [
@@ -112,6 +128,11 @@ ERRORS_BEFORE_ANY_DATABASE_WORK: list[tuple[str, list[str], int, str]] = [
     ("install_cleanup_schedule", ["--every", "0"], 1, "every must be at least 1 second"),
     ("explain_hold", ["first"], 2, "invalid int value: 'first'"),
     ("worker_health", ["--timeout", "soon"], 2, "invalid float value: 'soon'"),
+    ("api_clients", [], 2, "the following arguments are required: ACTION"),
+    ("api_clients", ["create", "a"], 2, "one of the arguments --all-offerings --offering is"),
+    ("api_clients", ["create", " ", "--all-offerings"], 1, "NAME must not be blank"),
+    ("api_clients", ["create", "a", "--all-offerings", "--scopes", "all"], 1, "unknown scope"),
+    ("api_clients", ["revoke", "a"], 2, "one of the arguments --token --all is required"),
 ]
 
 
