@@ -17,7 +17,7 @@ from reservations import events
 from reservations.events import InvalidEvent, check_envelope, load_schema, validate
 from reservations.models import OutboxEvent
 
-HELD = {
+HELD: dict[str, Any] = {
     "schema_version": 1,
     "event_id": 7,
     "kind": "reservation.held",
@@ -30,7 +30,7 @@ HELD = {
 
 def held(**changes: Any) -> dict[str, Any]:
     """A valid reservation.held message with ``changes`` (``payload`` merged, None removes)."""
-    message = copy.deepcopy(HELD)
+    message: dict[str, Any] = copy.deepcopy(HELD)
     for name, value in changes.items():
         if name == "payload" and isinstance(value, dict):
             for key, item in value.items():

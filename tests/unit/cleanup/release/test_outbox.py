@@ -17,17 +17,16 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
-
-import pytest
-from django.db import connection
-from django.utils import timezone
-from contextlib import contextmanager
 from urllib.parse import quote
 
 import kombu
+import pytest
 from celery import current_app
+from django.db import connection
+from django.utils import timezone
 from kombu import Producer
 
 from cleanup.broker.readers import priority_keys
@@ -379,9 +378,7 @@ def test_every_kind_is_relayed_to_rabbitmq_as_its_schema_says(rabbitmq, run_task
 
 
 @pytest.mark.usefixtures("db")
-def test_on_rabbitmq_the_relay_is_held_back_at_the_maximum_then_relays_in_order(
-    rabbitmq, settings
-):
+def test_on_rabbitmq_the_relay_is_held_back_at_the_maximum_then_relays_in_order(rabbitmq, settings):
     # given: an events queue of at most 3 messages, holding 3
     settings.CLEANUP_EVENTS_QUEUE_MAX_LENGTH = 3
     queue = cleanup_settings().events_queue
