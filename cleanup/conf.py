@@ -236,7 +236,18 @@ class CleanupSettings:
     )
     # --- retention and relay ---------------------------------------------------------------
     retention_days: int = setting(
-        "CLEANUP_RETENTION_DAYS", 14, "days receipts and relayed events are kept", minimum=1
+        "CLEANUP_RETENTION_DAYS",
+        14,
+        "days receipts and outbox events (relayed or not) are kept",
+        minimum=1,
+    )
+    # Bounds what events nobody consumes can pile up on the broker: at this depth the relay
+    # leaves the events in the outbox (docs/EVENTS.md, "What happens to events nobody reads").
+    events_queue_max_length: int = tuning(
+        "CLEANUP_EVENTS_QUEUE_MAX_LENGTH",
+        100000,
+        "the outbox relay relays nothing while the events queue holds this many messages",
+        minimum=1,
     )
     dead_letter_retention_days: int = setting(
         "CLEANUP_DEAD_LETTER_RETENTION_DAYS",

@@ -57,6 +57,25 @@ RELEASE_SIZE_CHOSEN = Gauge(
 BACKPRESSURE_PAUSES = Counter(
     f"{PREFIX}_backpressure_pauses", "Sweeps that stopped because the queue was deep", ["shard"]
 )
+# The outbox relay (cleanup.release.outbox): the events queue's depth as the relay last read
+# it ("livemostrecent" for the reason given at RELEASE_SIZE_CHOSEN), the rounds it relayed
+# nothing because that depth reached CLEANUP_EVENTS_QUEUE_MAX_LENGTH, and the events the
+# retention deleted without their ever being relayed.
+EVENTS_QUEUE_DEPTH = Gauge(
+    f"{PREFIX}_events_queue_depth",
+    "Messages waiting in the events queue (CLEANUP_EVENTS_QUEUE) when the relay last read it",
+    multiprocess_mode="livemostrecent",
+)
+OUTBOX_RELAY_HELD_BACK = Counter(
+    f"{PREFIX}_outbox_relay_held_back",
+    "Outbox relay rounds that relayed nothing: the events queue held "
+    "CLEANUP_EVENTS_QUEUE_MAX_LENGTH messages or more",
+)
+OUTBOX_EVENTS_EXPIRED = Counter(
+    f"{PREFIX}_outbox_events_expired",
+    "Outbox events deleted by the retention without ever being relayed "
+    "(older than CLEANUP_RETENTION_DAYS)",
+)
 PROCESSING_DURATION = Histogram(
     f"{PREFIX}_processing_duration_seconds",
     "Time in task code per release message",
@@ -223,6 +242,16 @@ def record_skipped_entry(reader: str) -> None:
 
 def record_key_quarantined(key: str) -> None:
     BROKER_KEYS_SET_ASIDE.labels(key=key).inc()
+
+
+def record_events_queue_depth(depth: int, held_back: bool) -> None:
+    EVENTS_QUEUE_DEPTH.set(depth)
+    if held_back:
+        OUTBOX_RELAY_HELD_BACK.inc()
+
+
+def record_events_expired(count: int) -> None:
+    OUTBOX_EVENTS_EXPIRED.inc(count)
 
 
 def record_message_sizes(sizes: list[int]) -> None:

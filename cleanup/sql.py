@@ -184,6 +184,11 @@ def _delete_batch(table: str, condition: str) -> str:
 PRUNE_PUBLISHED_EVENTS = _delete_batch(
     "reservations_outboxevent", "published_at IS NOT NULL AND published_at < %(before)s"
 )
+# Events never relayed (the events queue full for the whole retention, or the relay stopped):
+# the outbox does not grow without end either.
+PRUNE_UNPUBLISHED_EVENTS = _delete_batch(
+    "reservations_outboxevent", "published_at IS NULL AND created_at < %(before)s"
+)
 PRUNE_RECEIPTS = _delete_batch("cleanup_cleanupreceipt", "created_at < %(before)s")
 PRUNE_RESOLVED_DEAD_LETTERS = _delete_batch(
     "cleanup_deadletter", "resolved_at IS NOT NULL AND resolved_at < %(before)s"

@@ -82,6 +82,13 @@ def route_problem(exchange: Any, routing_key: Any) -> str | None:
     return None
 
 
+def is_events_route(exchange: Any, routing_key: Any) -> bool:
+    """Whether this is the outbox relay's route: the anonymous exchange to the events queue
+    (``CLEANUP_EVENTS_QUEUE``). It takes events, never a task; a worker that consumes it
+    (``cleanup.worker.events_consumer``) holds such messages unacknowledged on Redis."""
+    return (_name(exchange) or "") == "" and routing_key == cleanup_settings().events_queue
+
+
 def check_publish(
     name: str, queue: Any = None, exchange: Any = None, routing_key: Any = None
 ) -> None:

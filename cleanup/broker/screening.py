@@ -448,8 +448,9 @@ def parse_unacked(raw: bytes | str) -> tuple[UnackedEntry | None, str | None]:
     if not exchange and not routing_key:
         return None, "unacked entry names no exchange and no routing key"
     problem = routes.route_problem(exchange, routing_key)
-    if problem is not None:
-        # kombu restores an entry to wherever it names: another key would receive a list.
+    if problem is not None and not routes.is_events_route(exchange, routing_key):
+        # kombu restores an entry to wherever it names: another key would receive a list. An
+        # event a consumer of the events queue held goes back to that queue.
         return None, f"unacked entry is routed elsewhere: {problem}"
     problem = check_envelope(message)
     if problem is not None:

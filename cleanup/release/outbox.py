@@ -1,29 +1,38 @@
 """Outbox relay and retention.
 
 The relay publishes unpublished domain events in id order to ``CLEANUP_EVENTS_QUEUE`` (a plain
-JSON message per event) and marks them published in the same transaction, on RabbitMQ once the
-broker has confirmed every one of them; a transaction-level
-advisory lock keeps a single relay at a time, so order holds. Delivery is at-least-once:
-consumers dedupe by ``event_id``.
+JSON message per event, ``reservations.events.message``; each kind's schema is in
+``reservations/event_schemas``) and marks them published in the same transaction, on RabbitMQ
+once the broker has confirmed every one of them; a transaction-level advisory lock keeps a
+single relay at a time, so order holds. Delivery is at-least-once: consumers dedupe by
+``event_id``.
 
-Retention deletes, in bounded batches, only what is finished: published events, receipts, and
-resolved dead letters older than ``CLEANUP_RETENTION_DAYS``.
+The events queue is bounded: under the lock, before a batch, the relay reads the queue's depth,
+and at ``CLEANUP_EVENTS_QUEUE_MAX_LENGTH`` or more it relays nothing that round (the events stay
+in the outbox, unpublished), so the queue holds at most that plus one batch less one.
+
+Retention deletes, in bounded batches, what is finished: published events, receipts, and
+resolved dead letters older than ``CLEANUP_RETENTION_DAYS``; and events nobody could be sent
+in that time (never relayed, older than the same retention), counted and logged as a warning,
+so that an unconsumed stream cannot grow the outbox without end either. docs/EVENTS.md.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 from django.utils import timezone
 
-from cleanup import sql
-from cleanup.broker import queues
+from cleanup import metrics, sql
+from cleanup.broker import queues, readers
 from cleanup.broker.celery_app import app
 from cleanup.broker.confirms import confirmed_producer
 from cleanup.conf import PRUNE_BATCH_SIZE, cleanup_settings
 from cleanup.release import locks
+from reservations import events as domain_events
 from reservations.models import OutboxEvent
 
 logger = logging.getLogger("cleanup.outbox")
@@ -31,6 +40,10 @@ logger = logging.getLogger("cleanup.outbox")
 # up with thousands of events a second while one batch's publish-and-confirm stays well inside
 # the task's time limit.
 RELAY_BATCH_SIZE = 500
+# While the events queue stays full the relay is held back every round (every few seconds): the
+# counter counts each round, the log says so at most once a minute per process.
+HELD_BACK_LOG_EVERY_S = 60.0
+_held_back_logged_at: float | None = None
 
 
 def relay_batch(limit: int | None = None) -> int:
@@ -49,6 +62,20 @@ def relay_batch(limit: int | None = None) -> int:
         )
         if not events:
             return 0
+        # Read under the lock: no other relay publishes between this reading and the batch.
+        depth = readers.queue_depth(queue.name)
+        held_back = depth >= conf.events_queue_max_length
+        metrics.record_events_queue_depth(depth, held_back)
+        if held_back:
+            _log_held_back(
+                {
+                    "queue": queue.name,
+                    "queue_depth": depth,
+                    "max_length": conf.events_queue_max_length,
+                    "waiting": len(events),
+                }
+            )
+            return 0
         # On RabbitMQ on a new channel, confirmed before the events are marked published
         # (cleanup.broker.confirms): an event the broker refused or never answered for rolls
         # the marks back and is relayed again, never lost.
@@ -56,14 +83,14 @@ def relay_batch(limit: int | None = None) -> int:
             confirmed = producer is not pooled
             for event in events:
                 producer.publish(
-                    {
-                        "event_id": event["id"],
-                        "kind": event["kind"],
-                        "reservation_id": event["reservation_id"],
-                        "version": event["version"],
-                        "payload": event["payload"],
-                        "created_at": event["created_at"].isoformat(),
-                    },
+                    domain_events.message(
+                        event_id=event["id"],
+                        kind=event["kind"],
+                        reservation_id=event["reservation_id"],
+                        version=event["version"],
+                        payload=event["payload"],
+                        created_at=event["created_at"],
+                    ),
                     exchange=queue.exchange,
                     routing_key=queue.routing_key,
                     declare=[queue],
@@ -75,6 +102,14 @@ def relay_batch(limit: int | None = None) -> int:
         )
     logger.info("outbox relayed", extra={"published": len(events)})
     return len(events)
+
+
+def _log_held_back(fields: dict[str, object]) -> None:
+    global _held_back_logged_at
+    now = time.monotonic()
+    if _held_back_logged_at is None or now - _held_back_logged_at >= HELD_BACK_LOG_EVERY_S:
+        _held_back_logged_at = now
+        logger.warning("outbox relay held back: the events queue is full", extra=fields)
 
 
 def _delete_batches(statement: str, before: datetime, batch: int) -> int:
@@ -92,18 +127,28 @@ def _delete_batches(statement: str, before: datetime, batch: int) -> int:
 def prune(
     retention_days: int | None = None, dead_letter_retention_days: int | None = None
 ) -> dict[str, int]:
-    """Delete published outbox events and receipts older than ``CLEANUP_RETENTION_DAYS``,
-    and dead letters resolved more than ``CLEANUP_DEAD_LETTER_RETENTION_DAYS`` ago (open
-    letters are never deleted: the open-letter cap summarises them instead,
-    ``dead_letters.summarise_beyond_cap``)."""
+    """Delete outbox events (published or not) and receipts older than
+    ``CLEANUP_RETENTION_DAYS``, and dead letters resolved more than
+    ``CLEANUP_DEAD_LETTER_RETENTION_DAYS`` ago (open letters are never deleted: the open-letter
+    cap summarises them instead, ``dead_letters.summarise_beyond_cap``). Unpublished events
+    deleted are counted (``reservation_cleanup_outbox_events_expired_total``) and logged."""
     now = timezone.now()
-    cutoff = now - timedelta(days=retention_days or cleanup_settings().retention_days)
+    days = retention_days or cleanup_settings().retention_days
+    cutoff = now - timedelta(days=days)
     letters_cutoff = now - timedelta(
         days=dead_letter_retention_days or cleanup_settings().dead_letter_retention_days
     )
     batch = PRUNE_BATCH_SIZE
+    expired = _delete_batches(sql.PRUNE_UNPUBLISHED_EVENTS, cutoff, batch)
+    if expired:
+        metrics.record_events_expired(expired)
+        logger.warning(
+            "unpublished outbox events deleted by retention, never relayed",
+            extra={"deleted": expired, "retention_days": days},
+        )
     return {
         "outbox_events": _delete_batches(sql.PRUNE_PUBLISHED_EVENTS, cutoff, batch),
+        "unpublished_outbox_events": expired,
         "receipts": _delete_batches(sql.PRUNE_RECEIPTS, cutoff, batch),
         "dead_letters": _delete_batches(sql.PRUNE_RESOLVED_DEAD_LETTERS, letters_cutoff, batch),
     }
