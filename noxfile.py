@@ -51,12 +51,14 @@ PYTHON = str(BIN / "python")
 # [..] and the drills after the lanes run with CI=true or RESERVATIONS_DRILLS=1 (`nox -s full`).
 UNIT = ["tests/unit"]
 INTEGRATION = "tests/integration"
-LANE_B = [  # the slow waiting real-worker modules (beat, autoscaler, metrics, try-it, planted)
+LANE_B = [  # the slow waiting real-worker modules (beat, autoscaler, metrics, try-it, planted),
+    # and the wheel in a host project of its own
     "tests/integration/test_beat.py",
     "tests/integration/test_autoscale.py",
     "tests/integration/test_metrics.py",
     "tests/integration/test_try_it.py",
     "tests/integration/test_planted_state.py",
+    "tests/integration/test_host_project.py",
 ]
 LANE_C = [  # the browser tests and the failure-path modules
     "tests/integration/browser",

@@ -7,7 +7,8 @@ The mode is chosen when prometheus_client is imported (docs/LIBRARY-NOTES.md §3
 import (from the app's ``ready``, in the worker's main process before the pool forks), so the
 order in which modules are imported does not matter. When the process is a celery worker
 (detected from ``sys.argv``) and ``WORKER_METRICS_PORT`` > 0, it points the variable at
-``<WORKER_METRICS_DIR>/<worker name>`` (default ``var/prometheus/<name>`` under the project, one
+``<WORKER_METRICS_DIR>/<worker name>`` (default ``var/prometheus/<name>`` under the directory the
+worker starts in, one
 directory per worker instance, the name from ``-n``/``--hostname`` with ``%h``/``%n``/``%d``
 expanded, else the pid) and wipes that directory: a restarted process would otherwise read its
 pid's old values, and container pids are reused.
@@ -32,7 +33,6 @@ import socket
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]  # the project (manage.py, var/)
 ENV_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 
@@ -74,7 +74,8 @@ def prepare(argv: list[str] | None = None) -> Path | None:
     argv = sys.argv if argv is None else argv
     if not is_celery_worker(argv) or _port() <= 0:
         return None
-    base = Path(os.environ.get("WORKER_METRICS_DIR") or ROOT / "var" / "prometheus")
+    # The working directory, not this package's: installed, it sits in site-packages.
+    base = Path(os.environ.get("WORKER_METRICS_DIR") or Path.cwd() / "var" / "prometheus")
     path = base / worker_name(argv)
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True, exist_ok=True)

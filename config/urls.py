@@ -1,20 +1,11 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from cleanup.operations.console import endpoints
-from cleanup.operations.console.health_page import health_view, pause_view
-from cleanup.operations.console.runbook import runbook_view
-
 urlpatterns = [
-    # Staff only (admin_view redirects anyone else to the admin login).
-    path("admin/cleanup/health/", admin.site.admin_view(health_view), name="cleanup-health"),
-    path("admin/cleanup/health/pause/", admin.site.admin_view(pause_view), name="cleanup-pause"),
-    # What each alert's runbook_url links to (docs/RUNBOOK.md), staff only like the health page.
-    path("admin/cleanup/runbook/", admin.site.admin_view(runbook_view), name="cleanup-runbook"),
+    # The cleanup's admin pages first (under admin/), then the admin itself; /metrics and the
+    # probes.
+    path("", include("cleanup.urls")),
     path("admin/", admin.site.urls),
     # The JSON API, versioned in its path: a change that breaks clients gets a new prefix.
     path("api/v1/", include("reservations.urls")),
-    path("metrics", endpoints.metrics_view, name="metrics"),
-    path("healthz", endpoints.healthz, name="healthz"),
-    path("readyz", endpoints.readyz, name="readyz"),
 ]

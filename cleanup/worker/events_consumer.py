@@ -42,8 +42,6 @@ from kombu.exceptions import ContentDisallowed, DecodeError
 from cleanup.broker import queues, screening
 from cleanup.broker.confirms import confirmed_producer
 from cleanup.conf import cleanup_settings
-from cleanup.models import DeadLetter
-from cleanup.worker.signals import dead_letter_message
 from reservations.events import KNOWN_SCHEMA_VERSIONS, InvalidEvent, check_envelope
 
 logger = logging.getLogger("cleanup.events_consumer")
@@ -91,7 +89,7 @@ def events_consumer(
                 skip_newer(message, exc.version)
                 return
             except InvalidEvent as exc:
-                set_aside(message, str(exc))
+                dead_letter_non_event(message, str(exc))
                 return
             try:
                 send(app, task_name, queue, event)
@@ -106,7 +104,7 @@ def events_consumer(
             message.ack()
 
         def on_decode_error(self, message: Any, exc: Exception) -> None:
-            set_aside(message, f"undecodable message: {exc!r}"[:2000])
+            dead_letter_non_event(message, f"undecodable message: {exc!r}"[:2000])
 
     EventsConsumer.__qualname__ = EventsConsumer.__name__
     return EventsConsumer
@@ -172,10 +170,14 @@ def send(app: Celery, task_name: str, queue: str | None, event: dict[str, Any]) 
         )
 
 
-def set_aside(message: Any, error: str) -> None:
+def dead_letter_non_event(message: Any, error: str) -> None:
     """Keep a message that is not an event as a dead letter and reject it (never raises but
     for the connection): it is not delivered again."""
-    logger.error("events queue message set aside: not an event", extra={"error": error[:300]})
+    logger.error("events queue message dead-lettered: not an event", extra={"error": error[:300]})
+    # Imported here: a host's Celery module imports this one while Django loads its apps.
+    from cleanup.models import DeadLetter  # noqa: PLC0415
+    from cleanup.worker.signals import dead_letter_message  # noqa: PLC0415
+
     dead_letter_message(message, DeadLetter.Reason.MALFORMED, error)
     if not message.acknowledged:
         message.reject(requeue=False)

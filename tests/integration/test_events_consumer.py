@@ -1,7 +1,7 @@
 """The events consumer (cleanup.worker.events_consumer) in a real ``celery worker`` of the project
 (its screened transport, its dead-lettering consumer), as a host adds it to its own worker
 (tests/support/event_tasks.py): each event the relay published reaches the host's task, and a
-message on the events queue that is not an event is set aside once, never delivered again."""
+message on the events queue that is not an event is dead-lettered once, never delivered again."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_a_host_worker_hands_each_event_to_its_task_and_sets_aside_what_is_not_o
         time.sleep(3)  # a message that looped would come back within this
         assert DeadLetter.objects.count() == 3
         assert (unacked(queue) or 0) == 0
-        assert len(log_lines([worker.log_path], "events queue message set aside")) == 3
+        assert len(log_lines([worker.log_path], "events queue message dead-lettered")) == 3
 
 
 def _row(event: OutboxEvent | None) -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""The runbook page of the admin (``/admin/cleanup/runbook/``, staff only): docs/RUNBOOK.md as
-HTML, one section per alert with the anchor its ``runbook_url`` annotation links to.
+"""The runbook page of the admin (``/admin/cleanup/runbook/``, staff only): RUNBOOK.md (beside
+this module) as HTML, one section per alert with the anchor its ``runbook_url`` annotation links to.
 
 The web serves it because it is the one address every deployment already has and an on-call
 person can reach from a firing alert; the file in the repository stays the source. The renderer
@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-RUNBOOK = "docs/RUNBOOK.md"
+# Shipped with the app (an installed package has no docs/ beside it).
+RUNBOOK = Path(__file__).with_name("RUNBOOK.md")
 _CODE = re.compile(r"`([^`]+)`")
 _BOLD = re.compile(r"\*\*([^*]+)\*\*")
 
@@ -98,7 +98,7 @@ def _runbook(path: Path) -> tuple[SafeString, list[Section]]:
 
 
 def runbook_view(request: HttpRequest) -> HttpResponse:
-    html, sections = _runbook(Path(settings.BASE_DIR) / RUNBOOK)
+    html, sections = _runbook(RUNBOOK)
     context = {
         **admin.site.each_context(request),
         "title": "Runbook",

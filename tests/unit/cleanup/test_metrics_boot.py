@@ -86,15 +86,18 @@ print(json.dumps(sorted(os.listdir(os.environ["PROMETHEUS_MULTIPROC_DIR"]))))
 
 
 @pytest.mark.usefixtures("preparing_in_this_process")
-def test_a_worker_prepares_once_and_under_the_project_by_default(monkeypatch) -> None:
+def test_a_worker_prepares_once_and_under_its_working_directory_by_default(
+    monkeypatch, tmp_path
+) -> None:
     from cleanup import metrics_boot
 
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WORKER_METRICS_PORT", "9999")
     monkeypatch.delenv("WORKER_METRICS_DIR", raising=False)
     argv = ["/venv/bin/celery", "-A", "config", "worker", "-n", "default-dir-test@box"]
     path = metrics_boot.prepare(argv)
     try:
-        assert path == ROOT / "var" / "prometheus" / "default-dir-test@box"
+        assert path == tmp_path / "var" / "prometheus" / "default-dir-test@box"
     finally:
         if path is not None:
             path.rmdir()

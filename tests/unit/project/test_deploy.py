@@ -1093,7 +1093,7 @@ def test_the_pod_monitors_select_the_pods_and_ports_the_deployments_have() -> No
 
 
 def test_every_alert_has_a_standard_severity_and_the_annotations_tools_show() -> None:
-    runbook = (ROOT / "docs" / "RUNBOOK.md").read_text()
+    runbook = (ROOT / "cleanup" / "operations" / "console" / "RUNBOOK.md").read_text()
     from cleanup.operations.console.runbook import anchor
 
     sections = {anchor(line[3:]) for line in runbook.splitlines() if line.startswith("## ")}

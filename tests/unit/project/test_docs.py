@@ -19,7 +19,8 @@ HEADING = re.compile(r"^#{1,6} +(.+?) *$", re.M)
 
 def documents() -> list[Path]:
     top = [ROOT / name for name in ("README.md", "CONTRIBUTING.md", "CHANGELOG.md")]
-    return [*top, *sorted((ROOT / "docs").glob("*.md"))]
+    runbook = ROOT / "cleanup" / "operations" / "console" / "RUNBOOK.md"
+    return [*top, runbook, *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def prose(text: str) -> str:

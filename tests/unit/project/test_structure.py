@@ -157,7 +157,14 @@ CLEANUP_FLOORS: tuple[tuple[str, ...], ...] = (
     ("cleanup.release",),
     ("cleanup.worker",),
     ("cleanup.operations",),
-    ("cleanup.tasks", "cleanup.admin", "cleanup.apps", "cleanup.management", "cleanup.celery"),
+    (
+        "cleanup.tasks",
+        "cleanup.admin",
+        "cleanup.apps",
+        "cleanup.management",
+        "cleanup.celery",
+        "cleanup.urls",
+    ),
 )
 
 

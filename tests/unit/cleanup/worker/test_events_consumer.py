@@ -1,7 +1,7 @@
 """The events consumer step (cleanup.worker.events_consumer) reading the tests' own Redis database
 through the project's screened transport: an event is acknowledged only after its task message
 is on the broker, a failed send leaves it unacknowledged and it goes back to the events queue
-(not to a dead letter), a message that is not an event is set aside once, and the product's own
+(not to a dead letter), a message that is not an event is dead-lettered once, and the product's own
 app consumes nothing of the events queue. In a real worker: tests/integration/
 test_events_consumer.py."""
 
@@ -125,7 +125,7 @@ def test_a_failed_send_leaves_the_event_unacknowledged_and_it_returns_to_its_que
         (b'{"schema_version": 0, "kind": "reservation.held", "event_id": 1}', "schema_version"),
     ],
 )
-def test_a_message_that_is_not_an_event_is_set_aside_once(
+def test_a_message_that_is_not_an_event_is_dead_lettered_once(
     db, step, connection, broker, body, error
 ):
     queue = cleanup_settings().events_queue
