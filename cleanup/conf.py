@@ -549,10 +549,13 @@ RETIRED_VARIABLES: dict[str, str] = {
         "it is a constant, cleanup.release.delivery_cap.COUNTER_TTL_SECONDS"
     ),
     "CLEANUP_WORKER_ETA_TASK_LIMIT": (
-        "it is a constant, CELERY_WORKER_ETA_TASK_LIMIT in config/settings/base.py"
+        "it is a constant, cleanup.broker.celery_policy.ETA_TASK_LIMIT"
     ),
     "CLEANUP_PAUSE_POLL_INTERVAL": "it is a constant, cleanup.worker.pause_step.POLL_INTERVAL_S",
     "WORKER_NAME": "give the worker's name to `manage.py worker_health --name`",
+    "CLEANUP_SWEEP_TURNS": (
+        "it is gone: near the cap the room goes to the shards furthest behind; delete it"
+    ),
 }
 
 

@@ -12,7 +12,7 @@ a broker reconnection Celery rebuilds the task consumer from the selected queues
 leave the release queue out while paused, and the next poll keeps it so. A failed read keeps
 whatever the worker is doing: an unreachable database must not resume a paused fleet.
 
-Registered in config/celery_app.py (``app.steps["consumer"]``).
+Registered on the apps' Celery app, cleanup/broker/celery_app.py (``app.steps["consumer"]``).
 """
 
 from __future__ import annotations

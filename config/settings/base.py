@@ -38,7 +38,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent.parent
 # and where each value lives now; one still set fails the start naming it.
 _RETIRED = {
     "CELERY_BEAT_MAX_LOOP_INTERVAL": "it is the Django setting of that name (5 s)",
-    "CELERY_DB_REUSE_MAX": "it is a constant, config.celery_app.DB_REUSE_MAX",
+    "CELERY_DB_REUSE_MAX": "it is a constant, cleanup.broker.celery_policy.DB_REUSE_MAX",
     "CELERY_TASK_EVENTS": (
         "task events are always sent (Flower shows nothing without them); a benchmark turns "
         "them off with the Django settings CELERY_WORKER_SEND_TASK_EVENTS and "

@@ -91,9 +91,18 @@ def test_a_host_project_installs_the_wheel_and_its_hold_is_released_once(
 ) -> None:
     purge_broker()
     # given: the wheel, built from this checkout
+    # (from a copy of what the package is made of: an in-place build leaves build/ behind)
+    source = tmp_path / "source"
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, source / name)
+    for package in sorted(PRODUCT_PACKAGES):
+        shutil.copytree(
+            ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
     wheels = tmp_path / "wheels"
     _run(
-        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-w", str(wheels)],
+        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-w", str(wheels)],
         ROOT,
         dict(os.environ),
     )
