@@ -45,9 +45,10 @@ PYTHON = str(BIN / "python")
 #
 # `all` runs three lanes at once, each pytest on a test database and broker space of its own,
 # because most real-worker tests wait on workers rather than use the CPU:
-#   lane 1: unit, then integration-a (the tests' Redis database and test database);
-#   lane 2: integration-b (Redis database + 1, test database + _b), library-suites, [tls];
-#   lane 3: integration-c (Redis database + 2, + _c), rabbitmq (+ _amqp), [pgbouncer] (+ _pgb).
+#   lane 1: unit, then integration-a (the tests' Redis database and test database), [tls];
+#   lane 2: integration-b (Redis database + 1, test database + _b), library-suites,
+#           [pgbouncer] (+ _pgb);
+#   lane 3: integration-c (Redis database + 2, + _c), rabbitmq (+ _amqp).
 # [..] and the drills after the lanes run with CI=true or RESERVATIONS_DRILLS=1 (`nox -s full`).
 UNIT = ["tests/unit"]
 INTEGRATION = "tests/integration"
@@ -237,8 +238,8 @@ def on_private_server(
         if found.returncode != 0:
             session.error(f"{script} exited {found.returncode}")
         env = own_database(suffix) | phases.parse_exports(found.stdout)
-        if script == "scripts/pgbouncer.py":  # lane 3's broker: integration-c is done with it
-            env["CELERY_BROKER_URL"] = lane_broker("C", 2)
+        if script == "scripts/pgbouncer.py":  # lane 2's broker: integration-b is done with it
+            env["CELERY_BROKER_URL"] = lane_broker("B", 1)
         try:
             pytest(session, "-p", "no:cacheprovider", *suites, *session.posargs, env=env)
         finally:
@@ -537,12 +538,14 @@ def lanes(session: nox.Session, run: Run) -> None:
     """Lanes 2 and 3 beside lane 1; on a broker that is not Redis (no second broker database)
     the same phases one after another."""
     unit_name = f"unit (seed {SEED})"
-    lane_2 = ["integration-b", "library-suites", *(["tls"] if drills_wanted() else [])]
-    lane_3 = ["integration-c", "rabbitmq", *(["pgbouncer"] if drills_wanted() else [])]
+    lane_2 = ["integration-b", "library-suites", *(["pgbouncer"] if drills_wanted() else [])]
+    lane_3 = ["integration-c", "rabbitmq"]
+    # CI's TLS phase runs on a private server of its own: last in lane 1, the shortest lane.
+    lane_1_tail = ["tls"] if drills_wanted() else []
     if not os.environ["CELERY_BROKER_URL"].startswith("redis://"):
         say("the broker is not Redis: the pytest phases one after another")
         unit_ok = run.phase(unit_name, functools.partial(unit, session), fatal=False)
-        for name in ["integration-a", *lane_2, *lane_3]:
+        for name in ["integration-a", *lane_2, *lane_3, *lane_1_tail]:
             run.phase(name, functools.partial(session.run, *NOX, "--sessions", name))
     else:
         run.lanes.start("lane-2", lane_2)
@@ -550,6 +553,8 @@ def lanes(session: nox.Session, run: Run) -> None:
         # lane 1's second phase runs even when the first failed, as in the other lanes
         unit_ok = run.phase(unit_name, functools.partial(unit, session), fatal=False)
         run.phase("integration-a", functools.partial(integration_a, session))
+        for name in lane_1_tail:
+            run.phase(name, functools.partial(session.run, *NOX, "--sessions", name))
         if not run.lanes.finish_all():
             run.fail("a lane failed")
     if not unit_ok:

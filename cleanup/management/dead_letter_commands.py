@@ -9,27 +9,18 @@ no password), and its message names the command and the operator either way.
 
 from __future__ import annotations
 
-import getpass
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError, CommandParser
 
 from cleanup.models import DeadLetter
 from cleanup.operations import triage
 from reservations import admin_guard
+from reservations.commands import history_user_id, os_user
 
-CLI_USERNAME = "manage.py"
 SHOWN_IDS = 20
-
-
-def os_user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no USER/LOGNAME and no passwd entry (some containers)
-        return "unknown"
 
 
 def add_filter_arguments(parser: CommandParser) -> None:
@@ -144,21 +135,6 @@ def first_ids(letters: Iterable[DeadLetter]) -> str:
     ids = [int(letter.pk) for letter in letters]
     shown = ", ".join(f"#{pk}" for pk in ids[:SHOWN_IDS])
     return shown + (f" and {len(ids) - SHOWN_IDS} more" if len(ids) > SHOWN_IDS else "")
-
-
-def history_user_id(by: str) -> int:
-    """The Django user named ``by``, else the inactive ``manage.py`` account."""
-    user_model = get_user_model()
-    manager = user_model._default_manager
-    field = user_model.USERNAME_FIELD
-    found = manager.filter(**{field: by}).values_list("pk", flat=True).first()
-    if found is not None:
-        return int(found)
-    user, created = manager.get_or_create(**{field: CLI_USERNAME}, defaults={"is_active": False})
-    if created:
-        user.set_unusable_password()
-        user.save(update_fields=["password"])
-    return int(user.pk)
 
 
 def log_history(

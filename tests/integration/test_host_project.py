@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 import zipfile
 from collections.abc import Iterator
@@ -37,6 +38,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.workers, pytest.mark.usefixtures("ex
 
 EXAMPLE = ROOT / "examples" / "host_project"
 PRODUCT_PACKAGES = {"reservations", "cleanup"}
+# What an sdist holds beside the packages: the project's metadata, its README and license.
+SDIST_FILES = {
+    "PKG-INFO",
+    "pyproject.toml",
+    "README.md",
+    "LICENSE",
+    "setup.cfg",
+    "reservation_cleanup.egg-info",
+}
+# The sdist through setuptools' own PEP 517 hook, into the directory given.
+SDIST = "import sys; from setuptools import build_meta; build_meta.build_sdist(sys.argv[1])"
 HOLD_TTL_SECONDS = 2
 RELEASED_WITHIN_S = 90
 
@@ -91,19 +103,36 @@ def test_a_host_project_installs_the_wheel_and_its_hold_is_released_once(
 ) -> None:
     purge_broker()
     # given: the wheel, built from this checkout
-    # (from a copy of what the package is made of: an in-place build leaves build/ behind)
+    # (from a copy of what the package is made of: an in-place build leaves build/ behind), by
+    # way of its sdist, as `python -m build` makes them: the sdist must carry all the wheel needs
     source = tmp_path / "source"
+    source.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE"):
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, source / name)
     for package in sorted(PRODUCT_PACKAGES):
         shutil.copytree(
             ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
         )
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)], tmp_path, dict(os.environ))
+    bin_dir = venv / "bin"
+    pip = [str(bin_dir / "python"), "-m", "pip", "--disable-pip-version-check"]
+    _run([*pip, "install", "-q", "setuptools>=77"], tmp_path, dict(os.environ))
+    sdists = tmp_path / "sdists"
+    _run([str(bin_dir / "python"), "-c", SDIST, str(sdists)], source, dict(os.environ))
+    (sdist,) = sdists.glob("reservation_cleanup-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        members = archive.getnames()
+        archive.extractall(tmp_path / "unpacked", filter="data")
+    top = {m.split("/")[1] for m in members if m.count("/") >= 1}
+    assert top - PRODUCT_PACKAGES <= SDIST_FILES, sorted(top)
+    (unpacked,) = (tmp_path / "unpacked").iterdir()
     wheels = tmp_path / "wheels"
+    # (with the setuptools just installed: a second isolated build environment costs CPU the
+    # lanes beside this test need)
     _run(
-        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-w", str(wheels)],
-        ROOT,
+        [*pip, "wheel", str(unpacked), "--no-deps", "--no-build-isolation", "-w", str(wheels)],
+        tmp_path,
         dict(os.environ),
     )
     (wheel,) = wheels.glob("reservation_cleanup-*.whl")
@@ -111,18 +140,15 @@ def test_a_host_project_installs_the_wheel_and_its_hold_is_released_once(
     packages = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert packages == PRODUCT_PACKAGES
     assert "cleanup/templates/admin/cleanup/health.html" in names
+    assert "cleanup/operations/console/RUNBOOK.md" in names
     assert "reservations/event_schemas/reservation.released.json" in names
     assert "cleanup/migrations/0001_initial.py" in names
 
-    # and: a fresh virtual environment with it installed, its dependencies from its metadata
-    venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)], tmp_path, dict(os.environ))
-    bin_dir = venv / "bin"
+    # and: the fresh virtual environment with it installed, its dependencies from its metadata
     constraints = tmp_path / "constraints.txt"
     constraints.write_text(_locked_versions())
-    pip = [str(bin_dir / "python"), "-m", "pip", "--disable-pip-version-check"]
     _run(
-        [*pip, "install", "-q", f"{wheel}[binary]", "-c", str(constraints)],
+        [*pip, "install", "-q", "--no-compile", f"{wheel}[binary]", "-c", str(constraints)],
         tmp_path,
         dict(os.environ),
     )
