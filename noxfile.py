@@ -46,9 +46,9 @@ PYTHON = str(BIN / "python")
 # `all` runs three lanes at once, each pytest on a test database and broker space of its own,
 # because most real-worker tests wait on workers rather than use the CPU:
 #   lane 1: unit, then integration-a (the tests' Redis database and test database), [tls];
-#   lane 2: integration-b (Redis database + 1, test database + _b), library-suites,
+#   lane 2: integration-b (Redis database + 1, test database + _b), library-suites or
 #           [pgbouncer] (+ _pgb);
-#   lane 3: integration-c (Redis database + 2, + _c), rabbitmq (+ _amqp).
+#   lane 3: integration-c (Redis database + 2, + _c), rabbitmq (+ _amqp), [library-suites].
 # [..] and the drills after the lanes run with CI=true or RESERVATIONS_DRILLS=1 (`nox -s full`).
 UNIT = ["tests/unit"]
 INTEGRATION = "tests/integration"
@@ -538,10 +538,12 @@ def lanes(session: nox.Session, run: Run) -> None:
     """Lanes 2 and 3 beside lane 1; on a broker that is not Redis (no second broker database)
     the same phases one after another."""
     unit_name = f"unit (seed {SEED})"
-    lane_2 = ["integration-b", "library-suites", *(["pgbouncer"] if drills_wanted() else [])]
-    lane_3 = ["integration-c", "rabbitmq"]
-    # CI's TLS phase runs on a private server of its own: last in lane 1, the shortest lane.
-    lane_1_tail = ["tls"] if drills_wanted() else []
+    # CI adds TLS and PgBouncer (each on a private server of its own) to lanes 1 and 2 and
+    # moves the library suites to lane 3, so that the three lanes take about as long.
+    ci = drills_wanted()
+    lane_1_tail = ["tls"] if ci else []
+    lane_2 = ["integration-b", *(["pgbouncer"] if ci else ["library-suites"])]
+    lane_3 = ["integration-c", "rabbitmq", *(["library-suites"] if ci else [])]
     if not os.environ["CELERY_BROKER_URL"].startswith("redis://"):
         say("the broker is not Redis: the pytest phases one after another")
         unit_ok = run.phase(unit_name, functools.partial(unit, session), fatal=False)
