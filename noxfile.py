@@ -47,19 +47,17 @@ PYTHON = str(BIN / "python")
 # because most real-worker tests wait on workers rather than use the CPU:
 #   lane 1: unit, then integration-a (the tests' Redis database and test database), [tls];
 #   lane 2: integration-b (Redis database + 1, test database + _b), library-suites or
-#           [pgbouncer] (+ _pgb);
+#           [pgbouncer] (+ _pgb), [host-project] (+ _host);
 #   lane 3: integration-c (Redis database + 2, + _c), rabbitmq (+ _amqp), [library-suites].
 # [..] and the drills after the lanes run with CI=true or RESERVATIONS_DRILLS=1 (`nox -s full`).
 UNIT = ["tests/unit"]
 INTEGRATION = "tests/integration"
-LANE_B = [  # the slow waiting real-worker modules (beat, autoscaler, metrics, try-it, planted),
-    # and the wheel in a host project of its own
+LANE_B = [  # the slow waiting real-worker modules (beat, autoscaler, metrics, try-it, planted)
     "tests/integration/test_beat.py",
     "tests/integration/test_autoscale.py",
     "tests/integration/test_metrics.py",
     "tests/integration/test_try_it.py",
     "tests/integration/test_planted_state.py",
-    "tests/integration/test_host_project.py",
 ]
 LANE_C = [  # the browser tests and the failure-path modules
     "tests/integration/browser",
@@ -90,7 +88,11 @@ CHAOS_DRILL = "tests/integration/test_chaos.py"
 SENTINEL_DRILL = "tests/integration/test_sentinel_failover.py"
 PG_FAILOVER_DRILL = "tests/integration/test_postgres_failover.py"
 RABBITMQ_CLUSTER_DRILL = "tests/integration/test_rabbitmq_cluster.py"
+# The wheel built, installed and run in a project of its own: CPU-heavy for a minute (a venv,
+# an install, three Celery processes), so CI's lane 2 runs it, not a person's run.
+HOST_PROJECT = "tests/integration/test_host_project.py"
 DRILL_FILES = [
+    HOST_PROJECT,
     CHAOS_DRILL,
     PRODSTACK_DRILL,
     SENTINEL_DRILL,
@@ -395,6 +397,15 @@ def sentinel(session: nox.Session) -> None:
         cannot_have(session, "redis-server", f"the Sentinel failover drill ({SENTINEL_DRILL})")
 
 
+@nox.session(name="host-project", venv_backend="none")
+def host_project(session: nox.Session) -> None:
+    """The wheel in a Django project of its own (CI and ``nox -s full``): lane 2's Redis
+    database (integration-b and pgbouncer are done with it), test database + _host."""
+    prepare(session)
+    env = own_database("_host", lane_broker("B", 1)) | {"RESERVATIONS_HOST_PROJECT": "1"}
+    pytest(session, "-p", "no:cacheprovider", HOST_PROJECT, *session.posargs, env=env)
+
+
 @nox.session(name="pg-failover", venv_backend="none")
 def pg_failover(session: nox.Session) -> None:
     """The PostgreSQL failover drill: its own primary and standby, the primary stopped hard."""
@@ -542,7 +553,7 @@ def lanes(session: nox.Session, run: Run) -> None:
     # moves the library suites to lane 3, so that the three lanes take about as long.
     ci = drills_wanted()
     lane_1_tail = ["tls"] if ci else []
-    lane_2 = ["integration-b", *(["pgbouncer"] if ci else ["library-suites"])]
+    lane_2 = ["integration-b", *(["pgbouncer", "host-project"] if ci else ["library-suites"])]
     lane_3 = ["integration-c", "rabbitmq", *(["library-suites"] if ci else [])]
     if not os.environ["CELERY_BROKER_URL"].startswith("redis://"):
         say("the broker is not Redis: the pytest phases one after another")

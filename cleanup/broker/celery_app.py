@@ -23,7 +23,6 @@ from cleanup.conf import cleanup_settings
 # (cleanup.broker.routes): a caller, Flower or a periodic task may not name another key.
 app = Celery("reservation-cleanup", amqp="cleanup.broker.routes:ScreenedAMQP", set_as_current=False)
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.add_defaults(lambda: celery_policy.DEFAULTS)
 # The tasks are this app's own (cleanup.tasks), found when a worker or beat starts.
 app.autodiscover_tasks(["cleanup"])
 # The operator's "pause releases" switch, followed by every worker (cleanup/worker/pause_step.py).
@@ -32,6 +31,11 @@ app.steps["consumer"].add("cleanup.worker.pause_step:ReleasePause")
 
 @app.on_after_configure.connect
 def _apply_policy(sender: Celery, source: Any, **_: Any) -> None:
+    # The defaults only where the settings say nothing (Celery's add_defaults would rank them
+    # above the settings), then the policy over everything.
+    for name, value in celery_policy.DEFAULTS.items():
+        if not hasattr(django_settings, "CELERY_" + name.upper()):
+            source[name] = value
     source.update(
         celery_policy.policy(
             cleanup_settings(),
