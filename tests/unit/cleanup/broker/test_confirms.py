@@ -12,9 +12,6 @@ import json
 import logging
 import os
 import re
-import shutil
-import socket
-import subprocess
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -22,7 +19,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
-from urllib.parse import quote
 
 import kombu
 import pytest
@@ -42,7 +38,7 @@ from reservations import services
 from reservations.models import OutboxEvent
 from tests.support.fleet import wait_until
 from tests.support.holds import claim_counts, due_now, expired_holds
-from tests.support.missing_tools import skip_for_missing
+from tests.support.rabbitmq_vhosts import failures, private_vhosts, rabbitmqctl, vhost_url
 
 
 class Connection:
@@ -196,7 +192,6 @@ def test_only_an_amqp_channel_has_confirms() -> None:
 # it). Only a publish made on a confirm-mode channel and waited for learns of the refusal, so a
 # publisher that skips its confirms passes the refusing vhost without a word and fails here.
 
-AMQP_HOST, AMQP_PORT = "127.0.0.1", 5672
 VHOST_PREFIX = f"reservations-unit-confirms-{os.getpid()}"
 REFUSE_EVERYTHING = {"max-length": 0, "overflow": "reject-publish"}
 REFUSED = r"RabbitMQ refused \d+ of \d+ messages \(basic.nack\)"
@@ -208,64 +203,21 @@ class Vhosts:
     refusing: str
 
     def url(self, vhost: str) -> str:
-        return f"amqp://guest:guest@{AMQP_HOST}:{AMQP_PORT}/{quote(vhost, safe='')}"
-
-
-def _rabbitmqctl(*commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
-    """Run ``rabbitmqctl`` once per command, all at once (each call is mostly the start of an
-    Erlang VM, a second or so): the results in order."""
-    ctl = shutil.which("rabbitmqctl")
-    assert ctl is not None
-    running = [
-        subprocess.Popen(
-            [ctl, "-q", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for command in commands
-    ]
-    done = []
-    for command, process in zip(commands, running, strict=True):
-        out, err = process.communicate(timeout=60)
-        done.append(subprocess.CompletedProcess(command, process.returncode, out, err))
-    return done
-
-
-def _failures(results: list[subprocess.CompletedProcess[str]]) -> str:
-    return "; ".join(
-        f"rabbitmqctl {' '.join(r.args)}: {r.stderr.strip()[:200]}" for r in results if r.returncode
-    )
+        return vhost_url(vhost)
 
 
 @pytest.fixture(scope="module")
 def vhosts() -> Iterator[Vhosts]:
     """Two vhosts of this module on the machine's RabbitMQ (its own names, deleted afterwards):
     one as it comes, one with a policy that makes every queue in it refuse every publish."""
-    if not shutil.which("rabbitmqctl"):
-        skip_for_missing("rabbitmq-server", "rabbitmqctl is needed to make this module's vhosts")
-    try:
-        socket.create_connection((AMQP_HOST, AMQP_PORT), timeout=2).close()
-    except OSError as exc:
-        skip_for_missing("rabbitmq-server", f"no RabbitMQ at {AMQP_HOST}:{AMQP_PORT}: {exc}")
     hosts = Vhosts(accepting=f"{VHOST_PREFIX}-accepting", refusing=f"{VHOST_PREFIX}-refusing")
-    names = [hosts.accepting, hosts.refusing]
-    added = _rabbitmqctl(*(["add_vhost", name] for name in names))
-    # (one left by an earlier run of the same pid is this module's too)
-    made = [
-        n for n, r in zip(names, added, strict=True) if not r.returncode or "already" in r.stderr
-    ]
-    try:
-        if made != names:
-            skip_for_missing("rabbitmq-server", f"cannot make a vhost: {_failures(added)}")
-        ready = _rabbitmqctl(
-            *(["set_permissions", "-p", name, "guest", ".*", ".*", ".*"] for name in names),
+    with private_vhosts(hosts.accepting, hosts.refusing):
+        refusing = rabbitmqctl(
             ["set_policy", "-p", hosts.refusing, "--apply-to", "queues", "refuse-everything",
              ".*", json.dumps(REFUSE_EVERYTHING)],
         )  # fmt: skip
-        assert not _failures(ready), _failures(ready)
+        assert not failures(refusing), failures(refusing)
         yield hosts
-    finally:
-        if made:
-            deleted = _rabbitmqctl(*(["delete_vhost", name] for name in made))
-            assert not _failures(deleted), _failures(deleted)
 
 
 def _channel(connection: kombu.Connection) -> Any:

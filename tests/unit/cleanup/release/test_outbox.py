@@ -11,16 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import socket
-import subprocess
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
-from urllib.parse import quote
 
 import kombu
 import pytest
@@ -41,8 +37,9 @@ from reservations.models import OutboxEvent, Reservation
 from tests.support.dead_letters import letter
 from tests.support.holds import expire
 from tests.support.metrics import counter
-from tests.support.missing_tools import skip_for_missing
 from tests.support.planted import queued_bodies
+from tests.support.rabbitmq_vhosts import private_vhosts
+from tests.support.rabbitmq_vhosts import vhost_url as rabbitmq_vhost_url
 
 
 def _hold_renewed_and_cancelled() -> None:
@@ -300,35 +297,14 @@ def _gauge(name: str) -> float | None:
 
 # --- on RabbitMQ: a vhost of this module's own ------------------------------------------------
 
-AMQP_HOST, AMQP_PORT = "127.0.0.1", 5672
 VHOST = f"reservations-unit-outbox-{os.getpid()}"
-
-
-def _rabbitmqctl(*args: str) -> subprocess.CompletedProcess[str]:
-    ctl = shutil.which("rabbitmqctl")
-    assert ctl is not None
-    return subprocess.run([ctl, "-q", *args], capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture(scope="module")
 def vhost_url() -> Iterator[str]:
     """A vhost of this module on the machine's RabbitMQ, deleted afterwards."""
-    if not shutil.which("rabbitmqctl"):
-        skip_for_missing("rabbitmq-server", "rabbitmqctl is needed to make this module's vhost")
-    try:
-        socket.create_connection((AMQP_HOST, AMQP_PORT), timeout=2).close()
-    except OSError as exc:
-        skip_for_missing("rabbitmq-server", f"no RabbitMQ at {AMQP_HOST}:{AMQP_PORT}: {exc}")
-    added = _rabbitmqctl("add_vhost", VHOST)
-    if added.returncode and "already" not in added.stderr:
-        skip_for_missing("rabbitmq-server", f"cannot make a vhost: {added.stderr[:200]}")
-    try:
-        allowed = _rabbitmqctl("set_permissions", "-p", VHOST, "guest", ".*", ".*", ".*")
-        assert allowed.returncode == 0, allowed.stderr
-        yield f"amqp://guest:guest@{AMQP_HOST}:{AMQP_PORT}/{quote(VHOST, safe='')}"
-    finally:
-        deleted = _rabbitmqctl("delete_vhost", VHOST)
-        assert deleted.returncode == 0, deleted.stderr
+    with private_vhosts(VHOST):
+        yield rabbitmq_vhost_url(VHOST)
 
 
 @pytest.fixture
