@@ -537,9 +537,9 @@ class CleanupScheduleAdmin(admin.ModelAdmin):
 
 
 class CleanupPeriodicTaskForm(PeriodicTaskForm):  # type: ignore[misc]
-    """django-celery-beat's form, refusing for a task of this project an interval below the
-    floor and routing away from the project's queues (cleanup.release.periodic_guard), each
-    message on the field to change."""
+    """django-celery-beat's form, refusing a task that is not one of this project's periodic
+    tasks (Celery's built-ins included), an interval below the floor and routing away from the
+    project's queues (cleanup.release.periodic_guard), each message on the field to change."""
 
     def clean(self) -> dict[str, Any]:
         data: dict[str, Any] = super().clean()
@@ -557,7 +557,8 @@ class CleanupPeriodicTaskForm(PeriodicTaskForm):  # type: ignore[misc]
 
 class CleanupAwarePeriodicTaskAdmin(PeriodicTaskAdmin):  # type: ignore[misc]
     """django-celery-beat's admin, with the entries the Cleanup schedule manages read-only and
-    this project's tasks kept to a sane interval and the project's queues."""
+    every entry kept to the project's periodic tasks, a sane interval and the project's
+    queues."""
 
     form = CleanupPeriodicTaskForm
     list_display = (*PeriodicTaskAdmin.list_display, "managed_by")
