@@ -54,6 +54,7 @@ UNIT = ["tests/unit"]
 INTEGRATION = "tests/integration"
 LANE_B = [  # the slow waiting real-worker modules (beat, autoscaler, metrics, try-it, planted)
     "tests/integration/test_beat.py",
+    "tests/integration/test_beat_guard.py",
     "tests/integration/test_autoscale.py",
     "tests/integration/test_metrics.py",
     "tests/integration/test_try_it.py",

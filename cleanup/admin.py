@@ -537,9 +537,9 @@ class CleanupScheduleAdmin(admin.ModelAdmin):
 
 
 class CleanupPeriodicTaskForm(PeriodicTaskForm):  # type: ignore[misc]
-    """django-celery-beat's form, refusing for a task of this project an interval below the
-    floor and routing away from the project's queues (cleanup.release.periodic_guard), each
-    message on the field to change."""
+    """django-celery-beat's form, refusing a task that is not one of this project's periodic
+    tasks (Celery's built-ins included), an interval below the floor and routing away from the
+    project's queues (cleanup.release.periodic_guard), each message on the field to change."""
 
     def clean(self) -> dict[str, Any]:
         data: dict[str, Any] = super().clean()
@@ -557,7 +557,8 @@ class CleanupPeriodicTaskForm(PeriodicTaskForm):  # type: ignore[misc]
 
 class CleanupAwarePeriodicTaskAdmin(PeriodicTaskAdmin):  # type: ignore[misc]
     """django-celery-beat's admin, with the entries the Cleanup schedule manages read-only and
-    this project's tasks kept to a sane interval and the project's queues."""
+    every entry kept to the project's periodic tasks, a sane interval and the project's
+    queues."""
 
     form = CleanupPeriodicTaskForm
     list_display = (*PeriodicTaskAdmin.list_display, "managed_by")
@@ -649,6 +650,17 @@ class CleanupAwarePeriodicTaskAdmin(PeriodicTaskAdmin):  # type: ignore[misc]
         is harmless). django-celery-beat's action sends nothing when any selected task is not
         registered, so only a selection that is all registered is logged, as ``sent``."""
         tasks = list(PeriodicTask.objects.filter(pk__in=queryset.values("pk")).order_by("pk"))
+        # A row the form would refuse (written past it) is not sent from here either, as beat
+        # does not send it (cleanup.release.periodic_guard).
+        refused = {task.name: periodic_guard.row_problems(task) for task in tasks}
+        refused = {name: problems for name, problems in refused.items() if problems}
+        for name, problems in refused.items():
+            self.message_user(
+                request, f"{name} not sent: {' '.join(problems.values())}", messages.ERROR
+            )
+        tasks = [task for task in tasks if task.name not in refused]
+        if not tasks:
+            return
         self.celery_app.loader.import_default_modules()
         sendable = all(self.celery_app.tasks.get(task.task) is not None for task in tasks)
         super().run_tasks(

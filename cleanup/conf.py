@@ -285,12 +285,21 @@ class CleanupSettings:
         minimum=1,
     )
     # A staff user can give a periodic task any interval in django-celery-beat's admin, down to
-    # microseconds; a project task sent that often floods its queue (cleanup.admin refuses it).
+    # microseconds; a task sent that often floods its queue (the admin refuses it, beat skips it).
     periodic_min_interval: float = tuning(
         "CLEANUP_PERIODIC_MIN_INTERVAL",
         1.0,
-        "shortest interval in seconds the admin accepts for a periodic task of this project",
+        "shortest interval in seconds of any periodic task (admin form and beat)",
         minimum=0.001,
+    )
+    # Beat's sends, whatever its rows say (cleanup.release.schedule.SendBucket): a schedule that
+    # asks for more is sent at this rate, the excess deferred and counted, never dropped. Above
+    # what the Cleanup schedule needs (shards / interval, plus three maintenance entries).
+    beat_max_sends_per_second: int = tuning(
+        "CLEANUP_BEAT_MAX_SENDS_PER_SECOND",
+        100,
+        "most messages beat sends in one second; the excess waits its turn",
+        minimum=1,
     )
     # --- Redis redelivery ------------------------------------------------------------------
     # A message fetched but not acked comes back after the visibility timeout, also when its

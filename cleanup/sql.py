@@ -13,7 +13,7 @@ none of ``RELEASE_PARAMS`` (tests/unit/project/test_release_contract.py).
 
 from __future__ import annotations
 
-from reservations.sql import CLOCK, RELEASED_ROWS, eligible_sql
+from reservations.sql import RELEASED_ROWS, SCAN_CLOCK, eligible_sql
 
 # --- The sweep's claim (release.claim) ------------------------------------------------------
 
@@ -37,14 +37,14 @@ WITH candidates AS (
     FROM unnest(%(buckets)s::smallint[]) AS shard_bucket(bucket)
     CROSS JOIN LATERAL (
         SELECT id, expires_at FROM reservations_reservation
-        WHERE bucket = shard_bucket.bucket AND {eligible_sql(now=CLOCK)}
-          AND next_attempt_at <= {CLOCK}
+        WHERE bucket = shard_bucket.bucket AND {eligible_sql(now=SCAN_CLOCK)}
+          AND next_attempt_at <= {SCAN_CLOCK}
         ORDER BY expires_at
         LIMIT %(per_bucket)s
     ) candidate
 ), due AS (
     SELECT hold.id FROM reservations_reservation hold JOIN candidates ON candidates.id = hold.id
-    WHERE {eligible_sql("hold", CLOCK)} AND hold.next_attempt_at <= {CLOCK}
+    WHERE {eligible_sql("hold", SCAN_CLOCK)} AND hold.next_attempt_at <= {SCAN_CLOCK}
     ORDER BY candidates.expires_at, hold.id
     LIMIT %(batch)s
     FOR UPDATE OF hold SKIP LOCKED
@@ -55,7 +55,7 @@ SET claim_count = hold.claim_count + 1,
     last_trace_id = %(trace)s,
     next_attempt_at = CASE WHEN hold.claim_count + 1 > %(max_claims)s
                            THEN 'infinity'::timestamptz
-                           ELSE {CLOCK} + make_interval(secs => %(lease)s) END
+                           ELSE {SCAN_CLOCK} + make_interval(secs => %(lease)s) END
 WHERE hold.id = ANY(ARRAY(SELECT id FROM due))
 RETURNING hold.id, hold.version, hold.expires_at, hold.bucket, hold.claim_count
 """
@@ -68,11 +68,11 @@ RETURNING hold.id, hold.version, hold.expires_at, hold.bucket, hold.claim_count
 # most the holds in flight, which the queue's cap bounds. Never an aggregate over the backlog.
 OLDEST_DUE_BY_SHARD = (
     f"SELECT shard_bucket.bucket %% %(shards)s, "
-    f"EXTRACT(EPOCH FROM ({CLOCK} - min(oldest.expires_at)))::float8 "
+    f"EXTRACT(EPOCH FROM ({SCAN_CLOCK} - min(oldest.expires_at)))::float8 "
     f"FROM generate_series(0, %(buckets)s - 1) AS shard_bucket(bucket) CROSS JOIN LATERAL ("
     f"SELECT expires_at FROM reservations_reservation "
-    f"WHERE bucket = shard_bucket.bucket::smallint AND {eligible_sql(now=CLOCK)} "
-    f"AND next_attempt_at <= {CLOCK} "
+    f"WHERE bucket = shard_bucket.bucket::smallint AND {eligible_sql(now=SCAN_CLOCK)} "
+    f"AND next_attempt_at <= {SCAN_CLOCK} "
     f"ORDER BY expires_at LIMIT 1) oldest GROUP BY 1"
 )
 

@@ -12,9 +12,12 @@ agree. The partial indexes (``status = 'held'``) serve it but do not define it.
 from __future__ import annotations
 
 
-def eligible_sql(alias: str = "", now: str = "now()", *, off_the_held_index: bool = False) -> str:
+def eligible_sql(
+    alias: str = "", now: str = "statement_timestamp()", *, off_the_held_index: bool = False
+) -> str:
     """The SQL condition on a reservation row (``alias.`` before each column when given),
-    ``now`` the clock's expression. ``off_the_held_index`` writes the status test as
+    ``now`` the clock's expression (by default the statement's time, as the ORM's ``Now()``
+    reads it on PostgreSQL). ``off_the_held_index`` writes the status test as
     ``(status = 'held') IS TRUE``, which the planner cannot match to the partial held-index: the
     release statement uses it to stay on the primary key (reservations/sql.py)."""
     column = f"{alias}." if alias else ""

@@ -5,8 +5,9 @@ Lock order (docs/PIPELINE.md, invariant 8): offerings before reservations, ascen
 Services that touch a single row (renew, confirm) take only that row's lock, which cannot close
 a cycle.
 
-The clock is PostgreSQL's ``now()``. The ``now`` parameters exist for unit tests only; when
-``None`` the statement uses the database clock.
+The clock is PostgreSQL's, read when each statement runs (``clock_timestamp()``, never the
+transaction's start: reservations/sql.py ``CLOCK``). The ``now`` parameters exist for unit tests
+only; when ``None`` the statement uses the database clock.
 """
 
 from __future__ import annotations

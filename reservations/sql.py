@@ -6,7 +6,8 @@ CTEs plus the caller's attached write) is the one builder. "Eligible" itself is 
 in ``reservations.eligibility.eligible_sql``; the statements here build on it.
 
 Placeholders are named (``%(name)s``) where a statement reads a value more than once or where
-the clock is involved; ``CLOCK`` is "the test clock when given, else the database's".
+the clock is involved; ``CLOCK`` is "the test clock when given, else the database's" (see
+``CLOCK`` for which database clock, and ``SCAN_CLOCK`` for the index-ordered scans).
 
 The release statement is a contract with the cleanup, which attaches its receipts to it
 (``reservations.services.AttachedWrite``): they meet in ``RELEASED_ROWS`` (the CTE the attached
@@ -20,7 +21,20 @@ from __future__ import annotations
 from .eligibility import eligible_sql
 
 # ``now`` for SQL: the explicit test clock when given, else the database clock.
-CLOCK = "COALESCE(%(now)s::timestamptz, now())"
+#
+# Every expiry decision (create, renew, confirm, release, the reasons for a refusal) reads
+# ``clock_timestamp()``, the time the statement reads it. Not ``now()``: that is the
+# transaction's start, which can be well before the statement (a request that waited on an
+# Idempotency-Key's lock, or ran other statements first), so a hold whose lease had ended could
+# still be renewed or confirmed. Not ``statement_timestamp()`` either: a statement that waits on
+# a row lock re-checks the row after the wait, and ``clock_timestamp()`` is read again at that
+# re-check. These statements find their rows by key, so a volatile clock costs no index.
+CLOCK = "COALESCE(%(now)s::timestamptz, clock_timestamp())"
+# The clock of scans ordered by ``expires_at`` (the sweep's claim, the backlog reads):
+# ``statement_timestamp()`` is stable within the statement, so ``expires_at <= clock`` stays an
+# index condition (a volatile clock would make it a filter and read every held row of a bucket).
+# It decides nothing on its own: the release re-checks expiry with ``CLOCK``.
+SCAN_CLOCK = "COALESCE(%(now)s::timestamptz, statement_timestamp())"
 
 # --- Holds: create, renew, confirm, cancel ----------------------------------------------------
 
@@ -55,10 +69,11 @@ GIVE_SEAT_BACK = (
     "UPDATE reservations_offering SET seats_available = seats_available + 1 WHERE id = %s"
 )
 
-# The eligible holds of a full offering that ``hold_seat`` releases first, ascending id.
+# The eligible holds of a full offering that ``hold_seat`` releases first, ascending id (each
+# release re-checks expiry with ``CLOCK``).
 RECLAIMABLE_HOLDS = (
     f"SELECT id, version FROM reservations_reservation WHERE offering_id = %(offering)s "
-    f"AND {eligible_sql(now=CLOCK)} ORDER BY id LIMIT %(limit)s"
+    f"AND {eligible_sql(now=SCAN_CLOCK)} ORDER BY id LIMIT %(limit)s"
 )
 
 # Offerings before reservations: the hold's offering, locked.
@@ -195,7 +210,7 @@ AVAILABILITY = (
 # WHERE status='held'): one probe per bucket, the minimum of those. Never an aggregate over the
 # backlog, and an empty shard beside a large backlog elsewhere stays cheap.
 OLDEST_ELIGIBLE_AGE = (
-    f"SELECT EXTRACT(EPOCH FROM (now() - min(oldest.expires_at)))::float8 "
+    f"SELECT EXTRACT(EPOCH FROM (statement_timestamp() - min(oldest.expires_at)))::float8 "
     f"FROM unnest(%s::smallint[]) AS shard_bucket(bucket) CROSS JOIN LATERAL ("
     f"SELECT expires_at FROM reservations_reservation "
     f"WHERE bucket = shard_bucket.bucket AND {eligible_sql()} "
@@ -246,7 +261,8 @@ RETURNING c.id, c.name, c.can_read, c.can_write, c.all_offerings, c.window_count
 # An expired key is as good as none: it goes before the claim, so its key can be used again.
 DELETE_EXPIRED_IDEMPOTENCY_KEY = """
 DELETE FROM reservations_idempotencykey
-WHERE client_id IS NOT DISTINCT FROM %(client)s AND key = %(key)s AND expires_at <= now()
+WHERE client_id IS NOT DISTINCT FROM %(client)s AND key = %(key)s
+  AND expires_at <= clock_timestamp()
 """
 
 # Claims a key for this request. A concurrent request under the same key waits here, on the
@@ -277,7 +293,7 @@ WHERE id = %(id)s
 # The prune, a batch at a time on reservations_idem_expiry_idx.
 PRUNE_IDEMPOTENCY_KEYS = """
 DELETE FROM reservations_idempotencykey
-WHERE id IN (SELECT id FROM reservations_idempotencykey WHERE expires_at <= now()
+WHERE id IN (SELECT id FROM reservations_idempotencykey WHERE expires_at <= statement_timestamp()
              ORDER BY expires_at LIMIT %(batch)s)
 """
 

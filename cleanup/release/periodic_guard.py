@@ -1,10 +1,13 @@
-"""What the admin refuses in a periodic task of this project: an interval below
-``CLEANUP_PERIODIC_MIN_INTERVAL`` and routing to a queue that is not one of the project's.
+"""What a periodic task may be, whoever saved it: one of this project's periodic tasks, at an
+interval of at least ``CLEANUP_PERIODIC_MIN_INTERVAL``, routed only to the project's queues.
 
-django-celery-beat lets a staff user give any entry a microsecond interval, or point it at any
-queue, exchange or routing key; a project task sent thousands of times a second floods its queue,
-and one sent elsewhere never reaches a cleanup worker. The queue names are the ones settings
-declare (``CELERY_TASK_QUEUES``), not a second list.
+django-celery-beat lets a staff user who may add periodic tasks name any task (Celery's built-in
+``celery.backend_cleanup`` too), give it a microsecond interval, or point it at any queue,
+exchange or routing key; beat then sends thousands of messages a second, onto whichever queue
+the row says. The admin form refuses such a row with the reason on the field to change
+(``cleanup.admin.CleanupPeriodicTaskForm``), and beat's scheduler skips, logs and counts one that
+reaches the table another way (``cleanup.release.schedule.LeaderDatabaseScheduler``). The queue
+names are the ones settings declare (``CELERY_TASK_QUEUES``), not a second list.
 """
 
 from __future__ import annotations
@@ -13,11 +16,16 @@ from typing import Any
 
 from cleanup.broker.celery_app import app
 from cleanup.conf import cleanup_settings
-from cleanup.wire import TASK_PREFIX
+from cleanup.wire import PRUNE_TASK, RELAY_OUTBOX_TASK, SAMPLE_HEALTH_TASK, SWEEP_TASK
+
+# The tasks this project's schedule sends (cleanup.release.schedule). Releases are sent by
+# sweeps, with a hold's id and version, never by beat; Celery's built-ins have no use here (the
+# project keeps no task results, so ``celery.backend_cleanup`` has nothing to clean).
+PERIODIC_TASKS = (SWEEP_TASK, RELAY_OUTBOX_TASK, PRUNE_TASK, SAMPLE_HEALTH_TASK)
 
 
-def is_project_task(task: str | None) -> bool:
-    return bool(task) and str(task).startswith(TASK_PREFIX)
+def is_periodic_task(task: str | None) -> bool:
+    return task in PERIODIC_TASKS
 
 
 def project_queues() -> tuple[str, ...]:
@@ -39,16 +47,20 @@ def problems(
     routing_key: str | None = None,
 ) -> dict[str, str]:
     """Form field → why it is refused, for a periodic task sending ``task``; empty when it may
-    be saved. Tasks of other applications are not this project's business."""
-    if not is_project_task(task):
-        return {}
+    be saved (and sent)."""
     found: dict[str, str] = {}
+    if task and not is_periodic_task(task):
+        found["task"] = (
+            f"{task!r} is not one of this project's periodic tasks "
+            f"({', '.join(PERIODIC_TASKS)}): beat sends only those."
+        )
     floor = cleanup_settings().periodic_min_interval
     seconds = interval_seconds(interval)
     if seconds is not None and seconds < floor:
         found["interval"] = (
-            f"{task} would be sent every {seconds:g} s; tasks of this project run at most once "
-            f"every {floor:g} s (CLEANUP_PERIODIC_MIN_INTERVAL). Choose a longer interval."
+            f"{task or 'This task'} would be sent every {seconds:g} s; periodic tasks run at "
+            f"most once every {floor:g} s (CLEANUP_PERIODIC_MIN_INTERVAL). Choose a longer "
+            "interval."
         )
     queues = project_queues()
     names = ", ".join(queues)
@@ -59,8 +71,7 @@ def problems(
         )
     if exchange:
         found["exchange"] = (
-            f"Tasks of this project are routed by queue, not by exchange {exchange!r}: leave it "
-            "blank."
+            f"Periodic tasks are routed by queue, not by exchange {exchange!r}: leave it blank."
         )
     if routing_key and routing_key not in queues:
         found["routing_key"] = (
@@ -68,3 +79,8 @@ def problems(
             "it blank or name one of them."
         )
     return found
+
+
+def row_problems(row: Any) -> dict[str, str]:
+    """``problems`` of a ``PeriodicTask`` row as beat reads it."""
+    return problems(row.task, row.interval, row.queue, row.exchange, row.routing_key)

@@ -14,10 +14,13 @@ just sent.
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import os
 import socket
+import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -30,7 +33,7 @@ from cleanup import sql
 from cleanup.broker.confirms import confirmed_producer, confirms_available
 from cleanup.conf import cleanup_settings
 from cleanup.models import CleanupSchedule
-from cleanup.release import locks
+from cleanup.release import locks, periodic_guard
 from cleanup.wire import PRUNE_TASK, RELAY_OUTBOX_TASK, SAMPLE_HEALTH_TASK, SWEEP_TASK
 from reservations.db import psycopg_params, session_alias
 
@@ -273,10 +276,41 @@ class RunRecordingEntry(ModelEntry):  # type: ignore[misc]
         )
 
 
+class SendBucket:
+    """A token bucket of one token refilled at ``rate`` a second: sends at least ``1 / rate``
+    seconds apart, so no second holds more than ``rate`` of them, whatever the schedule asks.
+    A bucket of one second's worth would let a schedule send twice the rate across the edge of
+    a second; beat's own sends (sweeps of a few shards every second) never need a burst."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = float(rate)
+        self._clock = clock
+        self._tokens = 1.0
+        self._updated = clock()
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self._tokens = min(1.0, self._tokens + (now - self._updated) * self.rate)
+        self._updated = now
+
+    def wait(self) -> float:
+        """Seconds until the next send may go (0: now)."""
+        self._refill()
+        return 0.0 if self._tokens >= 1.0 else (1.0 - self._tokens) / self.rate
+
+    def take(self) -> None:
+        self._refill()
+        self._tokens -= 1.0
+
+
 class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
-    """A DatabaseScheduler that sends only while it holds the beat lock."""
+    """A DatabaseScheduler that sends only while it holds the beat lock, only the rows
+    ``periodic_guard`` accepts, and at most ``CLEANUP_BEAT_MAX_SENDS_PER_SECOND`` a second."""
 
     Entry = RunRecordingEntry
+
+    # How often beat says that sends are being deferred (with the running count), at most.
+    DEFERRED_LOG_EVERY = 10.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._lock_conn: psycopg.Connection[Any] | None = None
@@ -284,6 +318,12 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
         # The error of the last failed attempt to take the lock ("" after a success), so a
         # beat that cannot reach PostgreSQL says why once per distinct error, not every tick.
         self._lock_error = ""
+        self.send_bucket = SendBucket(cleanup_settings().beat_max_sends_per_second)
+        # Counts for the logs: rows skipped at each read of the schedule, and ticks that found
+        # a due send and waited for the bucket instead.
+        self.refused_total = 0
+        self.deferred_total = 0
+        self._deferred_logged_at = float("-inf")
         super().__init__(*args, **kwargs)
         # Keep the ping interval below the server's idle-session timeout.
         self.max_interval: float = min(
@@ -386,6 +426,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
         if not self._still_leader():
             logger.warning("beat lock lost before a send; not sent", extra={"entry": entry.name})
             return
+        self.send_bucket.take()
         producer = producer or self.producer
         if not confirms_available(producer.channel):
             super().apply_entry(entry, producer=producer)
@@ -408,10 +449,84 @@ class LeaderDatabaseScheduler(DatabaseScheduler):  # type: ignore[misc]
         finally:
             entry.options = options
 
+    def install_default_entries(self, data: Any) -> None:
+        """Install nothing: django-celery-beat would save Celery's ``celery.backend_cleanup``
+        (the project keeps no task results), which is not one of the project's periodic tasks
+        and would only be skipped."""
+
+    def all_as_schedule(self) -> dict[str, ModelEntry]:
+        """The enabled rows, less those ``periodic_guard`` refuses (another task than the
+        project's periodic ones, an interval below the floor, another queue): each is skipped,
+        logged with its reasons and counted, at every read of the schedule; never sent."""
+        entries: dict[str, ModelEntry] = super().all_as_schedule()
+        for name, entry in list(entries.items()):
+            refused = periodic_guard.row_problems(entry.model)
+            if not refused:
+                continue
+            del entries[name]
+            self.refused_total += 1
+            logger.error(
+                "periodic task refused; beat does not send it",
+                extra={
+                    "entry": name,
+                    "task": entry.task,
+                    "reasons": " | ".join(refused.values()),
+                    "refused_total": self.refused_total,
+                },
+            )
+        return entries
+
+    def _head_is_due(self) -> bool:
+        """Whether the next entry of Celery's heap is due (False while the heap is rebuilt)."""
+        heap = self._heap
+        if not heap:
+            return False
+        return bool(self.is_due(heap[0][2])[0])
+
+    def populate_heap(self, *args: Any, **kwargs: Any) -> None:
+        """Celery's heap, with every entry that is already due keyed by its last run instead of
+        by the time of the build: Celery keys them all "now", in the order of the schedule's
+        dict, and rebuilds the heap often, so while the send bound defers sends the same first
+        entries came first at every rebuild and the others waited for ever (seen with a real
+        beat: 10 of 40 due entries sent, again and again). By last run, the longest waiting
+        goes first."""
+        super().populate_heap(*args, **kwargs)
+        heap = self._heap
+        if not heap:
+            return
+        rebuilt = []
+        for event in heap:
+            entry = event[2]
+            last_run = getattr(entry, "last_run_at", None)
+            if last_run is not None and event[0] <= self._when(entry, 0):
+                event = event._replace(time=min(event[0], last_run.timestamp()))
+            rebuilt.append(event)
+        heapq.heapify(rebuilt)
+        self._heap = rebuilt
+
     def tick(self, *args: Any, **kwargs: Any) -> float:
         if not self._hold_lock():
             return float(self.max_interval)
+        wait = self.send_bucket.wait()
+        if wait > 0:
+            # The due entry stays at the head of the heap and goes when the bucket allows.
+            if self._head_is_due():
+                self._deferred()
+            return min(wait, float(self.max_interval))
         return float(super().tick(*args, **kwargs))
+
+    def _deferred(self) -> None:
+        self.deferred_total += 1
+        now = time.monotonic()
+        if now - self._deferred_logged_at >= self.DEFERRED_LOG_EVERY:
+            self._deferred_logged_at = now
+            logger.warning(
+                "beat sends deferred to stay within CLEANUP_BEAT_MAX_SENDS_PER_SECOND",
+                extra={
+                    "max_per_second": self.send_bucket.rate,
+                    "deferred_total": self.deferred_total,
+                },
+            )
 
     def close(self) -> None:
         try:

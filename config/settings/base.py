@@ -91,6 +91,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "config.security.ContentSecurityPolicyMiddleware",
+    # Sets the known-device cookie on a successful admin login (config/admin_login.py).
+    "config.admin_login.KnownDeviceMiddleware",
     # Last, as django-axes asks: it answers a locked-out login after the view ran.
     "axes.middleware.AxesMiddleware",
 ]
@@ -164,17 +166,36 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-# django-axes: after AXES_FAILURE_LIMIT failed logins for one username from one address, that
-# pair is refused (even with the right password, answered 429) for AXES_COOLOFF_MINUTES. Keyed
-# on the pair so that a stranger cannot lock a staff member out from elsewhere.
+# django-axes: after AXES_FAILURE_LIMIT failed logins for one username from one client address,
+# that pair is refused (even with the right password, answered 429) for AXES_COOLOFF_MINUTES.
+# Keyed on the pair so that a stranger cannot lock a staff member out from elsewhere; and once a
+# username has LOGIN_USERNAME_FAILURE_LIMIT failures from any addresses, it is refused to every
+# browser that has not logged in as that user before (config/admin_login.py says how).
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
 AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, minimum=1)
 AXES_COOLOFF_TIME = timedelta(minutes=env_int("AXES_COOLOFF_MINUTES", 15, minimum=1))
-AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_LOCKOUT_PARAMETERS = "config.admin_login.lockout_parameters"
 AXES_RESET_ON_SUCCESS = True
+# Above AXES_FAILURE_LIMIT: each address counts up to that many, so one address alone never
+# reaches it.
+LOGIN_USERNAME_FAILURE_LIMIT = env_int(
+    "LOGIN_USERNAME_FAILURE_LIMIT", 20, minimum=AXES_FAILURE_LIMIT + 1
+)
+# The proxies in front of the web that append the client's address to X-Forwarded-For (a load
+# balancer, an ingress): the client's address is the TRUSTED_PROXY_COUNT-th entry from the
+# right. 0: REMOTE_ADDR, the header ignored (any client can write it). Behind a proxy, 0 makes
+# every visitor share the proxy's address; too high a count lets a client pick its own.
+TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0, minimum=0)
+MAX_TRUSTED_PROXY_COUNT = 5
+if TRUSTED_PROXY_COUNT > MAX_TRUSTED_PROXY_COUNT:
+    raise ImproperlyConfigured(
+        f"TRUSTED_PROXY_COUNT={TRUSTED_PROXY_COUNT} must be <= {MAX_TRUSTED_PROXY_COUNT}: the "
+        "number of proxies in front of the web that append to X-Forwarded-For"
+    )
+AXES_CLIENT_IP_CALLABLE = "config.admin_login.client_ip"
 # Pages load scripts, styles and images from this site only; inline style attributes stay
 # allowed (the admin's widgets and the health page's bars use them), inline scripts do not. The
 # pages are the project's own, so the policy is too: a constant, not a deployment's choice.

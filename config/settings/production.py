@@ -191,6 +191,11 @@ for _name in ("CELERY_BROKER_URL", "CLEANUP_COUNTER_REDIS_URL"):
     if _urls.get(_name):
         _refuse_unauthenticated_remote(_name, _urls[_name])
 
+# The admin's lockouts key on the client's address, read through this many proxies: a wrong
+# value either lumps every visitor together (a stranger locks the administrator out) or lets a
+# client choose its address, so production takes no default (base.py checks the range).
+env_int("TRUSTED_PROXY_COUNT")
+
 # Only behind a proxy that sets (and strips from clients) X-Forwarded-Proto may the app trust
 # it; otherwise any client could claim HTTPS. Off by default.
 if env_bool("SECURE_PROXY_SSL_HEADER", False):

@@ -63,6 +63,7 @@ DEPLOYED = {
     "CELERY_BROKER_URL": "redis://:pw@redis.internal:6379/0",
     "DEBUG": "",
     "METRICS_TOKEN": "",
+    "TRUSTED_PROXY_COUNT": "0",
 }
 
 

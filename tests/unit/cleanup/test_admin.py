@@ -14,7 +14,7 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
-from django_celery_beat.models import PeriodicTask, PeriodicTasks
+from django_celery_beat.models import IntervalSchedule, PeriodicTask, PeriodicTasks
 
 from cleanup.models import CleanupReceipt, CleanupSchedule, DeadLetter
 from cleanup.release.messages import build, idempotency_key
@@ -326,6 +326,28 @@ def test_a_user_who_may_change_periodic_tasks_runs_each_beat_action_and_each_row
         assert _queued(broker, tasks) == 2
     else:  # beat re-reads the schedule when this marker moves
         assert PeriodicTasks.last_change() != marker
+
+
+def test_run_selected_tasks_does_not_send_a_row_the_form_would_refuse(db, broker):
+    # given: Celery's built-in every 1 µs onto the release queue, written past the form
+    every_us, _ = IntervalSchedule.objects.get_or_create(
+        every=1, period=IntervalSchedule.MICROSECONDS
+    )
+    planted = PeriodicTask.objects.create(
+        name="planted", task="celery.backend_cleanup", interval=every_us, queue="cleanup"
+    )
+    editor = login_staff(
+        "editor", "view_periodictask", "change_periodictask", app_label="django_celery_beat"
+    )
+    # when: a user who may change periodic tasks runs it from the list
+    done = _run_action(editor, "run_tasks", [planted])
+    # then: nothing is sent, and the page says why
+    assert _queued(broker, [planted]) == 0
+    assert any(
+        m.startswith("planted not sent: 'celery.backend_cleanup' is not one of this project")
+        for m in messages_of(done)
+    ), messages_of(done)
+    assert not LogEntry.objects.exists()
 
 
 # --- linked records ---------------------------------------------------------------------------
