@@ -156,6 +156,7 @@ KNOWN_DEAD_LETTER_REASONS = (
     "time_limit",
     "failed",
     "periodic_failed",
+    "misrouted",
 )
 # The reasons cleanup.worker.remote_control and the Redis transport drop a control message for,
 # and the broker readers that skip entries (tests/unit/project/test_deploy.py checks these against

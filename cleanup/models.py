@@ -50,6 +50,9 @@ class DeadLetter(models.Model):
         # A sweep, relay, prune or health upkeep that raised: beat sends it again at its next
         # tick, whose success settles the letter (there is no message to requeue).
         PERIODIC_FAILED = "periodic_failed", "Periodic task failed (retried at its next tick)"
+        # Read from a queue other than its task's route (never run: the pause stops only the
+        # release queue, so a release read elsewhere would bypass it).
+        MISROUTED = "misrouted", "Read from a queue its task is not routed to"
 
     reason = models.CharField(max_length=32, choices=Reason.choices)
     error = models.TextField(blank=True, default="")

@@ -81,14 +81,14 @@ def retry_after_quarantine(
         ) from exc
 
 
-def dead_letter_entry(item: bytes | str, queue: str, error: str) -> None:
+def dead_letter_entry(item: bytes | str, queue: str, error: str, reason: str = "rejected") -> None:
     from cleanup.models import DeadLetter  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
     from cleanup.release import dead_letters  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
 
     raw = item if isinstance(item, bytes) else item.encode("utf-8", "surrogatepass")
     logger.error("broker entry dead-lettered", extra={"queue": queue, "error": error})
     dead_letters.record(
-        DeadLetter.Reason.REJECTED,
+        DeadLetter.Reason(reason),
         error=error,
         payload={"queue": queue, "entry_bytes": len(raw), "entry": raw[:8192]},
     )
@@ -122,8 +122,9 @@ def screen_entry(item: bytes | str, queue: str) -> dict[str, Any] | None:
             error = f"misrouted: {problem}"
     if error is None:
         return payload  # type: ignore[no-any-return]
+    reason = "misrouted" if error.startswith("misrouted: ") else "rejected"
     try:
-        dead_letter_entry(item, queue, error)
+        dead_letter_entry(item, queue, error, reason)
     except Exception:
         logger.exception("could not dead-letter a broker entry")
     return None

@@ -309,7 +309,7 @@ CASES: dict[str, Case] = {
                 },
             )
         ),
-        "rejected",
+        "misrouted",
         "misrouted",
         redis_only=True,
     ),
@@ -915,3 +915,63 @@ def test_a_new_worker_starts_and_releases_over_a_planted_binding_set(
     wait_until(lambda: outcome_counts().get("released") == 1, timeout=45, what="the release")
     assert worker.alive()
     assert redis_client().type(f"_kombu.binding.{exchange}") == b"set"
+
+
+def _release_on_another_queue(hold_id: int, queue: str) -> str:
+    """A well-formed release message for a real hold, as the project's publisher writes it,
+    on one of the project's other queues: a broker writer's way around the pause."""
+    from tests.support.wire import publish_task
+
+    expires_at = scalar("SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id])
+    message = _good(rid=hold_id, version=1, expires_at=expires_at.isoformat())
+    return publish_task(RELEASE_TASK, queue, args=(message,))
+
+
+def _status(hold_id: int) -> str:
+    return str(scalar("SELECT status FROM reservations_reservation WHERE id = %s", [hold_id]))
+
+
+def test_a_release_read_from_another_queue_never_runs_paused_or_not(
+    hostile_worker: Worker,
+) -> None:
+    """The pause stops the release queue; a valid release message planted on the sweep or
+    maintenance queue was consumed there and released its hold while releases were paused."""
+    from cleanup.release import pause
+
+    conf = cleanup_settings()
+    hold_id, held_back = create_eligible_holds(2, offerings=1)
+    main_pid = hostile_worker.pid
+    # given: releases paused, and the worker has stopped consuming the release queue
+    pause.set_paused(True, "test", "misrouting")
+    wait_until(
+        lambda: log_lines([hostile_worker.log_path], "releases paused"),
+        timeout=15,
+        what="the worker to follow the pause",
+    )
+    # when: the hold's release arrives on the sweep queue, and the release queue gets a real one
+    sent = [_release_on_another_queue(hold_id, conf.sweep_queue)]
+    _publish_valid(held_back)
+    # then: one misrouted dead letter, and nothing released
+    try:
+        wait_until(lambda: DeadLetter.objects.count() >= 1, timeout=45, what="a dead letter")
+        time.sleep(1)  # a release the worker ran would have committed by now
+        assert (_status(hold_id), _status(held_back)) == ("held", "held")
+    finally:
+        # when: the same on the maintenance queue once releases are resumed
+        pause.set_paused(False, "test")
+    wait_until(lambda: _status(held_back) == "released", timeout=45, what="the resumed release")
+    assert _status(hold_id) == "held"
+    sent.append(_release_on_another_queue(hold_id, conf.maintenance_queue))
+    wait_until(lambda: DeadLetter.objects.count() >= 2, timeout=45, what="a second dead letter")
+    # then: each was one misrouted dead letter naming its task, and the hold is still held
+    letters = list(DeadLetter.objects.order_by("id"))
+    assert [(d.reason, d.task_id) for d in letters] == [("misrouted", t) for t in sent], [
+        (d.reason, d.error) for d in letters
+    ]
+    assert all(conf.release_queue in d.error for d in letters)
+    assert _status(hold_id) == "held"
+    # and: the same main process still releases that hold when its message comes the right way
+    _publish_valid(hold_id)
+    wait_until(lambda: _status(hold_id) == "released", timeout=45, what="the real release")
+    assert outcome_counts() == {"released": 2}
+    assert hostile_worker.alive() and hostile_worker.pid == main_pid
