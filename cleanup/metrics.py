@@ -176,7 +176,7 @@ def initialize_worker_series() -> None:
     for reader in KNOWN_SKIP_READERS:
         BROKER_ENTRIES_SKIPPED.labels(reader=reader)
     # kombu's ack bookkeeping keys: the quarantine alert reads 0 from them until a key is planted
-    for key in ("unacked", "unacked_index", "unacked_mutex"):
+    for key in ("unacked", "unacked_index"):
         BROKER_KEYS_SET_ASIDE.labels(key=key)
 
 

@@ -101,3 +101,58 @@ def test_a_bad_unacked_entry_is_set_aside_and_a_dead_workers_message_is_still_re
         }
     assert fleet.outcome_counts() == {"released": 1}
     assert fleet.invariant_violations(expected_released=[hold_id]) == []
+
+
+def test_a_restore_lock_planted_again_and_again_does_not_strand_a_dead_workers_message(
+    clean, exclusive_workers, tmp_path
+):
+    """kombu's restore takes a lock in Redis (``unacked_mutex``) and skips its scan while the
+    key exists. Planted with an expiry in kombu's own range and planted again before it ends,
+    it kept a crashed worker's message stranded for as long as the writer liked (only a lock
+    without an expiry, or a longer one, was set aside)."""
+    import threading
+
+    # given: worker A SIGKILLed mid-release, its message left unacked (as above)
+    hold_id, offering_id = fleet.one_eligible_hold()
+    with fleet.dedicated(tmp_path, {"concurrency": 1}) as (worker_a,):
+        with fleet.offering_locked(offering_id):
+            fleet.publish_for(hold_id)
+            backends = fleet.wait_until(fleet.blocked_backends, timeout=30, what="release waiting")
+            worker_a.kill()
+            assert fleet.scalar("SELECT pg_terminate_backend(%s)", [backends[0]]) is True
+    fleet.wait_until(lambda: not fleet.blocked_backends(), timeout=30, what="the statement dropped")
+    client = redis_client()
+    ((_tag, fetched_at),) = client.zrange("unacked_index", 0, -1, withscores=True)  # type: ignore[misc]
+    # and: a broker writer keeps kombu's restore lock held, 3 s at a time, renewed every 0.5 s
+    stop = threading.Event()
+
+    def plant_the_lock() -> None:
+        planter = redis_client()
+        while not stop.is_set():
+            planter.set("unacked_mutex", "planted", px=3000)
+            stop.wait(0.5)
+
+    planter = threading.Thread(target=plant_the_lock, daemon=True)
+    planter.start()
+    try:
+        # when: another worker runs
+        with fleet.dedicated(tmp_path, {"concurrency": 1}) as (worker_b,):
+            # then: the stranded message is restored and its hold released within the
+            # visibility timeout plus the restore interval (and the time to run it)
+            conf = cleanup_settings()
+            bound = conf.visibility_timeout + conf.unacked_restore_interval + 5
+            fleet.wait_until(
+                lambda: fleet.status_of(hold_id) == "released",
+                timeout=max(1.0, fetched_at + bound - time.time()),
+                what="the stranded hold released while the lock is planted",
+            )
+            released_after = time.time() - fetched_at
+            assert client.get("unacked_mutex") == b"planted"  # the writer never stopped
+            assert worker_b.alive(), worker_b.log_tail(30)
+    finally:
+        stop.set()
+        planter.join(timeout=5)
+    print(f"released {released_after:.1f} s after the dead worker fetched it")
+    assert fleet.outcome_counts() == {"released": 1}
+    assert DeadLetter.objects.count() == 0
+    assert fleet.invariant_violations(expected_released=[hold_id]) == []
