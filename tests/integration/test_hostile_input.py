@@ -407,6 +407,32 @@ DROPS: dict[str, Drop] = {
         "not_an_envelope",
         amqp_reason="undecodable",
     ),
+    # inside the old bound (2**63 - 1): the clock's next step no longer fits an AMQP header's
+    # 64-bit integer, every reply failed to encode and ping went silent until a restart
+    "control clock at the top of a 64-bit integer": Drop(
+        lambda: _publish_control({"method": "ping"}, headers={"clock": 2**63 - 1}), "malformed"
+    ),
+    # an AMQP routing key holds 255 bytes: the reply could not be published
+    "reply routing key of 300 characters": Drop(
+        lambda: _publish_control(
+            {"method": "ping", "reply_to": _reply_to("r" * 300), "ticket": str(uuid.uuid4())}
+        ),
+        "malformed",
+    ),
+    # echoed in the reply's headers, which must fit one AMQP frame
+    "reply ticket of 200 KB": Drop(
+        lambda: _publish_control(
+            {"method": "ping", "reply_to": _reply_to(str(uuid.uuid4())), "ticket": "t" * 200_000}
+        ),
+        "malformed",
+    ),
+    "a header kombu's mailbox never sets": Drop(
+        lambda: _publish_control({"method": "ping"}, headers={"x-custom": "x" * 1000}),
+        "malformed",
+    ),
+    "an expires header that is not a time": Drop(
+        lambda: _publish_control({"method": "ping"}, headers={"expires": "soon"}), "malformed"
+    ),
     # kombu's Lamport clock adopted it and every later reply failed to encode
     "control clock of 4,000 digits": Drop(
         lambda: _publish_control({"method": "ping"}, headers={"clock": 10**4000}),
@@ -414,6 +440,10 @@ DROPS: dict[str, Drop] = {
         redis_only=True,  # an AMQP header table has no integer of that size
     ),
 }
+
+
+def _reply_to(routing_key: str) -> dict[str, str]:
+    return {"exchange": _app().control.mailbox.reply_exchange.name, "routing_key": routing_key}
 
 
 def _control(command: str, **arguments: Any) -> None:
