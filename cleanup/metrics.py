@@ -157,6 +157,7 @@ KNOWN_DEAD_LETTER_REASONS = (
     "failed",
     "periodic_failed",
     "misrouted",
+    "unsigned",
 )
 # The reasons cleanup.worker.remote_control and the Redis transport drop a control message for,
 # and the broker readers that skip entries (tests/unit/project/test_deploy.py checks these against

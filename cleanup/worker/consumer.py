@@ -29,7 +29,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kombu.exceptions import ContentDisallowed, DecodeError
 from vine import promise
 
-from cleanup.broker import queues, routes, screening
+from cleanup.broker import queues, routes, screening, signing
 from cleanup.conf import WORKER_POOLS, cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.worker.delayed_delivery import CELERY_STEP as CELERY_DELAYED_DELIVERY
@@ -201,6 +201,11 @@ class DeadLetteringConsumer(_Consumer):
         )
         if problem:
             return DeadLetter.Reason.REJECTED, problem
+        problem = signing.problem(headers, name, payload[0], payload[1])
+        if problem:
+            # Never run and never counted: the letter names no hold (a broker writer chose
+            # the hold), only the message's raw copy.
+            return DeadLetter.Reason.UNSIGNED, problem
         return None
 
     def create_task_handler(self, promise: Any = promise) -> Callable[[Any], Any]:

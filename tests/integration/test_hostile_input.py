@@ -43,7 +43,7 @@ from tests.support.fleet import (
     total,
     wait_until,
 )
-from tests.support.wire import RELEASE_TASK, publish_raw
+from tests.support.wire import RELEASE_TASK, publish_raw, signature_for
 from tests.support.wire import release_message as _good
 from tests.support.wire import task_body as _body
 
@@ -87,14 +87,18 @@ class Case:
     amqp_only: bool = False
 
 
-def _envelope(raw_body: bytes, **changes: Any) -> str:
+def _envelope(raw_body: bytes, signed: bool = True, **changes: Any) -> str:
     import base64
 
+    task_id = str(uuid.uuid4())
+    headers = {"lang": "py", "task": RELEASE_TASK, "id": task_id, "retries": 0}
+    if signed:
+        headers.update(signature_for(RELEASE_TASK, task_id, raw_body))
     envelope: dict[str, Any] = {
         "body": base64.b64encode(raw_body).decode(),
         "content-encoding": "utf-8",
         "content-type": "application/json",
-        "headers": {"lang": "py", "task": RELEASE_TASK, "id": str(uuid.uuid4()), "retries": 0},
+        "headers": headers,
         "properties": {
             "delivery_info": {"exchange": "", "routing_key": "cleanup"},
             "priority": 0,
@@ -318,6 +322,15 @@ CASES: dict[str, Case] = {
         "rejected",
         "exceeds CLEANUP_MAX_MESSAGE_BYTES",
         amqp_only=True,
+    ),
+    # -- spent a real hold's delivery budget (round four): only the project's messages count
+    "release message without the project's signature": Case(
+        lambda: publish_raw(_body(_good()), signed=False), "unsigned", "not signed"
+    ),
+    "release message signed for another message": Case(
+        lambda: publish_raw(_body(_good()), headers={"cleanup_signature": "0" * 64}),
+        "unsigned",
+        "does not match",
     ),
     # -- AMQP content headers (stopped the worker inside py-amqp's frame decoding)
     "amqp header table nested 3,000 deep": Case(
