@@ -81,7 +81,11 @@ class CleanupTask(Task):  # type: ignore[misc]
         return f"{dead_letters.PERIODIC_KEY_PREFIX}{self.name}:{','.join(parts)}"
 
     def delivery_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        """The key this message's deliveries count under (``delivery_cap.message_key``)."""
+        """The key this message's deliveries count under: a release message's key
+        (``delivery_cap.message_key``); any other task's own id, whatever its arguments say, so
+        that no other task's message can spend a hold's budget (``delivery_cap.restored_key``)."""
+        if self.name not in signing.SIGNED_TASKS:
+            return f"task:{self.request.id or ''}"
         message = args[0] if args else kwargs.get("message")
         return delivery_cap.message_key(message, self.request.id or "")
 

@@ -5,7 +5,8 @@ The counter bounds loops: a message whose delivery kills its worker, times out o
 failing comes back as a redelivery or as a retry; above ``CLEANUP_MAX_DELIVERIES`` deliveries
 in all (the uncounted first one included) it is dead-lettered before any work. A redelivery is
 counted only on the word of whatever made it, never on a flag in the message, which any
-publisher can set, and only for a message the project signed (``cleanup.broker.signing``):
+publisher can set, and for a release message only when the project signed it
+(``cleanup.broker.signing``; any other task's message counts under its own task id):
 
 - kombu's Redis transport restoring an unacknowledged message (after a crash, a lost pool
   process, a shutdown): counted as it is restored (``count_restored``, called by the worker's
@@ -89,12 +90,28 @@ def envelope_key(envelope: Any) -> str | None:
     return message_key(message, str(task_id)) if isinstance(task_id, str) else None
 
 
+def restored_key(envelope: Any) -> str | None:
+    """The key a restored envelope's redelivery counts under: a release message's only when the
+    project signed it (an entry planted in kombu's ``unacked`` hash with a real hold's key
+    counts nowhere), any other task's under its own task id (``task:<id>``, as
+    ``CleanupTask.delivery_key`` reads it), so that it bounds its own loop and never a hold's."""
+    try:
+        name, task_id = envelope["headers"].get("task"), envelope["headers"].get("id")
+    except Exception:  # noqa: BLE001 - the envelope was screened; anything odd is not counted
+        return None
+    if not isinstance(task_id, str):
+        return None
+    if name in signing.SIGNED_TASKS:
+        return envelope_key(envelope) if signing.envelope_is_signed(envelope) else None
+    return f"task:{task_id}"
+
+
 def count_restored(envelope: Any) -> None:
-    """Count one redelivery of a message kombu's Redis transport is restoring, if the project
-    signed it (an entry planted in kombu's ``unacked`` hash with a real hold's key is not); never
-    raises (a counter that cannot be written only weakens the loop bound for this message)."""
-    key = envelope_key(envelope)
-    if key is None or not signing.envelope_is_signed(envelope):
+    """Count one redelivery of a message kombu's Redis transport is restoring
+    (``restored_key``); never raises (a counter that cannot be written only weakens the loop
+    bound for this message)."""
+    key = restored_key(envelope)
+    if key is None:
         return
     try:
         increment(key)
