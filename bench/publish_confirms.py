@@ -163,7 +163,9 @@ def run_case(rounds: int, warmup: int) -> dict[str, Any]:
 
     django.setup()
     from celery import current_app as app
+    from kombu.utils.uuid import uuid
 
+    from cleanup.broker import signing
     from cleanup.broker.confirms import confirms_available
     from cleanup.conf import cleanup_settings
     from cleanup.release.messages import BatchMessage, ReleaseMessage
@@ -185,9 +187,12 @@ def run_case(rounds: int, warmup: int) -> dict[str, Any]:
         # publish_release_messages before publisher confirms (no batching on py-amqp)
         with app.producer_or_acquire() as producer, producer.batch(max_size=PUBLISH_PIPELINE):
             for message in messages:
+                name, task_id, args = TASK_OF[type(message)], uuid(), (message.as_dict(),)
                 app.send_task(
-                    TASK_OF[type(message)],
-                    args=(message.as_dict(),),
+                    name,
+                    args=args,
+                    task_id=task_id,
+                    headers=signing.signed_headers(task_id, name, args),
                     queue=queue,
                     producer=producer,
                 )

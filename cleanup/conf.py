@@ -171,7 +171,7 @@ class CleanupSettings:
     counter_redis_url: str = setting(
         "CLEANUP_COUNTER_REDIS_URL",
         "",
-        "Redis of the delivery counters; empty: counted in PostgreSQL",
+        "Redis of the per-minute attempt tally; empty: no tally (delivery counts: PostgreSQL)",
         default_text="the broker, if Redis",
         secret=True,
     )

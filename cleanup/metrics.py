@@ -156,6 +156,8 @@ KNOWN_DEAD_LETTER_REASONS = (
     "time_limit",
     "failed",
     "periodic_failed",
+    "misrouted",
+    "unsigned",
 )
 # The reasons cleanup.worker.remote_control and the Redis transport drop a control message for,
 # and the broker readers that skip entries (tests/unit/project/test_deploy.py checks these against
@@ -175,7 +177,7 @@ def initialize_worker_series() -> None:
     for reader in KNOWN_SKIP_READERS:
         BROKER_ENTRIES_SKIPPED.labels(reader=reader)
     # kombu's ack bookkeeping keys: the quarantine alert reads 0 from them until a key is planted
-    for key in ("unacked", "unacked_index", "unacked_mutex"):
+    for key in ("unacked", "unacked_index"):
         BROKER_KEYS_SET_ASIDE.labels(key=key)
 
 

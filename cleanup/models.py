@@ -50,6 +50,12 @@ class DeadLetter(models.Model):
         # A sweep, relay, prune or health upkeep that raised: beat sends it again at its next
         # tick, whose success settles the letter (there is no message to requeue).
         PERIODIC_FAILED = "periodic_failed", "Periodic task failed (retried at its next tick)"
+        # Read from a queue other than its task's route (never run: the pause stops only the
+        # release queue, so a release read elsewhere would bypass it).
+        MISROUTED = "misrouted", "Read from a queue its task is not routed to"
+        # A release message without the project's signature (cleanup.broker.signing): never
+        # run, never counted against the hold it names.
+        UNSIGNED = "unsigned", "Release message not signed by the project"
 
     reason = models.CharField(max_length=32, choices=Reason.choices)
     error = models.TextField(blank=True, default="")
@@ -98,7 +104,8 @@ class DeadLetter(models.Model):
 
 
 class DeliveryCount(models.Model):
-    """Deliveries per idempotency key when no Redis counter is configured (RabbitMQ setups).
+    """Redeliveries per idempotency key (cleanup.release.delivery_cap): kept here, where a
+    broker writer cannot write, and pruned a day after their last change.
 
     Written in autocommit before any work, so a delivery that kills its worker still counts.
     """

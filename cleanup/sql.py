@@ -190,6 +190,12 @@ PRUNE_UNPUBLISHED_EVENTS = _delete_batch(
     "reservations_outboxevent", "published_at IS NULL AND created_at < %(before)s"
 )
 PRUNE_RECEIPTS = _delete_batch("cleanup_cleanupreceipt", "created_at < %(before)s")
+# Delivery counts (release.delivery_cap), a day after their last change.
+PRUNE_DELIVERY_COUNTS = (
+    "DELETE FROM cleanup_deliverycount WHERE idempotency_key IN "
+    "(SELECT idempotency_key FROM cleanup_deliverycount WHERE updated_at < %(before)s "
+    "LIMIT %(batch)s)"
+)
 PRUNE_RESOLVED_DEAD_LETTERS = _delete_batch(
     "cleanup_deadletter", "resolved_at IS NOT NULL AND resolved_at < %(before)s"
 )

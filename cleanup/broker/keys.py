@@ -1,13 +1,13 @@
 """Redis keys of the wrong type, quarantined so that one planted key never stops a fleet.
 
 kombu keeps a queue as a list per priority step, its ack emulation in a hash (``unacked``) and
-a sorted set (``unacked_index``), the restore lock as a string with an expiry
-(``unacked_mutex``) and each exchange's bindings in sets (``_kombu.binding.<exchange>``).
+a sorted set (``unacked_index``), and each exchange's bindings in sets
+(``_kombu.binding.<exchange>``).
 Anything that can write to Redis can replace one of them with a value of another type. Redis
 then answers every command on that key with ``WRONGTYPE``, which is not one of kombu's
 connection errors: from ``BRPOP`` it stopped every worker, from the ack bookkeeping it stopped
-each worker on its next delivery, from the binding set it stopped every publish, and a restore
-lock without an expiry disabled the restore of crashed workers' messages for good.
+each worker on its next delivery, and from the binding set it stopped every publish. (kombu's
+restore lock, ``unacked_mutex``, is not used: the restore's lock is in PostgreSQL.)
 
 ``quarantine`` renames such a key out of the way (atomically: a Lua script checks the type and
 renames in one step, so a key that became right in between is left alone), keeps the renamed

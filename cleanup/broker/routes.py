@@ -13,7 +13,9 @@ release, maintenance), whoever publishes it:
   runs with the project's app;
 - at consumption, the worker's consumer and the Redis transport refuse a message whose
   delivery info names another destination (kombu's restore of an unacknowledged message, and
-  Celery's retry, route by it).
+  Celery's retry, route by it), and the consumer refuses a project task read from any queue
+  but its own route's (``misrouting``): the pause stops the release queue only, so a release
+  read from the sweep queue would otherwise run while releases are paused.
 
 With quorum queues a retry's route through Celery's native delayed delivery counts as a route
 to the task queue its routing key ends in (``cleanup.broker.queues``).
@@ -29,6 +31,7 @@ from typing import Any
 from celery.app.amqp import AMQP
 from kombu import Exchange, Queue
 
+from cleanup import wire
 from cleanup.broker import queues
 from cleanup.broker.celery_app import app
 from cleanup.conf import cleanup_settings
@@ -79,6 +82,45 @@ def route_problem(exchange: Any, routing_key: Any) -> str | None:
             f"routing key {str(routing_key)[:80]!r} names none of the project's task queues "
             f"({', '.join(sorted(task_queues()))})"
         )
+    return None
+
+
+def task_queue(name: str) -> str | None:
+    """The queue the project's task ``name`` is routed to (``wire.task_routes``), or ``None``
+    for a task that is not the project's (a host project's task goes where its caller sends
+    it)."""
+    conf = cleanup_settings()
+    setting = wire.QUEUE_SETTING.get(name)
+    if setting is not None:
+        return str(getattr(conf, setting))
+    if name.startswith(wire.TASK_PREFIX):
+        return conf.maintenance_queue
+    return None
+
+
+def routed_queue(exchange: Any, routing_key: Any) -> str | None:
+    """The queue a delivery's exchange and routing key lead to: the routing key, or the queue
+    at the end of a delayed-delivery route's key."""
+    delayed = queues.delayed_queue(_name(exchange) or "", routing_key)
+    if delayed is not None:
+        return delayed
+    return routing_key if isinstance(routing_key, str) else None
+
+
+def misrouting(name: str, exchange: Any, routing_key: Any, consumed_from: str | None) -> str | None:
+    """Why the project's task ``name`` may not run from this delivery, or ``None``: it was
+    routed to, or consumed from, a queue other than its own route's. ``consumed_from`` is the
+    queue the worker's consumer read it from, when the broker says (RabbitMQ's consumer tag);
+    on Redis the transport has already checked that the routing key is the queue it popped."""
+    expected = task_queue(name)
+    if expected is None:
+        return None
+    for what, queue in (
+        ("its routing key names", routed_queue(exchange, routing_key)),
+        ("it was consumed from", consumed_from),
+    ):
+        if queue is not None and queue != expected:
+            return f"task {name[:200]!r} belongs on queue {expected!r}, but {what} {queue[:80]!r}"
     return None
 
 

@@ -227,6 +227,11 @@ _HEADER_CHECKS: dict[str, tuple[Any, str]] = {
     ),
     "stamps": (lambda v: v is None or isinstance(v, dict), "an object or null"),
     "enqueued_at": (lambda v: v is None or _number(v), "a Unix time or null"),
+    # cleanup.broker.signing: verified by the consumer once the body is decoded
+    "cleanup_signature": (
+        lambda v: v is None or (isinstance(v, str) and len(v) <= 128),
+        "a signature string or null",
+    ),
 }
 
 

@@ -21,7 +21,7 @@ from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from cleanup import metrics
-from cleanup.broker import celery_policy, queues
+from cleanup.broker import celery_policy, queues, signing
 from cleanup.broker.confirms import PublishNotConfirmed, confirmed_producer
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
@@ -81,7 +81,11 @@ class CleanupTask(Task):  # type: ignore[misc]
         return f"{dead_letters.PERIODIC_KEY_PREFIX}{self.name}:{','.join(parts)}"
 
     def delivery_key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        """The key this message's deliveries count under (``delivery_cap.message_key``)."""
+        """The key this message's deliveries count under: a release message's key
+        (``delivery_cap.message_key``); any other task's own id, whatever its arguments say, so
+        that no other task's message can spend a hold's budget (``delivery_cap.restored_key``)."""
+        if self.name not in signing.SIGNED_TASKS:
+            return f"task:{self.request.id or ''}"
         message = args[0] if args else kwargs.get("message")
         return delivery_cap.message_key(message, self.request.id or "")
 
@@ -134,6 +138,20 @@ class CleanupTask(Task):  # type: ignore[misc]
                 delivery_cap.increment(key)
             except Exception:  # the counter is a guard, not a dependency
                 logger.exception("delivery counter unavailable", extra={"key": key})
+            if self.name in signing.SIGNED_TASKS:
+                # The retry is the same message again (id and arguments), signed as the
+                # publisher signs it: the worker that takes it verifies the signature.
+                task_args = kwargs.get("args", args[0] if args else None)
+                task_kwargs = kwargs.get("kwargs", args[1] if len(args) > 1 else None)
+                kwargs["headers"] = {
+                    **(kwargs.get("headers") or {}),
+                    **signing.signed_headers(
+                        self.request.id or "",
+                        self.name,
+                        tuple(self.request.args or ()) if task_args is None else task_args,
+                        dict(self.request.kwargs or {}) if task_kwargs is None else task_kwargs,
+                    ),
+                }
         if (
             celery_policy.broker_is_redis()
             or self.request.called_directly

@@ -5,25 +5,29 @@ The counter bounds loops: a message whose delivery kills its worker, times out o
 failing comes back as a redelivery or as a retry; above ``CLEANUP_MAX_DELIVERIES`` deliveries
 in all (the uncounted first one included) it is dead-lettered before any work. A redelivery is
 counted only on the word of whatever made it, never on a flag in the message, which any
-publisher can set:
+publisher can set, and for a release message only when the project signed it
+(``cleanup.broker.signing``; any other task's message counts under its own task id):
 
 - kombu's Redis transport restoring an unacknowledged message (after a crash, a lost pool
   process, a shutdown): counted as it is restored (``count_restored``, called by the worker's
-  transport);
+  transport), when its signature verifies;
 - the project's own retry: counted as it is published (``CleanupTask.retry``);
 - RabbitMQ's ``redelivered`` flag, which the broker sets in the delivery itself: counted when
-  the message arrives (``increment``).
+  the message arrives (``increment``; an unsigned release message never gets that far).
 
 A message marked as a redelivery or a retry then only *reads* its key's count (``current``): a
 forged mark costs nothing and spends no real hold's budget. A first delivery cannot be a loop
 yet, so it is not counted: the common path makes no round trip here.
-Redis ``INCR`` + ``EXPIRE`` (one pipelined round trip) when a Redis URL is configured;
-otherwise an autocommit upsert in PostgreSQL.
+
+The counts live in PostgreSQL (``cleanup_deliverycount``, an autocommit upsert), where a broker
+writer cannot write: kept in the broker's Redis, a written count spent a real hold's budget.
+``prune`` deletes counts a day after their last change.
 
 The tally (the health page's "delivery attempts" per minute, and the drills' attempt counts)
 counts every release attempt, per hold, in this process's memory; a daemon thread adds it to
-Redis every ``TALLY_FLUSH_SECONDS`` (and the process adds the rest when it stops): a process
-that is killed loses at most that much of its tally.
+``CLEANUP_COUNTER_REDIS_URL`` every ``TALLY_FLUSH_SECONDS`` (and the process adds the rest when
+it stops): a process that is killed loses at most that much of its tally. It is informative
+only: nothing is decided on it.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from django.db import models
 from kombu.utils.json import loads
 
 from cleanup import redis_clients, sql
+from cleanup.broker import signing
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeliveryCount
 from cleanup.release.messages import BATCH_KIND, MalformedMessage, validate, validate_batch
@@ -46,10 +51,9 @@ from reservations.db import scalar
 
 logger = logging.getLogger("cleanup.deliveries")
 
-KEY_PREFIX = "reservation-cleanup:deliveries:"
 # A counter outlives every redelivery of its message by far (a message comes back within the
 # visibility timeout, minutes at most, and is capped after a few deliveries), and a day bounds
-# the keys a flood of distinct messages leaves in Redis.
+# the rows a flood of distinct messages leaves (``prune``).
 COUNTER_TTL_SECONDS = 86400
 # Release attempts per minute: one key per UTC minute, kept for two hours.
 TALLY_PREFIX = "reservation-cleanup:attempts:"
@@ -86,10 +90,27 @@ def envelope_key(envelope: Any) -> str | None:
     return message_key(message, str(task_id)) if isinstance(task_id, str) else None
 
 
+def restored_key(envelope: Any) -> str | None:
+    """The key a restored envelope's redelivery counts under: a release message's only when the
+    project signed it (an entry planted in kombu's ``unacked`` hash with a real hold's key
+    counts nowhere), any other task's under its own task id (``task:<id>``, as
+    ``CleanupTask.delivery_key`` reads it), so that it bounds its own loop and never a hold's."""
+    try:
+        name, task_id = envelope["headers"].get("task"), envelope["headers"].get("id")
+    except Exception:  # noqa: BLE001 - the envelope was screened; anything odd is not counted
+        return None
+    if not isinstance(task_id, str):
+        return None
+    if name in signing.SIGNED_TASKS:
+        return envelope_key(envelope) if signing.envelope_is_signed(envelope) else None
+    return f"task:{task_id}"
+
+
 def count_restored(envelope: Any) -> None:
-    """Count one redelivery of a message kombu's Redis transport is restoring; never
-    raises (a counter that cannot be written only weakens the loop bound for this message)."""
-    key = envelope_key(envelope)
+    """Count one redelivery of a message kombu's Redis transport is restoring
+    (``restored_key``); never raises (a counter that cannot be written only weakens the loop
+    bound for this message)."""
+    key = restored_key(envelope)
     if key is None:
         return
     try:
@@ -100,12 +121,6 @@ def count_restored(envelope: Any) -> None:
 
 def increment(key: str) -> int:
     """Count one more redelivery of ``key`` and return the redeliveries counted so far."""
-    url = cleanup_settings().counter_redis_url
-    if url:
-        pipe = redis_clients.client(url).pipeline(transaction=False)
-        pipe.incr(KEY_PREFIX + key)
-        pipe.expire(KEY_PREFIX + key, COUNTER_TTL_SECONDS)
-        return int(pipe.execute()[0])
     # autocommit: outside any transaction by design
     return int(scalar(sql.COUNT_DELIVERY, [key]))
 
@@ -159,10 +174,6 @@ os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def current(key: str) -> int:
-    url = cleanup_settings().counter_redis_url
-    if url:
-        value = redis_clients.client(url).get(KEY_PREFIX + key)
-        return int(value) if value is not None else 0
     row = DeliveryCount.objects.filter(pk=key).values_list("count", flat=True).first()
     return int(row or 0)
 
@@ -196,14 +207,4 @@ def attempts_from(minute: int) -> int:
 
 def total(keys: list[str]) -> int:
     """Redeliveries counted for these keys, summed (the burst drill's report)."""
-    url = cleanup_settings().counter_redis_url
-    if not url:
-        return int(
-            DeliveryCount.objects.filter(pk__in=keys).aggregate(n=models.Sum("count"))["n"] or 0
-        )
-    client = redis_clients.client(url)
-    counted = 0
-    for start in range(0, len(keys), 5000):
-        chunk = [KEY_PREFIX + k for k in keys[start : start + 5000]]
-        counted += sum(int(v) for v in client.mget(chunk) if v is not None)
-    return counted
+    return int(DeliveryCount.objects.filter(pk__in=keys).aggregate(n=models.Sum("count"))["n"] or 0)

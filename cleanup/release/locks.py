@@ -3,8 +3,8 @@
 Advisory locks are keyed by two integers. All of ours share the first (``NAMESPACE``), so
 they cannot collide with another application's locks on the same database; the second says
 which lock it is. Keys never overlap: the publish lock is 0, the outbox relay 1, the
-dead-letter cap 2, shard locks start above 4096, and the beat lock uses
-``CLEANUP_BEAT_LOCK_ID`` (727001 by default).
+dead-letter cap 2, the restore of unacknowledged Redis messages 3, shard locks start above
+4096, and the beat lock uses ``CLEANUP_BEAT_LOCK_ID`` (727001 by default).
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ SWEEP_PUBLISH = (NAMESPACE, 0)
 OUTBOX_RELAY = (NAMESPACE, 1)
 # One summariser of the open dead letters beyond the cap at a time (transaction-level lock).
 DEAD_LETTER_CAP = (NAMESPACE, 2)
+# One scan of kombu's unacknowledged Redis messages at a time across the fleet (session lock,
+# held for one scan): kept in PostgreSQL because a lock in the broker can be held by anyone who
+# can write to it (cleanup.worker.redis_transport.ScreenedQoS).
+UNACKED_RESTORE = (NAMESPACE, 3)
 
 
 def sweep_shard(shard: int, shards: int) -> tuple[int, int]:

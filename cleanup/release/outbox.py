@@ -31,7 +31,7 @@ from cleanup.broker import queues, readers
 from cleanup.broker.celery_app import app
 from cleanup.broker.confirms import confirmed_producer
 from cleanup.conf import PRUNE_BATCH_SIZE, cleanup_settings
-from cleanup.release import locks
+from cleanup.release import delivery_cap, locks
 from reservations import events as domain_events
 from reservations.models import OutboxEvent
 
@@ -128,10 +128,11 @@ def prune(
     retention_days: int | None = None, dead_letter_retention_days: int | None = None
 ) -> dict[str, int]:
     """Delete outbox events (published or not) and receipts older than
-    ``CLEANUP_RETENTION_DAYS``, and dead letters resolved more than
-    ``CLEANUP_DEAD_LETTER_RETENTION_DAYS`` ago (open letters are never deleted: the open-letter
-    cap summarises them instead, ``dead_letters.summarise_beyond_cap``). Unpublished events
-    deleted are counted (``reservation_cleanup_outbox_events_expired_total``) and logged."""
+    ``CLEANUP_RETENTION_DAYS``, delivery counts a day after their last change, and dead letters
+    resolved more than ``CLEANUP_DEAD_LETTER_RETENTION_DAYS`` ago (open letters are never
+    deleted: the open-letter cap summarises them instead, ``dead_letters.summarise_beyond_cap``).
+    Unpublished events deleted are counted (``reservation_cleanup_outbox_events_expired_total``)
+    and logged."""
     now = timezone.now()
     days = retention_days or cleanup_settings().retention_days
     cutoff = now - timedelta(days=days)
@@ -151,4 +152,9 @@ def prune(
         "unpublished_outbox_events": expired,
         "receipts": _delete_batches(sql.PRUNE_RECEIPTS, cutoff, batch),
         "dead_letters": _delete_batches(sql.PRUNE_RESOLVED_DEAD_LETTERS, letters_cutoff, batch),
+        "delivery_counts": _delete_batches(
+            sql.PRUNE_DELIVERY_COUNTS,
+            now - timedelta(seconds=delivery_cap.COUNTER_TTL_SECONDS),
+            batch,
+        ),
     }

@@ -2,8 +2,9 @@
 drills publish without importing the task module (which imports them).
 
 Messages are sent by task name on one producer connection; routing follows settings
-(``CLEANUP_*_QUEUE``). The ``before_task_publish`` handler (``cleanup.worker.signals``) stamps
-``enqueued_at`` on each, as for any task.
+(``CLEANUP_*_QUEUE``). Each release message is signed (``cleanup.broker.signing``). The
+``before_task_publish`` handler (``cleanup.worker.signals``) stamps ``enqueued_at`` on each, as
+for any task.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from kombu.utils.uuid import uuid
+
+from cleanup.broker import signing
 from cleanup.broker.celery_app import app
 from cleanup.broker.confirms import confirmed_producer, confirms_available
 from cleanup.conf import cleanup_settings
@@ -56,8 +60,17 @@ def publish_release_messages(messages: Sequence[ReleaseMessage | BatchMessage]) 
 def _send(
     message: ReleaseMessage | BatchMessage, queue: str, producer: Any, **options: Any
 ) -> None:
+    # Signed (cleanup.broker.signing): a worker runs and counts only release messages the
+    # project published.
+    name, task_id, args = TASK_OF[type(message)], uuid(), (message.as_dict(),)
     app.send_task(
-        TASK_OF[type(message)], args=(message.as_dict(),), queue=queue, producer=producer, **options
+        name,
+        args=args,
+        task_id=task_id,
+        headers=signing.signed_headers(task_id, name, args),
+        queue=queue,
+        producer=producer,
+        **options,
     )
 
 

@@ -29,7 +29,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kombu.exceptions import ContentDisallowed, DecodeError
 from vine import promise
 
-from cleanup.broker import queues, routes, screening
+from cleanup.broker import queues, routes, screening, signing
 from cleanup.conf import WORKER_POOLS, cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.worker.delayed_delivery import CELERY_STEP as CELERY_DELAYED_DELIVERY
@@ -121,6 +121,20 @@ class DeadLetteringConsumer(_Consumer):
         if not message.acknowledged:
             message.reject_log_error(logger, self.connection_errors)  # type: ignore[attr-defined]
 
+    def _consumed_from(self, info: dict[str, Any]) -> str | None:
+        """The queue the task consumer read a delivery from, by the consumer tag the broker
+        put in it (RabbitMQ); ``None`` when there is none (kombu's Redis transport) or the
+        queue has been cancelled since."""
+        tag = info.get("consumer_tag")
+        consumer = getattr(self, "task_consumer", None)
+        if tag is None or consumer is None:
+            return None
+        active: dict[str, Any] = getattr(consumer, "_active_tags", {}) or {}
+        for queue, queue_tag in active.items():
+            if queue_tag == tag:
+                return str(queue)
+        return None
+
     def _screen(self, message: Any) -> tuple[str, str] | None:
         """(reason, error) when the message must not go on to Celery's handler."""
         problem = screening.check_raw(message.body)
@@ -158,7 +172,14 @@ class DeadLetteringConsumer(_Consumer):
         problem = routes.route_problem(info.get("exchange"), info.get("routing_key"))
         if problem:
             # kombu's restore and Celery's retry would send it on to wherever it names.
-            return DeadLetter.Reason.REJECTED, f"misrouted: {problem}"
+            return DeadLetter.Reason.MISROUTED, f"misrouted: {problem}"
+        problem = routes.misrouting(
+            name, info.get("exchange"), info.get("routing_key"), self._consumed_from(info)
+        )
+        if problem:
+            # Each queue is paused, scaled and drained for its own tasks: a release read from
+            # the sweep queue would run while releases are paused.
+            return DeadLetter.Reason.MISROUTED, f"misrouted: {problem}"
         problem = screening.check_content(message.content_type, message.content_encoding)
         if problem:
             return DeadLetter.Reason.REJECTED, problem
@@ -180,6 +201,11 @@ class DeadLetteringConsumer(_Consumer):
         )
         if problem:
             return DeadLetter.Reason.REJECTED, problem
+        problem = signing.problem(headers, name, payload[0], payload[1])
+        if problem:
+            # Never run and never counted: the letter names no hold (a broker writer chose
+            # the hold), only the message's raw copy.
+            return DeadLetter.Reason.UNSIGNED, problem
         return None
 
     def create_task_handler(self, promise: Any = promise) -> Callable[[Any], Any]:

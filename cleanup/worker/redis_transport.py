@@ -19,7 +19,9 @@ messages (docs/HARDENING.md, "Planted broker state").
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from collections.abc import Callable
 from queue import Empty
 from typing import Any, TypeVar
@@ -32,7 +34,7 @@ from kombu.utils.json import loads
 
 from cleanup import metrics
 from cleanup.broker import keys, routes, screening
-from cleanup.broker.keys import HASH, LIST, SET, STRING, ZSET, is_wrong_type
+from cleanup.broker.keys import HASH, LIST, SET, ZSET, is_wrong_type
 from cleanup.broker.screening import ENVELOPE_SLACK, parse_unacked
 
 logger = logging.getLogger("cleanup.redis_transport")
@@ -81,14 +83,14 @@ def retry_after_quarantine(
         ) from exc
 
 
-def dead_letter_entry(item: bytes | str, queue: str, error: str) -> None:
+def dead_letter_entry(item: bytes | str, queue: str, error: str, reason: str = "rejected") -> None:
     from cleanup.models import DeadLetter  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
     from cleanup.release import dead_letters  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
 
     raw = item if isinstance(item, bytes) else item.encode("utf-8", "surrogatepass")
     logger.error("broker entry dead-lettered", extra={"queue": queue, "error": error})
     dead_letters.record(
-        DeadLetter.Reason.REJECTED,
+        DeadLetter.Reason(reason),
         error=error,
         payload={"queue": queue, "entry_bytes": len(raw), "entry": raw[:8192]},
     )
@@ -122,8 +124,9 @@ def screen_entry(item: bytes | str, queue: str) -> dict[str, Any] | None:
             error = f"misrouted: {problem}"
     if error is None:
         return payload  # type: ignore[no-any-return]
+    reason = "misrouted" if error.startswith("misrouted: ") else "rejected"
     try:
-        dead_letter_entry(item, queue, error)
+        dead_letter_entry(item, queue, error, reason)
     except Exception:
         logger.exception("could not dead-letter a broker entry")
     return None
@@ -172,9 +175,8 @@ class ScreenedQoS(_RedisQoS):
 
     A key of the wrong type where the bookkeeping lives (``unacked``, ``unacked_index``, the
     queue a message is restored to) is quarantined (``cleanup.broker.keys``) and the operation
-    runs again, so a delivery is still recorded and an ack still lands. A restore lock that
-    would never expire (planted without an expiry, or of another type) is quarantined too:
-    kombu's scan otherwise skips, silently and for good, while it exists.
+    runs again, so a delivery is still recorded and an ack still lands. The scan's lock is a
+    PostgreSQL advisory lock, not kombu's ``unacked_mutex`` key (``restore_visible``).
     """
 
     _vrestore_count: int
@@ -208,32 +210,49 @@ class ScreenedQoS(_RedisQoS):
         )
 
     def restore_visible(self, start: int = 0, num: int = 10, interval: int = 10) -> None:
-        """kombu's scan (run every ``interval``-th call); before it, a restore lock that could
-        never expire is quarantined, and a scan that meets a key of the wrong type quarantines it
-        and runs again."""
-        if (self._vrestore_count % (interval or 1)) == 0:
-            with self.channel.conn_or_acquire() as client:
-                keys.quarantine(
-                    client,
-                    {self.unacked_mutex_key: STRING},
-                    "the restore lock",
-                    longest_expiry_ms=int(self.unacked_mutex_expire * 1000),
-                )
-
-        def scan() -> None:
-            super(ScreenedQoS, self).restore_visible(start=start, num=num, interval=interval)
-
-        def scan_again() -> None:
-            self._vrestore_count = 0  # the retry must scan, whatever the throttle says
-            super(ScreenedQoS, self).restore_visible(start=start, num=num, interval=1)
-
+        """kombu 5.7's scan for messages past the visibility timeout (run every
+        ``interval``-th call), under the fleet's restore lock in PostgreSQL in place of kombu's
+        lock in Redis (``unacked_mutex``), which anyone who can write to Redis can hold: planted
+        again before each expiry, it kept crashed workers' messages stranded for as long as the
+        writer liked. The Redis key is no longer read. A scan that meets a key of the wrong type
+        quarantines it and runs again."""
+        self._vrestore_count += 1
+        if (self._vrestore_count - 1) % (interval or 1):
+            return
+        held = _take_restore_lock()
+        if held is False:
+            return  # another worker is scanning now
         try:
-            scan()
-        except redis_py.ResponseError as exc:
-            if not is_wrong_type(exc):
-                raise
-            self._quarantine_ack_keys()
-            retry_after_quarantine(scan_again, self._quarantine_ack_keys, "restoring messages")
+            try:
+                self._scan_visible(start, num)
+            except redis_py.ResponseError as exc:
+                if not is_wrong_type(exc):
+                    raise
+                self._quarantine_ack_keys()
+                retry_after_quarantine(
+                    lambda: self._scan_visible(start, num),
+                    self._quarantine_ack_keys,
+                    "restoring messages",
+                )
+        finally:
+            if held:
+                _let_go_of_restore_lock()
+
+    def _scan_visible(self, start: int, num: int) -> None:
+        with self.channel.conn_or_acquire() as client:
+            ceil = time.time() - self.visibility_timeout
+            visible = client.zrange(
+                self.unacked_index_key,
+                ceil,
+                0,
+                desc=True,
+                byscore=True,
+                offset=num and start,
+                num=num,
+                withscores=True,
+            )
+            for tag, _score in visible or []:
+                self.restore_by_tag(tag, client)
 
     def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
         refused: list[tuple[bytes | str, str]] = []
@@ -273,6 +292,40 @@ class ScreenedQoS(_RedisQoS):
         retry_after_quarantine(restore, self._quarantine_ack_keys, "restoring a message")
         for raw, problem in refused:
             dead_letter_unacked(raw, str(self.unacked_key), problem)
+
+
+def _take_restore_lock() -> bool | None:
+    """Take the fleet's restore lock (a PostgreSQL session lock): whether it was taken, or
+    ``None`` when PostgreSQL cannot say. Then the scan runs anyway: each restore is one Redis
+    transaction on the entry, so two scans at once never restore a message twice; the lock
+    only spares the fleet the duplicate work."""
+    try:
+        from cleanup.release import locks  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
+    except Exception:  # noqa: BLE001 - without the app (kombu's own suite), no lock to take
+        return None
+    try:
+        return locks.try_lock(locks.UNACKED_RESTORE)
+    except Exception as exc:  # noqa: BLE001 - a restore must not wait on the database
+        logger.warning(
+            "restore lock not taken: scanning without it", extra={"error": repr(exc)[:200]}
+        )
+        # A broken session is opened afresh at the next scan.
+        with contextlib.suppress(Exception):
+            locks.close_session()
+        return None
+
+
+def _let_go_of_restore_lock() -> None:
+    from cleanup.release import locks  # noqa: PLC0415 - loaded by _take_restore_lock already
+
+    try:
+        locks.unlock(locks.UNACKED_RESTORE)
+    except Exception:  # ending the session drops the lock as well
+        logger.warning("restore lock not released: closing its session", exc_info=True)
+        try:
+            locks.close_session()
+        except Exception:  # a session that cannot close has ended already
+            logger.warning("restore lock's session not closed", exc_info=True)
 
 
 def _count_redelivery(envelope: Any) -> None:

@@ -16,7 +16,9 @@ drops it (``cleanup.worker.redis_transport``). Docs: docs/HARDENING.md, "Remote 
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 from typing import Any
 
 from celery.worker import control, pidbox
@@ -35,8 +37,28 @@ _BODY_KEYS = frozenset(
 # 'pcre' would compile a sender's regular expression in the main process (a slow one stalls
 # every consumer of this worker); glob and exact destinations are what the tools use.
 _MATCHERS = (None, "glob")
-# A Lamport clock counts messages: 2**63 - 1 is more than any cluster sends.
-MAX_CLOCK = 2**63 - 1
+# A Lamport clock counts messages. kombu adopts max(own, clock) + 1 and every later message adds
+# one, and each reply carries the clock in an AMQP header, a signed 64-bit integer at most: a
+# clock of 2**63 - 1 left the next reply unencodable, and every reply after it, until a restart.
+# 2**53 - 1 (also the largest integer a JSON reader with doubles keeps exact) leaves room for
+# 2**63 - 2**53 more messages.
+MAX_CLOCK = 2**53 - 1
+# The headers kombu's Mailbox writes on a control message (``expires`` is read only by the
+# sender's reply collector).
+_HEADERS = frozenset({"clock", "expires"})
+# What a reply echoes: ``reply_to``'s routing key becomes the reply's routing key (an AMQP
+# short string, 255 bytes at most) and ``ticket`` a header of the reply (the whole header must
+# fit one frame). kombu's own are UUIDs (36 characters).
+MAX_NAME_BYTES = 255
+# Names a message may list or match (destination, pattern): more than any fleet has, a bound on
+# the work one message costs.
+MAX_DESTINATIONS = 1000
+# A command's arguments, encoded: the read-only commands take a few ids at most.
+MAX_ARGUMENTS_BYTES = 64 * 1024
+
+
+def _short_text(value: Any) -> bool:
+    return isinstance(value, str) and len(value.encode("utf-8", "surrogatepass")) <= MAX_NAME_BYTES
 
 
 def allowed_commands() -> frozenset[str]:
@@ -70,13 +92,22 @@ def check_command(
         isinstance(arguments, dict) and all(isinstance(k, str) for k in arguments)
     ):
         return "malformed", "'arguments' is not an object"
+    if arguments and len(_encoded(arguments)) > MAX_ARGUMENTS_BYTES:
+        return "malformed", f"'arguments' are larger than {MAX_ARGUMENTS_BYTES} bytes"
     destination = body.get("destination")
     if destination is not None and not (
-        isinstance(destination, list | tuple) and all(isinstance(d, str) for d in destination)
+        isinstance(destination, list | tuple)
+        and len(destination) <= MAX_DESTINATIONS
+        and all(_short_text(d) for d in destination)
     ):
-        return "malformed", "'destination' is not a list of names"
-    if body.get("matcher") not in _MATCHERS or not isinstance(body.get("pattern"), str | None):
-        return "malformed", "only glob patterns are matched"
+        return "malformed", (
+            f"'destination' is not a list of at most {MAX_DESTINATIONS} names of at most "
+            f"{MAX_NAME_BYTES} bytes"
+        )
+    if body.get("matcher") not in _MATCHERS or not (
+        body.get("pattern") is None or _short_text(body.get("pattern"))
+    ):
+        return "malformed", f"only glob patterns of at most {MAX_NAME_BYTES} bytes are matched"
     reply_to = body.get("reply_to")
     if reply_to is not None and not (
         isinstance(reply_to, dict)
@@ -84,15 +115,45 @@ def check_command(
         and isinstance(reply_to.get("routing_key"), str)
     ):
         return "malformed", f"'reply_to' names an exchange other than {reply_exchange!r}"
-    if not isinstance(body.get("ticket"), str | None):
-        return "malformed", "'ticket' is not a string"
-    clock = headers.get("clock") if isinstance(headers, dict) else None
+    if reply_to is not None and not _short_text(reply_to["routing_key"]):
+        return "malformed", f"'reply_to' routing key is longer than {MAX_NAME_BYTES} bytes"
+    ticket = body.get("ticket")
+    if ticket is not None and not _short_text(ticket):
+        return "malformed", f"'ticket' is not a string of at most {MAX_NAME_BYTES} bytes"
+    return _check_headers(headers)
+
+
+def _encoded(value: Any) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):  # a value JSON cannot hold (AMQP's decimals, bytes)
+        return repr(value)
+
+
+def _check_headers(headers: Any) -> tuple[str, str] | None:
+    """The headers kombu's Mailbox writes, bounded so that every reply the worker sends after
+    this message can still be encoded."""
+    if headers is None:
+        return None
+    if not isinstance(headers, dict):
+        return "malformed", "headers are not a table"
+    extra = sorted(str(key) for key in headers if key not in _HEADERS)
+    if extra:
+        return "malformed", f"header {extra[0][:80]!r} is not one kombu's mailbox sets"
+    clock = headers.get("clock")
     if clock is not None and (isinstance(clock, bool) or not isinstance(clock, int)):
         return "malformed", "header 'clock' is not an integer"
     if clock is not None and not 0 <= clock <= MAX_CLOCK:
-        # kombu's Lamport clock adopts max(own, clock) + 1 and every later reply carries it:
-        # an integer of thousands of digits broke every reply's encoding until a restart.
-        return "malformed", "header 'clock' is out of range"
+        # kombu's Lamport clock adopts max(own, clock) + 1 and every later reply carries it.
+        return "malformed", f"header 'clock' is out of range (0…{MAX_CLOCK})"
+    expires = headers.get("expires")
+    if expires is not None and not (
+        isinstance(expires, int | float)
+        and not isinstance(expires, bool)
+        and math.isfinite(expires)
+        and 0 <= expires <= MAX_CLOCK
+    ):
+        return "malformed", "header 'expires' is not a time"
     return None
 
 

@@ -193,15 +193,17 @@ def test_a_retry_with_a_countdown_comes_back_when_due_and_releases_its_hold(
 
     from cleanup.release.messages import ReleaseMessage
     from cleanup.wire import RELEASE_TASK
+    from tests.support.wire import send_signed
 
     hold_id, _ = one_eligible_hold()
     expires_at = scalar("SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id])
     message = ReleaseMessage.for_hold(hold_id, 1, expires_at, 0, "retry-countdown").as_dict()
     with dedicated(tmp_path, {"concurrency": 1}):
         sent = time.monotonic()
-        current_app.send_task(
+        send_signed(
+            current_app,
             RELEASE_TASK,
-            args=(message,),
+            (message,),
             queue=cleanup_settings().release_queue,
             countdown=2,
             retries=1,

@@ -418,12 +418,14 @@ def test_a_worker_whose_redis_dies_during_brpop_reconnects_and_releases(
                 "SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id]
             )
             from cleanup.release.messages import build
+            from tests.support.wire import send_signed
 
             message = build(hold_id, 1, expires_at, 0, "brpop-dropped")
             with app.connection_for_write(server.url) as conn:
-                app.send_task(
+                send_signed(
+                    app,
                     RELEASE_TASK,
-                    args=(message,),
+                    (message,),
                     queue=cleanup_settings().release_queue,
                     connection=conn,
                 )

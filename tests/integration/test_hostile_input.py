@@ -43,7 +43,7 @@ from tests.support.fleet import (
     total,
     wait_until,
 )
-from tests.support.wire import RELEASE_TASK, publish_raw
+from tests.support.wire import RELEASE_TASK, publish_raw, signature_for
 from tests.support.wire import release_message as _good
 from tests.support.wire import task_body as _body
 
@@ -87,14 +87,18 @@ class Case:
     amqp_only: bool = False
 
 
-def _envelope(raw_body: bytes, **changes: Any) -> str:
+def _envelope(raw_body: bytes, signed: bool = True, **changes: Any) -> str:
     import base64
 
+    task_id = str(uuid.uuid4())
+    headers = {"lang": "py", "task": RELEASE_TASK, "id": task_id, "retries": 0}
+    if signed:
+        headers.update(signature_for(RELEASE_TASK, task_id, raw_body))
     envelope: dict[str, Any] = {
         "body": base64.b64encode(raw_body).decode(),
         "content-encoding": "utf-8",
         "content-type": "application/json",
-        "headers": {"lang": "py", "task": RELEASE_TASK, "id": str(uuid.uuid4()), "retries": 0},
+        "headers": headers,
         "properties": {
             "delivery_info": {"exchange": "", "routing_key": "cleanup"},
             "priority": 0,
@@ -309,7 +313,7 @@ CASES: dict[str, Case] = {
                 },
             )
         ),
-        "rejected",
+        "misrouted",
         "misrouted",
         redis_only=True,
     ),
@@ -318,6 +322,15 @@ CASES: dict[str, Case] = {
         "rejected",
         "exceeds CLEANUP_MAX_MESSAGE_BYTES",
         amqp_only=True,
+    ),
+    # -- spent a real hold's delivery budget (round four): only the project's messages count
+    "release message without the project's signature": Case(
+        lambda: publish_raw(_body(_good()), signed=False), "unsigned", "not signed"
+    ),
+    "release message signed for another message": Case(
+        lambda: publish_raw(_body(_good()), headers={"cleanup_signature": "0" * 64}),
+        "unsigned",
+        "does not match",
     ),
     # -- AMQP content headers (stopped the worker inside py-amqp's frame decoding)
     "amqp header table nested 3,000 deep": Case(
@@ -407,6 +420,32 @@ DROPS: dict[str, Drop] = {
         "not_an_envelope",
         amqp_reason="undecodable",
     ),
+    # inside the old bound (2**63 - 1): the clock's next step no longer fits an AMQP header's
+    # 64-bit integer, every reply failed to encode and ping went silent until a restart
+    "control clock at the top of a 64-bit integer": Drop(
+        lambda: _publish_control({"method": "ping"}, headers={"clock": 2**63 - 1}), "malformed"
+    ),
+    # an AMQP routing key holds 255 bytes: the reply could not be published
+    "reply routing key of 300 characters": Drop(
+        lambda: _publish_control(
+            {"method": "ping", "reply_to": _reply_to("r" * 300), "ticket": str(uuid.uuid4())}
+        ),
+        "malformed",
+    ),
+    # echoed in the reply's headers, which must fit one AMQP frame
+    "reply ticket of 200 KB": Drop(
+        lambda: _publish_control(
+            {"method": "ping", "reply_to": _reply_to(str(uuid.uuid4())), "ticket": "t" * 200_000}
+        ),
+        "malformed",
+    ),
+    "a header kombu's mailbox never sets": Drop(
+        lambda: _publish_control({"method": "ping"}, headers={"x-custom": "x" * 1000}),
+        "malformed",
+    ),
+    "an expires header that is not a time": Drop(
+        lambda: _publish_control({"method": "ping"}, headers={"expires": "soon"}), "malformed"
+    ),
     # kombu's Lamport clock adopted it and every later reply failed to encode
     "control clock of 4,000 digits": Drop(
         lambda: _publish_control({"method": "ping"}, headers={"clock": 10**4000}),
@@ -414,6 +453,10 @@ DROPS: dict[str, Drop] = {
         redis_only=True,  # an AMQP header table has no integer of that size
     ),
 }
+
+
+def _reply_to(routing_key: str) -> dict[str, str]:
+    return {"exchange": _app().control.mailbox.reply_exchange.name, "routing_key": routing_key}
 
 
 def _control(command: str, **arguments: Any) -> None:
@@ -915,3 +958,63 @@ def test_a_new_worker_starts_and_releases_over_a_planted_binding_set(
     wait_until(lambda: outcome_counts().get("released") == 1, timeout=45, what="the release")
     assert worker.alive()
     assert redis_client().type(f"_kombu.binding.{exchange}") == b"set"
+
+
+def _release_on_another_queue(hold_id: int, queue: str) -> str:
+    """A well-formed release message for a real hold, as the project's publisher writes it,
+    on one of the project's other queues: a broker writer's way around the pause."""
+    from tests.support.wire import publish_task
+
+    expires_at = scalar("SELECT expires_at FROM reservations_reservation WHERE id = %s", [hold_id])
+    message = _good(rid=hold_id, version=1, expires_at=expires_at.isoformat())
+    return publish_task(RELEASE_TASK, queue, args=(message,))
+
+
+def _status(hold_id: int) -> str:
+    return str(scalar("SELECT status FROM reservations_reservation WHERE id = %s", [hold_id]))
+
+
+def test_a_release_read_from_another_queue_never_runs_paused_or_not(
+    hostile_worker: Worker,
+) -> None:
+    """The pause stops the release queue; a valid release message planted on the sweep or
+    maintenance queue was consumed there and released its hold while releases were paused."""
+    from cleanup.release import pause
+
+    conf = cleanup_settings()
+    hold_id, held_back = create_eligible_holds(2, offerings=1)
+    main_pid = hostile_worker.pid
+    # given: releases paused, and the worker has stopped consuming the release queue
+    pause.set_paused(True, "test", "misrouting")
+    wait_until(
+        lambda: log_lines([hostile_worker.log_path], "releases paused"),
+        timeout=15,
+        what="the worker to follow the pause",
+    )
+    # when: the hold's release arrives on the sweep queue, and the release queue gets a real one
+    sent = [_release_on_another_queue(hold_id, conf.sweep_queue)]
+    _publish_valid(held_back)
+    # then: one misrouted dead letter, and nothing released
+    try:
+        wait_until(lambda: DeadLetter.objects.count() >= 1, timeout=45, what="a dead letter")
+        time.sleep(1)  # a release the worker ran would have committed by now
+        assert (_status(hold_id), _status(held_back)) == ("held", "held")
+    finally:
+        # when: the same on the maintenance queue once releases are resumed
+        pause.set_paused(False, "test")
+    wait_until(lambda: _status(held_back) == "released", timeout=45, what="the resumed release")
+    assert _status(hold_id) == "held"
+    sent.append(_release_on_another_queue(hold_id, conf.maintenance_queue))
+    wait_until(lambda: DeadLetter.objects.count() >= 2, timeout=45, what="a second dead letter")
+    # then: each was one misrouted dead letter naming its task, and the hold is still held
+    letters = list(DeadLetter.objects.order_by("id"))
+    assert [(d.reason, d.task_id) for d in letters] == [("misrouted", t) for t in sent], [
+        (d.reason, d.error) for d in letters
+    ]
+    assert all(conf.release_queue in d.error for d in letters)
+    assert _status(hold_id) == "held"
+    # and: the same main process still releases that hold when its message comes the right way
+    _publish_valid(hold_id)
+    wait_until(lambda: _status(hold_id) == "released", timeout=45, what="the real release")
+    assert outcome_counts() == {"released": 2}
+    assert hostile_worker.alive() and hostile_worker.pid == main_pid

@@ -95,9 +95,10 @@ def _seed(stack: Stack, count: int, expires_in: float, name: str) -> None:
 
 
 POISON = """
+import uuid
 from django.conf import settings
-from cleanup import redis_clients
-from cleanup.release import delivery_cap
+from cleanup.broker import signing
+from cleanup.models import DeliveryCount
 from cleanup.release.messages import build, validate
 from cleanup.wire import RELEASE_TASK
 from config.celery_app import app
@@ -107,9 +108,11 @@ hold = Reservation.objects.get(pk=seed_holds(1, offerings=1, expires_in=3600, na
 message = build(hold.pk, hold.version, hold.expires_at, 0, "drill-poison")
 key = validate(message).idempotency_key
 # What a message that crashed its worker on every delivery leaves: its key counted at the cap.
-redis_clients.client(settings.CLEANUP_COUNTER_REDIS_URL).set(
-    delivery_cap.KEY_PREFIX + key, settings.CLEANUP_MAX_DELIVERIES, ex=3600)
-app.send_task(RELEASE_TASK, args=(message,), queue=settings.CLEANUP_RELEASE_QUEUE, retries=1)
+DeliveryCount.objects.update_or_create(
+    pk=key, defaults={"count": settings.CLEANUP_MAX_DELIVERIES})
+task_id = str(uuid.uuid4())
+app.send_task(RELEASE_TASK, args=(message,), queue=settings.CLEANUP_RELEASE_QUEUE, retries=1,
+              task_id=task_id, headers=signing.signed_headers(task_id, RELEASE_TASK, (message,)))
 print("poison", hold.pk, key)
 """
 

@@ -220,9 +220,10 @@ class BrokerState:
             pipe.lrange(key, 0, -1)
         pipe.hkeys("unacked")
         pipe.mget(tally_keys)
-        pipe.keys(f"{delivery_cap.KEY_PREFIX}*")
         pipe.info("replication")
-        *lists, tags, tallies, counters, info = pipe.execute()
+        *lists, tags, tallies, info = pipe.execute()
+        # the redelivery counters live in PostgreSQL, not in the broker
+        counters = scalar("SELECT count(*) FROM cleanup_deliverycount")
         envelopes = [json.loads(entry) for entries in lists for entry in entries]
         holds_of = {e["headers"]["id"]: _holds_in(e) for e in envelopes}
         return cls(
@@ -230,7 +231,7 @@ class BrokerState:
             holds_of,
             frozenset(t.decode() for t in tags),
             sum(int(v) for v in tallies if v is not None),
-            len(counters),
+            int(counters),
             int(info.get("master_repl_offset", 0)),
         )
 

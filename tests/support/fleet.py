@@ -237,15 +237,7 @@ def queue_settled(queue: str) -> bool:
 
 
 def delivery_totals(keys: list[str]) -> list[int]:
-    """Delivery counters of many keys at once (Redis MGET, or the PostgreSQL table)."""
-    from cleanup import redis_clients
-    from cleanup.release import delivery_cap
-
-    if cleanup_settings().counter_redis_url:
-        client = redis_clients.client(cleanup_settings().counter_redis_url)
-        full = [delivery_cap.KEY_PREFIX + k for k in keys]
-        values = [v for at in range(0, len(full), 2000) for v in client.mget(full[at : at + 2000])]
-        return [int(v or 0) for v in values]
+    """Delivery counters of many keys at once (the PostgreSQL table)."""
     counts = dict(
         sql(
             "SELECT idempotency_key, count FROM cleanup_deliverycount WHERE idempotency_key = "

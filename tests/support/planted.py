@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY
 
 from cleanup.broker.readers import priority_keys
 from cleanup.conf import cleanup_settings
-from tests.support.wire import GOOD, RELEASE_TASK, task_body
+from tests.support.wire import GOOD, RELEASE_TASK, signature_for, task_body
 
 QUEUE = cleanup_settings().release_queue
 # Tests of what a Redis broker holds (kombu's lists, its unacked hash): skipped on RabbitMQ.
@@ -38,7 +38,9 @@ def skipped(reader: str) -> float:
 def envelope(stamp: Any = None, *, raw_stamp: str | None = None) -> str:
     """A list entry as kombu writes it, with ``enqueued_at`` = ``stamp`` (or the raw JSON text
     ``raw_stamp``: numbers Python cannot write, such as 1e400)."""
-    headers = {"lang": "py", "task": RELEASE_TASK, "id": str(uuid.uuid4()), "retries": 0}
+    task_id = str(uuid.uuid4())
+    headers = {"lang": "py", "task": RELEASE_TASK, "id": task_id, "retries": 0}
+    headers.update(signature_for(RELEASE_TASK, task_id, task_body(GOOD)))
     entry = {
         "body": base64.b64encode(task_body(GOOD).encode()).decode(),
         "content-encoding": "utf-8",

@@ -37,6 +37,21 @@ def task_body(*args: Any) -> str:
     return json.dumps([list(args), {}, {"callbacks": None, "errbacks": None}])
 
 
+def signature_for(task: Any, task_id: Any, body: Any) -> dict[str, str]:
+    """The project's signature header for a release task message with this body (Celery's
+    ``[args, kwargs, embed]`` as JSON), as its publisher would sign it; nothing for another task
+    or a body that is not such a list."""
+    from cleanup.broker import signing
+
+    if task not in signing.SIGNED_TASKS or not isinstance(task_id, str):
+        return {}
+    try:
+        args, kwargs, *_ = json.loads(body)
+        return signing.signed_headers(task_id, task, args, kwargs)
+    except (TypeError, ValueError, UnicodeDecodeError, RecursionError):
+        return {}
+
+
 def publish_raw(
     body: Any,
     *,
@@ -45,10 +60,13 @@ def publish_raw(
     with_id: bool = True,
     content_type: str = "application/json",
     encoding: str = "utf-8",
+    signed: bool = True,
 ) -> str:
     """Publish bytes or text as they are to the release queue, with task headers made by hand:
     none when ``task`` is None, no id headers without ``with_id``, ``headers`` laid over them.
-    Returns the task id (in the headers when ``with_id``)."""
+    A release message whose body is ``[args, kwargs, embed]`` is signed as the project signs
+    its own unless ``signed`` is false, so that what lies behind the signature check is still
+    reached. Returns the task id (in the headers when ``with_id``)."""
     from config.celery_app import app
 
     task_id = str(uuid.uuid4())
@@ -64,6 +82,8 @@ def publish_raw(
         }
         if with_id:
             all_headers.update(id=task_id, root_id=task_id, parent_id=None)
+            if signed:
+                all_headers.update(signature_for(task, task_id, body))
     all_headers.update(headers or {})
     with app.connection_for_write() as conn:
         conn.Producer().publish(
@@ -84,11 +104,13 @@ def publish_task(
     args: tuple[Any, ...] = (),
     kwargs: dict[str, Any] | None = None,
     expires: float | None = None,
+    signed: bool = True,
 ) -> str:
     """Publish a task message, as Celery writes it, to a queue this process's app does not
     route to: the queues of another deployment (workers started with other ``CLEANUP_*_QUEUE``
-    settings), which the app's own ``send_task`` refuses (cleanup.broker.routes). Returns the
-    task id."""
+    settings), which the app's own ``send_task`` refuses (cleanup.broker.routes); a release
+    message signed as the project signs its own unless ``signed`` is false. Returns the task
+    id."""
     from datetime import UTC, datetime, timedelta
 
     from kombu import Queue
@@ -101,6 +123,8 @@ def publish_task(
         task_id, name, args=args, kwargs=kwargs or {}, expires=until
     )
     headers["enqueued_at"] = time.time()
+    if signed:
+        headers.update(signature_for(name, task_id, json.dumps([list(args), kwargs or {}])))
     with app.connection_for_write() as conn:
         conn.Producer().publish(
             body,
@@ -118,4 +142,20 @@ def publish_task(
             serializer="json",
             **properties,
         )
+    return task_id
+
+
+def send_signed(app: Any, name: str, args: tuple[Any, ...], **options: Any) -> str:
+    """``app.send_task`` as the project's publisher sends a release message: with a task id of
+    its own and the project's signature (cleanup.broker.signing). Returns the task id."""
+    from cleanup.broker import signing
+
+    task_id = str(uuid.uuid4())
+    app.send_task(
+        name,
+        args=args,
+        task_id=task_id,
+        headers=signing.signed_headers(task_id, name, args),
+        **options,
+    )
     return task_id

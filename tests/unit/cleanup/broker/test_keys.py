@@ -1,7 +1,7 @@
 """Keys of the wrong type (cleanup.broker.keys), against the tests' own Redis database.
 
 Each case plants what anyone with write access to Redis could (a string where kombu keeps a
-list, a hash, a sorted set or a set; a restore lock without an expiry) and then drives the
+list, a hash, a sorted set or a set; kombu's restore lock) and then drives the
 project's own transport the way a worker, a sweep or beat would. Before the transport set such
 keys aside, every one of these raised ``WRONGTYPE`` out of kombu (in a worker: "Unrecoverable
 error", the worker exits) or, for the lock, silently never restored anything again."""
@@ -184,26 +184,49 @@ def run_restore_scan() -> None:
         conn.release()
 
 
-def test_a_restore_lock_that_never_expires_is_set_aside_and_the_restore_runs(
-    broker: redis.Redis,
+@pytest.mark.parametrize("expiry_ms", [None, 60_000], ids=["no expiry", "kombu's expiry"])
+def test_a_restore_lock_planted_in_redis_does_not_hold_off_the_restore(
+    broker: redis.Redis, expiry_ms: int | None
 ) -> None:
-    # given: a message stranded by a dead worker, and kombu's restore lock planted without expiry
+    # given: a message stranded by a dead worker, and kombu's restore lock planted in Redis
+    # (with an expiry in kombu's own range it used to be respected, and planted again before
+    # it ended it held the restore off for as long as the writer liked)
     strand_a_message(broker)
-    broker.set("unacked_mutex", "held forever")
+    broker.set("unacked_mutex", "planted", px=expiry_ms)
     # when: the periodic restore scan runs
     run_restore_scan()
-    # then: the message is back in its queue (kombu skipped the scan silently before)
+    # then: the message is back in its queue; the scan's lock lives in PostgreSQL
     assert broker.llen(QUEUE) == 1 and broker.hlen("unacked") == 0
-    assert len(copies(broker, "unacked_mutex")) == 1
 
 
-def test_a_restore_lock_held_by_another_worker_is_respected(broker: redis.Redis) -> None:
-    # given: the lock as kombu's restore takes it (with its expiry), and a stranded message
+@pytest.mark.django_db(transaction=True)
+def test_the_restore_waits_while_another_worker_holds_the_restore_lock(
+    broker: redis.Redis,
+) -> None:
+    import psycopg
+    from django.db import connection
+
+    from cleanup.release import locks
+    from tests.support.fleet import test_database_url
+
+    # given: a stranded message, and another worker's session holding the restore lock
     strand_a_message(broker)
-    broker.set("unacked_mutex", "other worker", px=60_000)
+    with psycopg.connect(test_database_url(), autocommit=True) as other:
+        assert other.execute("SELECT pg_try_advisory_lock(%s, %s)", locks.UNACKED_RESTORE)
+        # when: this worker's scan runs
+        run_restore_scan()
+        # then: it leaves the message to the scan in progress
+        assert broker.llen(QUEUE) == 0 and broker.hlen("unacked") == 1
+    # and once that worker is done, the next scan restores it and lets go of the lock
     run_restore_scan()
-    # then: nothing is restored twice at once, and the lock stays
-    assert broker.llen(QUEUE) == 0 and broker.get("unacked_mutex") == b"other worker"
+    assert broker.llen(QUEUE) == 1 and broker.hlen("unacked") == 0
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
+            "AND objid = %s",
+            list(locks.UNACKED_RESTORE),
+        )
+        assert cur.fetchone()[0] == 0
 
 
 @pytest.mark.django_db

@@ -120,3 +120,18 @@ def test_a_retry_through_native_delayed_delivery_is_routed_only_with_quorum_queu
     assert routes.route_problem(published_to, "1.0.cleanup") is not None  # not 28 digits
     settings.CLEANUP_RABBITMQ_QUEUE_TYPE = "classic"
     assert routes.route_problem(published_to, delayed_key) is not None
+
+
+def test_a_project_task_belongs_on_its_own_route_only() -> None:
+    conf = cleanup_settings()
+    release = "cleanup.release_reservation"
+    assert routes.task_queue(release) == conf.release_queue
+    assert routes.task_queue("cleanup.sweep_shard") == conf.sweep_queue
+    assert routes.task_queue("billing.on_event") is None  # a host's task goes where it is sent
+    assert routes.misrouting(release, "", conf.release_queue, conf.release_queue) is None
+    assert "belongs on queue" in str(routes.misrouting(release, "", conf.sweep_queue, None))
+    # a routing key can be forged by a binding; the queue the consumer read it from cannot
+    assert "consumed from" in str(
+        routes.misrouting(release, "", conf.release_queue, conf.maintenance_queue)
+    )
+    assert routes.misrouting("billing.on_event", "", conf.sweep_queue, None) is None

@@ -38,12 +38,14 @@ def _count(delivery_info: dict[str, Any], retries: int) -> tuple[int, int]:
     return number, delivery_cap.current(key)
 
 
-def test_a_first_delivery_is_not_counted_and_makes_no_round_trip(settings: Any) -> None:
-    settings.CLEANUP_COUNTER_REDIS_URL = "redis://127.0.0.1:9/0"  # nothing listens: any use fails
+def test_a_first_delivery_is_not_counted_and_makes_no_round_trip(
+    django_assert_num_queries: Any,
+) -> None:
     task: Any = release_reservation_task
     task.push_request(id="first", delivery_info={"redelivered": False}, retries=0)
     try:
-        assert task.count_delivery(({},), {}) == 1
+        with django_assert_num_queries(0):
+            assert task.count_delivery(({},), {}) == 1
     finally:
         task.pop_request()
 
@@ -130,14 +132,47 @@ def test_the_last_delivery_the_cap_allows_runs_and_the_next_is_dead_lettered(
     ]
 
 
-def _envelope(message: dict[str, Any]) -> dict[str, Any]:
+def _envelope(message: dict[str, Any], signed: bool = True) -> dict[str, Any]:
     import base64
 
+    from cleanup.broker import signing
+
     body = json.dumps([[message], {}, None]).encode()
-    return {
-        "body": base64.b64encode(body).decode(),
-        "headers": {"id": uuid.uuid4().hex, "task": "cleanup.release_reservation"},
-    }
+    task_id, name = uuid.uuid4().hex, "cleanup.release_reservation"
+    headers = {"id": task_id, "task": name}
+    if signed:
+        headers.update(signing.signed_headers(task_id, name, [message], {}))
+    return {"body": base64.b64encode(body).decode(), "headers": headers}
+
+
+def test_a_restored_message_the_project_did_not_sign_is_not_counted() -> None:
+    # given: entries planted in kombu's unacked hash with a real hold's key: unsigned, or
+    # signed for other arguments
+    hold = seed_holds(1, offerings=1, expires_in=-60, name="planted")[0]
+    message = build(hold, 1, datetime.now(UTC), 0, "t")
+    key = validate(message).idempotency_key
+    forged = _envelope(message, signed=False)
+    forged["headers"]["cleanup_signature"] = _envelope(build(hold, 2, datetime.now(UTC), 0, "t"))[
+        "headers"
+    ]["cleanup_signature"]
+    # when: the restore brings them back
+    delivery_cap.count_restored(_envelope(message, signed=False))
+    delivery_cap.count_restored(forged)
+    # then: nothing is counted against the hold
+    assert delivery_cap.current(key) == 0
+
+
+def test_another_tasks_restored_message_counts_under_its_own_id_whatever_it_carries() -> None:
+    # given: another task's message (any task loops as a release can) carrying a hold's message
+    hold = seed_holds(1, offerings=1, expires_in=-60, name="other task")[0]
+    message = build(hold, 1, datetime.now(UTC), 0, "t")
+    envelope = _envelope(message, signed=False)
+    envelope["headers"]["task"] = "cleanup.sweep_shard"
+    # when: the restore brings it back
+    delivery_cap.count_restored(envelope)
+    # then: its own loop is bounded, and the hold's budget is untouched
+    assert delivery_cap.current(f"task:{envelope['headers']['id']}") == 1
+    assert delivery_cap.current(validate(message).idempotency_key) == 0
 
 
 # --- on quorum queues: the broker's own delivery count ----------------------------------------

@@ -27,7 +27,7 @@ from kombu import Producer
 
 from cleanup.broker.readers import priority_keys
 from cleanup.conf import cleanup_settings
-from cleanup.models import CleanupReceipt, DeadLetter
+from cleanup.models import CleanupReceipt, DeadLetter, DeliveryCount
 from cleanup.release import dead_letters, outbox
 from cleanup.release.messages import ReleaseMessage
 from cleanup.wire import RELEASE_TASK
@@ -124,6 +124,10 @@ def test_retention_prunes_only_finished_rows_older_than_the_cutoff(db, broker):
     resolved = dead_letters.record("malformed", error="y")
     assert open_letter is not None and resolved is not None
     DeadLetter.objects.filter(pk=resolved.pk).update(resolved_at=old)
+    # and: a delivery count last changed two days ago, and one changed now
+    DeliveryCount.objects.create(idempotency_key="release:1:8", count=2)
+    DeliveryCount.objects.filter(pk="release:1:8").update(updated_at=old)
+    DeliveryCount.objects.create(idempotency_key="release:1:9", count=1)
     # when
     result = outbox.prune(retention_days=14)
     # then
@@ -132,9 +136,11 @@ def test_retention_prunes_only_finished_rows_older_than_the_cutoff(db, broker):
         "unpublished_outbox_events": 0,
         "receipts": 1,
         "dead_letters": 1,
+        "delivery_counts": 1,
     }
     assert OutboxEvent.objects.filter(published_at__isnull=True).count() == 1
     assert DeadLetter.objects.filter(pk=open_letter.pk).exists()
+    assert list(DeliveryCount.objects.values_list("pk", flat=True)) == ["release:1:9"]
 
 
 # --- the retention of resolved dead letters ---------------------------------------------------

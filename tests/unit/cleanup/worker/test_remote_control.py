@@ -38,6 +38,26 @@ ALLOWED = frozenset({"ping", "stats"})
         # a clock every reply would then carry: thousands of digits broke their encoding
         ({"method": "ping"}, {"clock": 10**1000}, "malformed", "'clock' is out of range"),
         ({"method": "ping"}, {"clock": 2**63}, "malformed", "'clock' is out of range"),
+        # the clock's next step would not fit a reply's 64-bit AMQP header: ping went silent
+        ({"method": "ping"}, {"clock": 2**63 - 1}, "malformed", "'clock' is out of range"),
+        ({"method": "ping"}, {"clock": 2**53}, "malformed", "'clock' is out of range"),
+        ({"method": "ping"}, {"expires": "soon"}, "malformed", "'expires'"),
+        ({"method": "ping"}, {"expires": float("inf")}, "malformed", "'expires'"),
+        ({"method": "ping"}, {"x-custom": "1"}, "malformed", "'x-custom' is not one"),
+        ({"method": "ping"}, [("clock", 1)], "malformed", "headers are not a table"),
+        # an AMQP routing key holds 255 bytes; the ticket is echoed in the reply's header
+        (
+            {"method": "ping", "reply_to": {"exchange": REPLY, "routing_key": "r" * 256}},
+            {},
+            "malformed",
+            "routing key is longer than 255 bytes",
+        ),
+        ({"method": "ping", "ticket": "t" * 256}, {}, "malformed", "'ticket'"),
+        ({"method": "ping", "ticket": "é" * 128}, {}, "malformed", "'ticket'"),  # 256 bytes
+        ({"method": "ping", "destination": ["w" * 256]}, {}, "malformed", "'destination'"),
+        ({"method": "ping", "destination": ["w"] * 1001}, {}, "malformed", "'destination'"),
+        ({"method": "ping", "pattern": "*" * 256, "matcher": "glob"}, {}, "malformed", "glob"),
+        ({"method": "ping", "arguments": {"a": "x" * 70_000}}, {}, "malformed", "'arguments'"),
     ],
 )
 def test_a_control_message_outside_the_allowed_commands_is_dropped(
@@ -62,6 +82,8 @@ def test_the_commands_the_tools_send_pass() -> None:
         {"method": "stats", "arguments": None, "destination": None},
     ):
         assert remote_control.check_command(body, {"clock": 7}, ALLOWED, REPLY) is None
+        headers = {"clock": 2**53 - 1, "expires": 1.8e9}  # the bounds themselves pass
+        assert remote_control.check_command(body, headers, ALLOWED, REPLY) is None
 
 
 def test_a_command_celery_does_not_have_fails_the_worker_start(settings: Any) -> None:
