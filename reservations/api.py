@@ -1,7 +1,8 @@
 """Thin JSON views over ``reservations.services``: authenticate, parse and validate, call the
 service, serialize. Every user-input failure is a JSON 4xx; nothing a client sends yields a 500.
 
-Error body: ``{"error": {"code": str, "message": str, "field": str | null}}``.
+Errors are RFC 9457 problem details (``reservations.problems``): ``type``, ``title``, ``status``,
+``detail``, ``instance``, and the stable ``code``, the ``field`` at fault and the ``request_id``.
 
 Who may do what is ``reservations.clients`` (tokens, scopes, offerings, rate limits, which holds
 a client sees); a POST under an ``Idempotency-Key`` runs through ``reservations.idempotency``.
@@ -21,7 +22,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
-from . import clients, conf, idempotency, services
+from . import clients, conf, idempotency, problems, services
 from .clients import Principal
 from .errors import (
     InvalidTtl,
@@ -71,15 +72,16 @@ class ApiError(Exception):
         self.field = field
         self.headers = dict(headers or {})
 
-    def response(self) -> JsonResponse:
-        """The error as the API answers it: its status, a JSON body and its headers."""
-        response = JsonResponse(
-            {"error": {"code": self.code, "message": self.message, "field": self.field}},
-            status=self.status,
+    def response(self, request: HttpRequest) -> JsonResponse:
+        """The error as the API answers it: its status, a problem body and its headers."""
+        return problems.problem(
+            request,
+            self.status,
+            self.code,
+            self.message,
+            field=self.field,
+            headers=self.headers,
         )
-        for name, value in self.headers.items():
-            response[name] = value
-        return response
 
 
 # --- request handling ----------------------------------------------------------------------
@@ -229,8 +231,8 @@ def hold_json(hold: Reservation) -> dict[str, Any]:
     }
 
 
-def _domain_error(exc: ReservationError) -> tuple[int, dict[str, Any]]:
-    """The status and error body for a domain error."""
+def _domain_error(request: HttpRequest, exc: ReservationError) -> tuple[int, dict[str, Any]]:
+    """The status and problem body for a domain error."""
     if isinstance(exc, InvalidTtl):
         status, field = 400, "ttl_seconds"
     elif isinstance(exc, _NOT_FOUND):
@@ -244,7 +246,9 @@ def _domain_error(exc: ReservationError) -> tuple[int, dict[str, Any]]:
     else:
         status, field = 409, None
     message = str(exc) or exc.code
-    return status, {"error": {"code": exc.code, "message": message, "field": field}}
+    return status, problems.body(
+        exc.code, message, status=status, field=field, instance=request.path
+    )
 
 
 def api_view(*methods: str) -> Callable[[View], View]:
@@ -258,6 +262,12 @@ def api_view(*methods: str) -> Callable[[View], View]:
         @csrf_exempt
         @wraps(view)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            request_id = problems.request_id_of(request)
+            response = _answer(request, *args, **kwargs)
+            response[problems.REQUEST_ID_HEADER] = request_id
+            return response
+
+        def _answer(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             try:
                 principal = _authenticate(request)
                 if request.method not in allowed:
@@ -270,10 +280,9 @@ def api_view(*methods: str) -> Callable[[View], View]:
                 _require_scope(principal, request.method or "")
                 return view(request, principal, *args, **kwargs)
             except ApiError as exc:
-                return exc.response()
+                return exc.response(request)
             except ReservationError as exc:
-                status, body = _domain_error(exc)
-                return JsonResponse(body, status=status)
+                return problems.answer(request, *_domain_error(request, exc))
             except (OperationalError, services.TransientConflict) as exc:
                 if not is_transient_db_error(exc):
                     raise
@@ -286,7 +295,16 @@ def api_view(*methods: str) -> Callable[[View], View]:
                     "temporarily_unavailable",
                     "the request conflicted with concurrent changes; retry shortly",
                     headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-                ).response()
+                ).response(request)
+            except Exception:
+                # Without ApiRequestMiddleware too, an API answer is never Django's HTML 500.
+                logger.exception("unhandled error in an API request", extra={"path": request.path})
+                return problems.problem(
+                    request,
+                    500,
+                    "internal_error",
+                    problems.PROBLEM_TYPES["internal_error"].description,
+                )
 
         return wrapper
 
@@ -344,7 +362,7 @@ def _hold_change(
         try:
             hold = call_with_retries(call)
         except ReservationError as exc:
-            return idempotency.Response(*_domain_error(exc))
+            return idempotency.Response(*_domain_error(request, exc))
         headers = {"Location": _hold_location(hold.pk)} if status == 201 else {}
         return idempotency.Response(status, hold_json(hold), headers)
 
@@ -353,9 +371,7 @@ def _hold_change(
     else:
         fingerprint = idempotency.request_hash(request.method or "POST", request.path, data)
         response = idempotency.run_once(principal.client_id, key, fingerprint, produce)
-    answer = JsonResponse(response.body, status=response.status)
-    for name, value in response.headers.items():
-        answer[name] = value
+    answer = problems.answer(request, response.status, response.body, response.headers)
     if key is not None:
         answer["Idempotent-Replayed"] = "true" if response.replayed else "false"
     return answer
@@ -510,3 +526,14 @@ def offering_availability(
     _check_id(offering_id, *_OFFERING)
     _check_access(principal, offering_id, _OFFERING)
     return JsonResponse(services.availability(offering_id))
+
+
+@csrf_exempt
+def no_such_path(request: HttpRequest, rest: str = "") -> HttpResponse:
+    """Every path under the API that no operation has, whatever the method: a problem, never
+    Django's HTML page (and no credentials needed to learn that a path does not exist)."""
+    response = ApiError(404, "not_found", f"no operation has the path {request.path}").response(
+        request
+    )
+    response[problems.REQUEST_ID_HEADER] = problems.request_id_of(request)
+    return response

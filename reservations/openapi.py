@@ -19,13 +19,14 @@ from typing import Any, Literal
 
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.http import require_GET
+from django.views.decorators.csrf import csrf_exempt
 from ninja import Header, NinjaAPI, Path, Query, Schema
 from ninja.openapi.docs import Swagger
 from ninja.openapi.views import openapi_view
 from ninja.security import HttpBearer
 from pydantic import ConfigDict, Field, StrictInt, StrictStr
 
+from . import problems
 from .api import HOLDER_MAX_LENGTH, MAX_ID, MAX_PAGE_SIZE, MAX_VERSION, PAGE_SIZE
 from .idempotency import HEADER as IDEMPOTENCY_HEADER
 
@@ -43,8 +44,8 @@ api = NinjaAPI(
     title="Reservations API",
     version="1",
     description=(
-        "Hold, renew, confirm and cancel seats on offerings. Every error is "
-        '`{"error": {"code", "message", "field"}}` with a stable `code`. POSTs accept an '
+        "Hold, renew, confirm and cancel seats on offerings. Every error is an RFC 9457 "
+        "problem (`application/problem+json`) with a stable `code`. POSTs accept an "
         "`Idempotency-Key` header: a retry with the same key and request replays the first "
         "response. Each client sees only the holds it created."
     ),
@@ -107,14 +108,20 @@ class Availability(Schema):
     available: int
 
 
-class ErrorDetail(Schema):
-    code: str
-    message: str
-    field: str | None
-
-
 class Error(Schema):
-    error: ErrorDetail
+    """An RFC 9457 problem (``application/problem+json``), with the API's extension members."""
+
+    type: str = Field(
+        description="a URI reference naming the problem type: GET it for its description",
+        examples=["/api/v1/problems/no_seats_available"],
+    )
+    title: str = Field(description="the problem type's short, fixed summary")
+    status: int = Field(description="the answer's HTTP status")
+    detail: str = Field(description="what went wrong with this request")
+    instance: str | None = Field(description="the request's path")
+    code: str = Field(description="the stable code: the last segment of `type`")
+    field: str | None = Field(description="the body field, parameter or header at fault")
+    request_id: str = Field(description="the X-Request-ID this request was answered under")
 
 
 # Every operation can be refused for these: no or a bad token, a missing scope, the rate limit
@@ -128,14 +135,27 @@ _REPLAYED = {
 }
 
 
+_REQUEST_ID = {
+    "schema": {"type": "string", "pattern": f"^{problems.REQUEST_ID_PATTERN.pattern}$"},
+    "description": "the request's X-Request-ID when well formed, else a new one",
+    "required": True,
+}
+
+
 def _with_headers(doc: dict[str, Any]) -> dict[str, Any]:
-    """The response headers ninja has no declaration for: Retry-After on 429 and 503,
-    Idempotent-Replayed on every POST's answers, Location on 201."""
+    """What ninja has no declaration for: the problem content type of errors, X-Request-ID on
+    every answer, Retry-After on 429 and 503, Idempotent-Replayed on every POST's answers,
+    Location on 201."""
     for item in doc["paths"].values():
         for method, operation in item.items():
             responses = {str(code): value for code, value in operation["responses"].items()}
             for code, response in responses.items():
+                if int(code) >= 400 and "content" in response:
+                    response["content"] = {
+                        problems.CONTENT_TYPE: response["content"]["application/json"]
+                    }
                 headers = response.setdefault("headers", {})
+                headers[problems.REQUEST_ID_HEADER] = _REQUEST_ID
                 if code in ("429", "503"):
                     headers["Retry-After"] = {**_RETRY_AFTER, "required": True}
                 if method == "post":
@@ -146,8 +166,6 @@ def _with_headers(doc: dict[str, Any]) -> dict[str, Any]:
                         "description": "the new hold's path",
                         "required": True,
                     }
-                if not headers:
-                    del response["headers"]
             operation["responses"] = responses
     return doc
 
@@ -280,9 +298,17 @@ def document() -> dict[str, Any]:
     return _with_headers(dict(api.get_openapi_schema(path_prefix=PREFIX)))
 
 
-@require_GET
+@csrf_exempt
 def openapi_json(request: HttpRequest) -> HttpResponse:
     """Public, like the API's shape: clients and their code generators read it."""
+    if request.method not in ("GET", "HEAD"):
+        return problems.problem(
+            request,
+            405,
+            "method_not_allowed",
+            f"method {request.method} is not allowed here",
+            headers={"Allow": "GET, HEAD"},
+        )
     return JsonResponse(document())
 
 

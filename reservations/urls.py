@@ -1,8 +1,8 @@
 """The reservations JSON API, mounted under ``/api/v1/`` by ``config.urls``."""
 
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, re_path
 
-from . import api, openapi
+from . import api, openapi, problems
 
 app_name = "reservations"
 
@@ -23,4 +23,8 @@ urlpatterns: list[URLPattern] = [
     # django-ninja's docs page reverses.
     path("openapi.json", openapi.openapi_json, name="openapi-json"),
     path("docs", openapi.docs, name="openapi-view"),
+    # What each error answer's ``type`` names (reservations.problems).
+    path("problems/<slug:code>", problems.describe, name="problem-type"),
+    # Last: any other path is a JSON 404 problem, whatever the method.
+    re_path(r"^(?P<rest>.*)$", api.no_such_path, name="no-such-path"),
 ]

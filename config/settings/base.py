@@ -306,3 +306,9 @@ LOGGING = {
         "celery.worker.strategy": {"level": "WARNING"},
     },
 }
+
+# --- The JSON API's request ids and problem answers (reservations.problems) ----------------
+# First, so every other middleware's log lines under /api/v1/ carry the request's id too.
+MIDDLEWARE.insert(0, "reservations.problems.ApiRequestMiddleware")
+LOGGING["filters"] = {"request_id": {"()": "reservations.problems.RequestIdLogFilter"}}
+LOGGING["handlers"]["console"]["filters"] = ["request_id"]  # type: ignore[index]

@@ -55,7 +55,7 @@ def hold_url(offering: Offering) -> str:
 
 
 def error_code(response: Any) -> str:
-    return str(response.json()["error"]["code"])
+    return str(response.json()["code"])
 
 
 def seats_left(offering: Offering) -> int:

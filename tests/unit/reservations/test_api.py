@@ -51,11 +51,15 @@ def get(client: Client, url: str, headers: dict[str, str] | None = None) -> Any:
 
 def assert_error(response: Any, status: int, code: str, field: str | None = None) -> None:
     assert response.status_code == status, response.content
-    assert response["Content-Type"] == "application/json"
-    error = json.loads(response.content)["error"]
-    assert error["code"] == code
-    assert error["message"]
-    assert error["field"] == field
+    assert response["Content-Type"] == "application/problem+json"
+    problem = json.loads(response.content)
+    assert problem["code"] == code
+    assert problem["type"] == f"/api/v1/problems/{code}"
+    assert problem["status"] == status
+    assert problem["title"]
+    assert problem["detail"]
+    assert problem["field"] == field
+    assert problem["request_id"] == response["X-Request-ID"]
 
 
 # --- success paths -------------------------------------------------------------------------
@@ -254,8 +258,8 @@ def test_a_ttl_out_of_range_is_a_400_from_the_service(api_client, offering, ttl)
         api_client, f"/api/v1/offerings/{offering.pk}/holds", {"holder": "x", "ttl_seconds": ttl}
     )
     assert response.status_code == 400
-    assert response.json()["error"]["field"] == "ttl_seconds"
-    assert response.json()["error"]["code"] in {"invalid_ttl", "out_of_range"}
+    assert response.json()["field"] == "ttl_seconds"
+    assert response.json()["code"] in {"invalid_ttl", "out_of_range"}
     assert not Reservation.objects.exists()
 
 
@@ -553,5 +557,5 @@ def test_a_bad_listing_query_is_a_400_naming_it(client, make_client, query, code
     _, token = make_client()
     response = call(client, "get", f"/api/v1/holds?{query}", token)
     assert response.status_code == 400, response.content
-    assert response.json()["error"]["code"] == code
-    assert response.json()["error"]["field"] == field
+    assert response.json()["code"] == code
+    assert response.json()["field"] == field
