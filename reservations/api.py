@@ -22,7 +22,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
-from . import clients, conf, idempotency, problems, services
+from . import clients, conf, idempotency, problems, ratelimit, services
 from .clients import Principal
 from .errors import (
     InvalidTtl,
@@ -92,15 +92,7 @@ def _authenticate(request: HttpRequest) -> Principal:
     token = token.strip()
     principal = None
     if scheme.lower() == "bearer" and token:
-        try:
-            principal = clients.authenticate(token)
-        except clients.RateLimited as exc:
-            raise ApiError(
-                429,
-                "rate_limited",
-                f"this client's requests per minute are used up; retry in {exc.retry_after} s",
-                headers={"Retry-After": str(exc.retry_after)},
-            ) from None
+        principal = clients.authenticate(token)
     if principal is None:
         raise ApiError(
             401,
@@ -109,6 +101,26 @@ def _authenticate(request: HttpRequest) -> Principal:
             headers={"WWW-Authenticate": 'Bearer realm="reservations"'},
         )
     return principal
+
+
+# The request attribute holding the rate limiter's decision, whose headers every answer to
+# the request carries.
+_RATE_LIMIT_ATTRIBUTE = "reservations_rate_limit"
+
+
+def _count_request(request: HttpRequest, principal: Principal) -> None:
+    """Counts the request against the client's rate limit (429 once it is used up)."""
+    if principal.client_id is None or principal.requests_per_minute is None:
+        return
+    decision = ratelimit.check(principal.client_id, principal.requests_per_minute)
+    setattr(request, _RATE_LIMIT_ATTRIBUTE, decision)
+    if decision is not None and not decision.allowed:
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"this client's {decision.limit} requests per {ratelimit.WINDOW_SECONDS} s are "
+            f"used up; retry in {decision.reset_seconds} s",
+        )
 
 
 def _require_scope(principal: Principal, method: str) -> None:
@@ -265,11 +277,16 @@ def api_view(*methods: str) -> Callable[[View], View]:
             request_id = problems.request_id_of(request)
             response = _answer(request, *args, **kwargs)
             response[problems.REQUEST_ID_HEADER] = request_id
+            decision = getattr(request, _RATE_LIMIT_ATTRIBUTE, None)
+            if decision is not None:
+                for name, value in decision.headers().items():
+                    response[name] = value
             return response
 
         def _answer(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             try:
                 principal = _authenticate(request)
+                _count_request(request, principal)
                 if request.method not in allowed:
                     raise ApiError(
                         405,

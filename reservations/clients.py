@@ -12,7 +12,6 @@ import base64
 import binascii
 import hashlib
 import hmac
-import math
 import secrets
 from dataclasses import dataclass
 
@@ -25,8 +24,8 @@ from .models import ApiClient, ApiToken, Reservation, ReservationQuerySet
 TOKEN_PREFIX = "rsv_"
 # The first characters of a token, stored to tell tokens apart (the rest is secret).
 SHOWN_PREFIX_LENGTH = 12
-# The rate limit counts requests per window of this length (ApiClient.requests_per_minute).
-RATE_WINDOW_SECONDS = 60
+# A token's last use is recorded to this precision: at most one write per token per interval.
+LAST_USED_PRECISION_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -38,19 +37,12 @@ class Principal:
     can_read: bool
     can_write: bool
     all_offerings: bool
+    requests_per_minute: int | None = None  # None: not limited
 
 
 DEVELOPMENT_PRINCIPAL = Principal(
     client_id=None, name="development token", can_read=True, can_write=True, all_offerings=True
 )
-
-
-class RateLimited(Exception):
-    """The client used up its requests for the current window."""
-
-    def __init__(self, retry_after: int) -> None:
-        super().__init__(f"rate limit reached; retry in {retry_after} s")
-        self.retry_after = retry_after
 
 
 def digest(token: str) -> str:
@@ -75,8 +67,9 @@ def revoke_tokens(tokens: list[ApiToken] | None = None, *, ids: list[int] | None
 
 
 def authenticate(token: str) -> Principal | None:
-    """The principal ``token`` names, or None. Counts the request against the client's rate
-    limit (``RateLimited`` once it is used up) and records the token's last use."""
+    """The principal ``token`` names, or None. A read; the token's last use is written when
+    the recorded one is over ``LAST_USED_PRECISION_SECONDS`` old. (The rate limit is
+    ``reservations.ratelimit``'s.)"""
     shared = conf.value("RESERVATIONS_API_TOKEN")
     # compare_digest on bytes: on str it raises TypeError for non-ASCII input.
     if shared and hmac.compare_digest(token.encode(), shared.encode()):
@@ -85,15 +78,16 @@ def authenticate(token: str) -> Principal | None:
         return None
     with connection.cursor() as cur:
         cur.execute(
-            sql.AUTHENTICATE_TOKEN, {"digest": digest(token), "window": RATE_WINDOW_SECONDS}
+            sql.AUTHENTICATE_TOKEN,
+            {"digest": digest(token), "touch": LAST_USED_PRECISION_SECONDS},
         )
         row = cur.fetchone()
-    if row is None:
-        return None
-    client_id, name, can_read, can_write, all_offerings, count, limit, window_left = row
-    if count > limit:
-        raise RateLimited(max(1, math.ceil(float(window_left))))
-    return Principal(client_id, name, can_read, can_write, all_offerings)
+        if row is None:
+            return None
+        client_id, name, can_read, can_write, all_offerings, limit, token_id, stale = row
+        if stale:
+            cur.execute(sql.TOUCH_TOKEN, {"token": token_id, "touch": LAST_USED_PRECISION_SECONDS})
+    return Principal(client_id, name, can_read, can_write, all_offerings, limit)
 
 
 def may_use_offering(principal: Principal, offering_id: int) -> bool:

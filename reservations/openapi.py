@@ -142,6 +142,21 @@ _REQUEST_ID = {
 }
 
 
+# On every answer to an API client's request (not the development token's, nor a 401), while
+# the limiter's Redis answers: the IETF httpapi RateLimit fields (docs/API.md, "Rate limits").
+_RATE_LIMIT = {
+    "RateLimit-Policy": {
+        "schema": {"type": "string", "examples": ['"default";q=100;w=60']},
+        "description": "the client's quota: q requests in any w seconds",
+    },
+    "RateLimit": {
+        "schema": {"type": "string", "examples": ['"default";r=42;t=17']},
+        "description": "r requests left now; t seconds until the oldest counted one leaves the "
+        "window",
+    },
+}
+
+
 def _with_headers(doc: dict[str, Any]) -> dict[str, Any]:
     """What ninja has no declaration for: the problem content type of errors, X-Request-ID on
     every answer, Retry-After on 429 and 503, Idempotent-Replayed on every POST's answers,
@@ -156,6 +171,8 @@ def _with_headers(doc: dict[str, Any]) -> dict[str, Any]:
                     }
                 headers = response.setdefault("headers", {})
                 headers[problems.REQUEST_ID_HEADER] = _REQUEST_ID
+                if code != "401":
+                    headers.update(_RATE_LIMIT)
                 if code in ("429", "503"):
                     headers["Retry-After"] = {**_RETRY_AFTER, "required": True}
                 if method == "post":

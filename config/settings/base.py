@@ -312,3 +312,21 @@ LOGGING = {
 MIDDLEWARE.insert(0, "reservations.problems.ApiRequestMiddleware")
 LOGGING["filters"] = {"request_id": {"()": "reservations.problems.RequestIdLogFilter"}}
 LOGGING["handlers"]["console"]["filters"] = ["request_id"]  # type: ignore[index]
+
+# --- The JSON API's rate limits (reservations.ratelimit) ------------------------------------
+# The Redis counting each API client's requests; empty: the cleanup's counter Redis.
+RESERVATIONS_API_RATE_LIMIT_REDIS_URL = env_str("RESERVATIONS_API_RATE_LIMIT_REDIS_URL", "")
+if RESERVATIONS_API_RATE_LIMIT_REDIS_URL:
+    if not RESERVATIONS_API_RATE_LIMIT_REDIS_URL.startswith(
+        ("redis://", "rediss://", "sentinel://")
+    ):
+        raise ImproperlyConfigured(
+            "RESERVATIONS_API_RATE_LIMIT_REDIS_URL: expected a redis://, rediss:// or "
+            "sentinel:// URL"
+        )
+    if redis_tls.is_tls(RESERVATIONS_API_RATE_LIMIT_REDIS_URL):
+        redis_tls.for_url(
+            "RESERVATIONS_API_RATE_LIMIT_REDIS_URL",
+            RESERVATIONS_API_RATE_LIMIT_REDIS_URL,
+            REDIS_TLS_OPTIONS,
+        )

@@ -27,6 +27,11 @@ pytestmark = [pytest.mark.slow]
 CONCURRENT = 8
 
 
+@pytest.fixture(autouse=True)
+def _no_earlier_requests(clear_rate_limits: None) -> None:
+    pass
+
+
 @pytest.fixture
 def web_options() -> dict[str, Any]:
     return {"workers": 2, "threads": CONCURRENT}

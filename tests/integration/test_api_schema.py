@@ -38,6 +38,11 @@ CHECKS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _no_earlier_requests(clear_rate_limits: None) -> None:
+    pass
+
+
 @pytest.fixture
 def web_options() -> dict[str, Any]:
     return {"workers": 2, "threads": 2}

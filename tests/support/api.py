@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from reservations import idempotency
+from cleanup import redis_clients
+from reservations import idempotency, ratelimit
 from reservations.models import ApiClient, Offering
 
 API_TOKEN = "api-test-token"
@@ -48,6 +49,17 @@ def call(
         return client.get(url, headers=headers)
     data = raw if raw is not None else json.dumps(body)
     return client.post(url, data=data, content_type="application/json", headers=headers)
+
+
+@pytest.fixture
+def clear_rate_limits() -> None:
+    """No request counted by an earlier run: client ids start again in a new test database,
+    and the limiter's Redis keeps a client's requests for a minute."""
+    url = ratelimit.redis_url()
+    if url:
+        store = redis_clients.client(url)
+        for key in store.scan_iter(match=f"{ratelimit.KEY_PREFIX}*"):
+            store.delete(key)
 
 
 def hold_url(offering: Offering) -> str:
