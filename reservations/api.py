@@ -178,6 +178,9 @@ def _int_field(
         if required:
             raise ApiError(400, "missing_field", f"{name} is required", field=name)
         return None
+    # JSON has one number type: 1893.0 is the integer 1893, as the document's "integer" says.
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     # bool is a subclass of int: true must not read as 1.
     if isinstance(value, bool) or not isinstance(value, int):
         raise ApiError(400, "invalid_type", f"{name} must be an integer", field=name)
@@ -233,6 +236,7 @@ def hold_json(hold: Reservation) -> dict[str, Any]:
     return {
         "id": hold.pk,
         "offering_id": hold.offering_id,
+        "holder": hold.holder,
         "status": hold.status,
         "version": hold.version,
         "expires_at": hold.expires_at.isoformat(),

@@ -12,6 +12,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -121,20 +122,44 @@ class InvalidCursor(ValueError):
     pass
 
 
+# A cursor: the last id seen, as 8 bytes in base64url without padding. Every string of this
+# shape is a cursor (the document states the shape), so a well-formed one is never refused: one
+# naming an id past the last continues after it, with an empty page.
+CURSOR_PATTERN = re.compile(r"[A-Za-z0-9_-]{11}")
+_MAX_ID = 2**63 - 1
+
+
 def encode_cursor(after_id: int) -> str:
-    return base64.urlsafe_b64encode(f"after:{after_id}".encode()).decode().rstrip("=")
+    return base64.urlsafe_b64encode(after_id.to_bytes(8, "big")).decode().rstrip("=")
 
 
 def decode_cursor(cursor: str) -> int:
-    """The id a cursor continues after; ``InvalidCursor`` for anything ``encode_cursor`` did
-    not make."""
+    """The id a cursor continues after; ``InvalidCursor`` for a string of another shape.
+
+    Cursors of the earlier form (base64url of ``after:<id>``), handed out before an upgrade,
+    are still read, so a client paging through a listing then goes on."""
+    if CURSOR_PATTERN.fullmatch(cursor):
+        earlier = _earlier_cursor(cursor)
+        if earlier is not None:
+            return earlier
+        after = int.from_bytes(base64.urlsafe_b64decode(cursor + "="), "big")
+        return min(after, _MAX_ID)
+    earlier = _earlier_cursor(cursor)
+    if earlier is None:
+        raise InvalidCursor(cursor)
+    return earlier
+
+
+def _earlier_cursor(cursor: str) -> int | None:
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise InvalidCursor(cursor) from None
+        return None
     kind, _, number = text.partition(":")
-    if kind != "after" or not number.isdigit() or not 0 < int(number) < 2**63:
-        raise InvalidCursor(cursor)
+    if kind != "after" or not number.isascii() or not number.isdigit():
+        return None
+    if not 0 < int(number) < 2**63:
+        return None
     return int(number)
 
 

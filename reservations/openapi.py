@@ -26,9 +26,11 @@ from ninja.openapi.views import openapi_view
 from ninja.security import HttpBearer
 from pydantic import ConfigDict, Field, StrictInt, StrictStr
 
-from . import problems
+from . import conf, problems
 from .api import HOLDER_MAX_LENGTH, MAX_ID, MAX_PAGE_SIZE, MAX_VERSION, PAGE_SIZE
+from .clients import CURSOR_PATTERN
 from .idempotency import HEADER as IDEMPOTENCY_HEADER
+from .idempotency import KEY_PATTERN
 
 PREFIX = "/api/v1/"
 
@@ -63,49 +65,98 @@ class Strict(Schema):
     model_config = ConfigDict(extra="forbid")
 
 
+# At least one character that is not whitespace, and no NUL (PostgreSQL text cannot hold it).
+HOLDER_PATTERN = r"^[^\x00]*[^\s\x00][^\x00]*$"
+MAX_TTL = conf.value("RESERVATIONS_MAX_HOLD_TTL_SECONDS")
+DEFAULT_TTL = conf.value("RESERVATIONS_DEFAULT_HOLD_TTL_SECONDS")
+_TTL_DESCRIPTION = (
+    f"seconds until the hold expires, 1 to {MAX_TTL} (RESERVATIONS_MAX_HOLD_TTL_SECONDS); "
+    f"absent or null: {DEFAULT_TTL} (RESERVATIONS_DEFAULT_HOLD_TTL_SECONDS)"
+)
+_VERSION_DESCRIPTION = (
+    "the hold's version as the client last saw it: the change applies only if it is still the "
+    "hold's version (else 409 stale_version). An integral number such as 3.0 is read as 3."
+)
+
+
 class HoldRequest(Strict):
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"holder": "ann", "ttl_seconds": 600}]}
+    )
+
     holder: StrictStr = Field(
-        min_length=1, max_length=HOLDER_MAX_LENGTH, description="who the seat is held for"
+        min_length=1,
+        max_length=HOLDER_MAX_LENGTH,
+        pattern=HOLDER_PATTERN,
+        description="who the seat is held for: not blank, no NUL",
+        examples=["ann"],
     )
-    ttl_seconds: StrictInt | None = Field(
-        None, description="seconds until the hold expires (default and maximum: settings)"
-    )
+    ttl_seconds: StrictInt | None = Field(None, ge=1, le=MAX_TTL, description=_TTL_DESCRIPTION)
 
 
 class RenewRequest(Strict):
-    expected_version: StrictInt = Field(ge=1, le=MAX_VERSION)
-    ttl_seconds: StrictInt | None = None
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"expected_version": 1, "ttl_seconds": 600}]},
+    )
+
+    expected_version: StrictInt = Field(ge=1, le=MAX_VERSION, description=_VERSION_DESCRIPTION)
+    ttl_seconds: StrictInt | None = Field(None, ge=1, le=MAX_TTL, description=_TTL_DESCRIPTION)
 
 
 class VersionRequest(Strict):
-    expected_version: StrictInt = Field(ge=1, le=MAX_VERSION)
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"expected_version": 1}]}
+    )
+
+    expected_version: StrictInt = Field(ge=1, le=MAX_VERSION, description=_VERSION_DESCRIPTION)
 
 
 class Hold(Schema):
-    id: int
-    offering_id: int
-    status: Literal["held", "confirmed", "released", "cancelled"]
-    version: int
-    expires_at: datetime
-    released_version: int | None
-    bucket: int
+    id: int = Field(description="the hold's id (its path: /api/v1/holds/{id})", examples=[42])
+    offering_id: int = Field(description="the offering the seat is on")
+    holder: str = Field(description="who the seat is held for, as given when it was held")
+    status: Literal["held", "confirmed", "released", "cancelled"] = Field(
+        description="held: the seat is the holder's until expires_at; confirmed: for good; "
+        "released: it expired and the seat went back; cancelled: given back"
+    )
+    version: int = Field(
+        description="bumped by every change (renew, confirm, cancel): send it as expected_version"
+    )
+    expires_at: datetime = Field(description="when a held hold stops holding the seat")
+    released_version: int | None = Field(
+        description="the version the cleanup released (null unless released)"
+    )
+    bucket: int = Field(description="the cleanup's shard bucket (id mod 1024)")
     created_at: datetime
-    released_at: datetime | None
+    released_at: datetime | None = Field(description="when the cleanup released it, or null")
 
 
 class HoldPage(Schema):
-    holds: list[Hold]
-    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null: last")
+    holds: list[Hold] = Field(description="in id order")
+    next_cursor: str | None = Field(
+        description="pass as `cursor` for the next page; null: this is the last page",
+        examples=["AAAAAAAAACo"],
+    )
 
 
 class Availability(Schema):
     offering_id: int
-    capacity: int
-    seats_available: int
-    held: int
-    eligible: int
-    confirmed: int
-    available: int
+    capacity: int = Field(description="the offering's seats in all")
+    seats_available: int = Field(
+        description="the free-seat counter: seats no hold or confirmation takes now. Holds "
+        "that expired are counted as taken until the cleanup releases them (seconds, usually)"
+    )
+    held: int = Field(description="holds with status held, expired or not")
+    eligible: int = Field(
+        description="held holds past their expires_at that the cleanup has not released yet: "
+        "their seats are as good as free"
+    )
+    confirmed: int = Field(description="confirmed holds")
+    available: int = Field(
+        description="seats a learner can get now: seats_available + eligible. Show this one; "
+        "seats_available lags it by the cleanup's delay"
+    )
 
 
 class Error(Schema):
@@ -157,6 +208,80 @@ _RATE_LIMIT = {
 }
 
 
+# The problem codes each operation answers, by status (docs/API.md, "Errors").
+_ALWAYS_CODES = {
+    401: ["unauthorized"],
+    403: ["insufficient_scope"],
+    429: ["rate_limited"],
+    503: ["temporarily_unavailable"],
+}
+_BODY_400 = [
+    "invalid_json",
+    "unknown_field",
+    "missing_field",
+    "invalid_type",
+    "out_of_range",
+    "invalid_content_length",
+    "invalid_idempotency_key",
+]
+_LISTING_400 = ["unknown_field", "invalid_value", "invalid_type", "out_of_range", "invalid_cursor"]
+_CHANGE_CODES = {
+    400: [*_BODY_400, "invalid_ttl"],
+    404: ["reservation_not_found"],
+    409: ["stale_version", "not_held", "hold_expired"],
+    413: ["body_too_large"],
+    422: ["idempotency_key_reused"],
+}
+PROBLEM_CODES: dict[str, dict[int, list[str]]] = {
+    "create_hold": {
+        400: [*_BODY_400, "invalid_value", "invalid_ttl"],
+        404: ["offering_not_found"],
+        409: ["no_seats_available"],
+        413: ["body_too_large"],
+        422: ["idempotency_key_reused"],
+    },
+    "list_offering_holds": {400: _LISTING_400, 404: ["offering_not_found"]},
+    "offering_availability": {404: ["offering_not_found"]},
+    "list_holder_holds": {400: ["missing_field", *_LISTING_400]},
+    "hold_detail": {404: ["reservation_not_found"]},
+    "renew_hold": _CHANGE_CODES,
+    "confirm_hold": _CHANGE_CODES,
+    "cancel_hold": {**_CHANGE_CODES, 409: ["stale_version", "not_held"]},
+}
+# What a client can do next with the hold an operation answers (OpenAPI links: code
+# generators and schemathesis's stateful tests follow them).
+_HOLD_LINKS = {
+    name: {"operationId": operation, "parameters": {"hold_id": "$response.body#/id"}}
+    for name, operation in (
+        ("GetHold", "hold_detail"),
+        ("RenewHold", "renew_hold"),
+        ("ConfirmHold", "confirm_hold"),
+        ("CancelHold", "cancel_hold"),
+    )
+}
+
+
+def _problems(operation_id: str, status: int) -> list[str]:
+    return PROBLEM_CODES.get(operation_id, {}).get(status) or _ALWAYS_CODES.get(status, [])
+
+
+def _problem_example(code: str, status: int) -> dict[str, Any]:
+    return {
+        **problems.body(
+            code,
+            problems.PROBLEM_TYPES[code].description,
+            status=status,
+            instance="/api/v1/…",
+        ),
+        "request_id": "5b0d3f6c9a8e4f0e9d1c2b3a4f5e6d7c",
+    }
+
+
+def _schema_ref(response: dict[str, Any]) -> str | None:
+    content = response.get("content", {}).get("application/json", {})
+    return content.get("schema", {}).get("$ref")
+
+
 def _with_headers(doc: dict[str, Any]) -> dict[str, Any]:
     """What ninja has no declaration for: the problem content type of errors, X-Request-ID on
     every answer, Retry-After on 429 and 503, Idempotent-Replayed on every POST's answers,
@@ -166,9 +291,20 @@ def _with_headers(doc: dict[str, Any]) -> dict[str, Any]:
             responses = {str(code): value for code, value in operation["responses"].items()}
             for code, response in responses.items():
                 if int(code) >= 400 and "content" in response:
+                    codes = _problems(operation["operationId"], int(code))
+                    response["description"] = f"{response['description']}: " + ", ".join(
+                        f"`{c}`" for c in codes
+                    )
                     response["content"] = {
-                        problems.CONTENT_TYPE: response["content"]["application/json"]
+                        problems.CONTENT_TYPE: {
+                            **response["content"]["application/json"],
+                            "examples": {
+                                c: {"value": _problem_example(c, int(code))} for c in codes
+                            },
+                        }
                     }
+                elif int(code) < 300 and _schema_ref(response) == "#/components/schemas/Hold":
+                    response["links"] = _HOLD_LINKS
                 headers = response.setdefault("headers", {})
                 headers[problems.REQUEST_ID_HEADER] = _REQUEST_ID
                 if code != "401":
@@ -187,15 +323,27 @@ def _with_headers(doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-OfferingId = Path(..., ge=1, le=MAX_ID)
-HoldId = Path(..., ge=1, le=MAX_ID)
+OfferingId = Path(..., ge=1, le=MAX_ID, description="the offering's id", examples=[7])
+HoldId = Path(..., ge=1, le=MAX_ID, description="the hold's id", examples=[42])
 Key = Header(
     None,
     alias=IDEMPOTENCY_HEADER,
-    description="1-255 printable ASCII characters; kept RESERVATIONS_IDEMPOTENCY_KEY_TTL_SECONDS",
+    min_length=1,
+    max_length=255,
+    pattern=f"^{KEY_PATTERN.pattern}$",
+    description="1 to 255 printable ASCII characters, no spaces (a UUID, say): a retry with the "
+    "same key and request replays the first answer, for RESERVATIONS_IDEMPOTENCY_KEY_TTL_SECONDS",
+    examples=["9f1c2d7e-3b4a-4c5d-8e6f-7a8b9c0d1e2f"],
 )
-Cursor = Query(None, description="the previous page's next_cursor")
-Limit = Query(PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE)
+Cursor = Query(
+    None,
+    min_length=11,
+    max_length=11,
+    pattern=f"^{CURSOR_PATTERN.pattern}$",
+    description="the previous page's next_cursor (absent: the first page)",
+    examples=["AAAAAAAAACo"],
+)
+Limit = Query(PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE, description="holds per page")
 
 
 def _described(*args: Any, **kwargs: Any) -> Any:  # pragma: no cover - never called
@@ -209,6 +357,12 @@ def _described(*args: Any, **kwargs: Any) -> Any:  # pragma: no cover - never ca
     "offerings/{offering_id}/holds",
     response={201: Hold, 400: Error, 404: Error, 409: Error, 413: Error, 422: Error, **_ALWAYS},
     summary="Hold a seat",
+    description=(
+        "Takes a seat on the offering for `holder` until `expires_at` (201, the hold, and "
+        "`Location`). No seat left: 409 `no_seats_available`. Send an `Idempotency-Key` to retry "
+        "safely: the retry gets the first answer and takes no second seat."
+    ),
+    tags=["Holds"],
     operation_id="create_hold",
 )
 def create_hold(
@@ -221,6 +375,11 @@ def create_hold(
     "offerings/{offering_id}/holds",
     response={200: HoldPage, 400: Error, 404: Error, **_ALWAYS},
     summary="This client's holds on an offering, by cursor",
+    description=(
+        "The holds this client created on the offering, in id order, `limit` a page; pass "
+        "`next_cursor` back as `cursor` for the next page. Unknown or repeated parameters: 400."
+    ),
+    tags=["Offerings", "Holds"],
     operation_id="list_offering_holds",
 )
 def list_offering_holds(
@@ -236,6 +395,11 @@ def list_offering_holds(
     "offerings/{offering_id}/availability",
     response={200: Availability, 404: Error, **_ALWAYS},
     summary="Seats a learner can get now",
+    description=(
+        "The offering's seats: `available` is what a learner can get now (free seats plus holds "
+        "that expired and await the cleanup); `seats_available` is the free-seat counter alone."
+    ),
+    tags=["Offerings"],
     operation_id="offering_availability",
 )
 def offering_availability(request: HttpRequest, offering_id: int = OfferingId) -> Any:
@@ -246,11 +410,23 @@ def offering_availability(request: HttpRequest, offering_id: int = OfferingId) -
     "holds",
     response={200: HoldPage, 400: Error, **_ALWAYS},
     summary="This client's holds of one holder, by cursor",
+    description=(
+        "The holds this client created for `holder`, on offerings it may still use, in id "
+        "order, by cursor as for an offering's holds."
+    ),
+    tags=["Holds"],
     operation_id="list_holder_holds",
 )
 def list_holder_holds(
     request: HttpRequest,
-    holder: str = Query(..., min_length=1, max_length=HOLDER_MAX_LENGTH),
+    holder: str = Query(
+        ...,
+        min_length=1,
+        max_length=HOLDER_MAX_LENGTH,
+        pattern=HOLDER_PATTERN,
+        description="who the holds are for",
+        examples=["ann"],
+    ),
     cursor: str = Cursor,
     limit: int = Limit,
 ) -> Any:
@@ -261,6 +437,8 @@ def list_holder_holds(
     "holds/{hold_id}",
     response={200: Hold, 404: Error, **_ALWAYS},
     summary="A hold's current state",
+    description=("The hold, if this client created it (any other client's hold: 404)."),
+    tags=["Holds"],
     operation_id="hold_detail",
 )
 def hold_detail(request: HttpRequest, hold_id: int = HoldId) -> Any:
@@ -274,6 +452,12 @@ _CHANGE_RESPONSES = {200: Hold, 400: Error, 404: Error, 409: Error, 413: Error, 
     "holds/{hold_id}/renew",
     response={**_CHANGE_RESPONSES, **_ALWAYS},
     summary="Extend an unexpired hold (bumps its version)",
+    description=(
+        "Moves a held, unexpired hold's `expires_at` to `ttl_seconds` from now (default: the "
+        "server's default TTL) and bumps its version. Another change since `expected_version`: "
+        "409 `stale_version`; expired: 409 `hold_expired`."
+    ),
+    tags=["Holds"],
     operation_id="renew_hold",
 )
 def renew_hold(
@@ -286,6 +470,11 @@ def renew_hold(
     "holds/{hold_id}/confirm",
     response={**_CHANGE_RESPONSES, **_ALWAYS},
     summary="Turn an unexpired hold into a confirmed seat",
+    description=(
+        "The seat becomes the holder's for good (status `confirmed`). The hold must be held, "
+        "unexpired and at `expected_version`."
+    ),
+    tags=["Holds"],
     operation_id="confirm_hold",
 )
 def confirm_hold(
@@ -298,6 +487,8 @@ def confirm_hold(
     "holds/{hold_id}/cancel",
     response={**_CHANGE_RESPONSES, **_ALWAYS},
     summary="Give the seat back",
+    description=("Cancels a held hold at `expected_version`: its seat is free again at once."),
+    tags=["Holds"],
     operation_id="cancel_hold",
 )
 def cancel_hold(
