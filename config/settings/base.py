@@ -317,12 +317,9 @@ LOGGING["handlers"]["console"]["filters"] = ["request_id"]  # type: ignore[index
 # The Redis counting each API client's requests; empty: the cleanup's counter Redis.
 RESERVATIONS_API_RATE_LIMIT_REDIS_URL = env_str("RESERVATIONS_API_RATE_LIMIT_REDIS_URL", "")
 if RESERVATIONS_API_RATE_LIMIT_REDIS_URL:
-    if not RESERVATIONS_API_RATE_LIMIT_REDIS_URL.startswith(
-        ("redis://", "rediss://", "sentinel://")
-    ):
+    if not RESERVATIONS_API_RATE_LIMIT_REDIS_URL.startswith(("redis://", "rediss://")):
         raise ImproperlyConfigured(
-            "RESERVATIONS_API_RATE_LIMIT_REDIS_URL: expected a redis://, rediss:// or "
-            "sentinel:// URL"
+            "RESERVATIONS_API_RATE_LIMIT_REDIS_URL: expected a redis:// or rediss:// URL"
         )
     if redis_tls.is_tls(RESERVATIONS_API_RATE_LIMIT_REDIS_URL):
         redis_tls.for_url(

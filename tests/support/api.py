@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 from django.test import Client
 
-from cleanup import redis_clients
 from reservations import idempotency, ratelimit
 from reservations.models import ApiClient, Offering
 
@@ -57,7 +57,7 @@ def clear_rate_limits() -> None:
     and the limiter's Redis keeps a client's requests for a minute."""
     url = ratelimit.redis_url()
     if url:
-        store = redis_clients.client(url)
+        store = redis.Redis.from_url(url)
         for key in store.scan_iter(match=f"{ratelimit.KEY_PREFIX}*"):
             store.delete(key)
 
