@@ -12,7 +12,7 @@ Two settings, both in the configuration file below, and why:
 
 - every request names the test's real offering, so holds are made and the stateful phase has
   holds to follow (generated ids name no offering: the 404s are exercised by the other
-  operations' generated ids, and by tests/integration/test_api_schema.py);
+  operations' generated ids, and the unit tests);
 - a schema-valid request may also be answered 422 ``idempotency_key_reused``: schemathesis
   sends the same short ``Idempotency-Key`` values with different bodies, and refusing a key
   reused for another request is the point of the header (docs/API.md, "Idempotency-Key"),
