@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from functools import partial, wraps
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from django.db import OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -41,11 +41,8 @@ from . import clients, conf, idempotency, problems, ratelimit, services
 from .clients import Principal
 from .errors import (
     InvalidTtl,
-    NoSeatsAvailable,
-    NotHeld,
     OfferingNotFound,
     ReservationError,
-    ReservationExpired,
     ReservationNotFound,
     StaleVersion,
 )
@@ -56,7 +53,6 @@ from .retry import call_with_retries, is_transient_db_error
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 View = Callable[..., HttpResponse]
 
 # Ids and versions live in bigint / integer columns; anything larger cannot exist.
@@ -67,7 +63,6 @@ HOLDER_MAX_LENGTH = Reservation._meta.get_field("holder").max_length or 200
 # After the retries (reservations.retry) the client is told to come back (503 + Retry-After).
 RETRY_AFTER_SECONDS = 1
 
-_CONFLICTS = (NoSeatsAvailable, StaleVersion, NotHeld, ReservationExpired)
 _NOT_FOUND = (OfferingNotFound, ReservationNotFound)
 
 
@@ -268,7 +263,7 @@ def _domain_error(request: HttpRequest, exc: ReservationError) -> tuple[int, dic
     )
 
 
-# --- views ---------------------------------------------------------------------------------
+# --- what the operations do --------------------------------------------------------------
 
 _HOLD_FIELDS = frozenset({"holder", "ttl_seconds"})
 _RENEW_FIELDS = frozenset({"expected_version", "ttl_seconds"})
