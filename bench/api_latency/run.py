@@ -110,7 +110,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=400, help="per variant and operation")
     args = parser.parse_args()
     os.environ.setdefault("DATABASE_URL", DEFAULT_DB)
-    os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/5")  # never connected
+    # The API's rate limiter counts the bench client's requests in this Redis.
+    os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/5")
     os.environ["DJANGO_SETTINGS_MODULE"] = "bench.api_latency.settings"
     sys.path.insert(0, str(ROOT))
     from bench.migrated import ensure_migrated_database
