@@ -96,13 +96,19 @@ PROBLEM_CODES: dict[str, dict[int, list[str]]] = {
 # What a client can do next with the hold an operation answers (OpenAPI links: code
 # generators and schemathesis's stateful tests follow them).
 _HOLD_LINKS = {
-    name: {"operationId": operation, "parameters": {"hold_id": "$response.body#/id"}}
-    for name, operation in (
-        ("GetHold", "hold_detail"),
-        ("RenewHold", "renew_hold"),
-        ("ConfirmHold", "confirm_hold"),
-        ("CancelHold", "cancel_hold"),
-    )
+    "GetHold": {"operationId": "hold_detail", "parameters": {"hold_id": "$response.body#/id"}},
+    **{
+        name: {
+            "operationId": operation,
+            "parameters": {"hold_id": "$response.body#/id"},
+            "requestBody": {"expected_version": "$response.body#/version"},
+        }
+        for name, operation in (
+            ("RenewHold", "renew_hold"),
+            ("ConfirmHold", "confirm_hold"),
+            ("CancelHold", "cancel_hold"),
+        )
+    },
 }
 
 
