@@ -188,6 +188,13 @@ def document() -> dict[str, Any]:
             for parameter in operation.get("parameters", []):
                 if parameter["name"] == "cursor":
                     parameter["schema"].update(_CURSOR_SHAPE)
+                # A Parameter Object's examples are a map of Example Objects (ninja writes the
+                # field's list of values; code generators refuse that).
+                if isinstance(parameter.get("examples"), list):
+                    parameter["examples"] = {
+                        f"example{n}": {"value": value}
+                        for n, value in enumerate(parameter["examples"], 1)
+                    }
     # The request bodies (read by the API's strict parsers, declared by these schemas).
     for model in (HoldRequest, RenewRequest, VersionRequest):
         doc["components"]["schemas"][model.__name__] = model.model_json_schema(

@@ -49,6 +49,9 @@ def test_every_operation_is_tagged_described_and_lists_its_problems(client, db):
             where = f"{method.upper()} {path}"
             assert operation["tags"] and operation["tags"] != ["default"], where
             assert operation["summary"] and operation["description"], where
+            for parameter in operation.get("parameters", []):
+                # OpenAPI: a parameter's examples are a map of Example Objects
+                assert isinstance(parameter.get("examples", {}), dict), (where, parameter)
             for status, response in operation["responses"].items():
                 assert "X-Request-ID" in response["headers"], (where, status)
                 if int(status) < 400:
