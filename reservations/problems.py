@@ -264,7 +264,10 @@ class ApiRequestMiddleware:
             status = response.status_code
             code = _FALLBACK_CODES.get(status, "internal_error" if status >= 500 else "")
             if code:
-                allow = {"Allow": response["Allow"]} if response.has_header("Allow") else {}
+                allow = {}
+                if response.has_header("Allow"):
+                    methods = sorted(m.strip() for m in response["Allow"].split(",") if m.strip())
+                    allow = {"Allow": ", ".join(methods)}
                 response = problem(request, status, code, _detail(code, request), headers=allow)
         response[REQUEST_ID_HEADER] = request_id
         return response

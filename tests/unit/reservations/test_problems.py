@@ -134,3 +134,17 @@ def test_every_log_line_of_a_request_carries_its_id(
 def test_the_settings_log_handler_adds_the_request_id(settings: Any) -> None:
     assert settings.LOGGING["handlers"]["console"]["filters"] == ["request_id"]
     assert settings.MIDDLEWARE[0] == "reservations.problems.ApiRequestMiddleware"
+
+
+@pytest.mark.parametrize("method", ["OPTIONS", "DELETE", "PUT", "PATCH", "TRACE", "CONNECT"])
+def test_any_other_method_is_a_405_problem_listing_the_paths_methods(
+    client: Client, offering: Any, method: str
+) -> None:
+    response = client.generic(method, hold_url(offering), headers=AUTH)
+    assert_problem(response, 405, "method_not_allowed")
+    assert response["Allow"] == "GET, HEAD, POST"
+
+
+def test_a_wrong_method_without_credentials_is_a_401_first(client: Client, offering: Any) -> None:
+    # as before any other answer: nothing about the API is told to a caller without a token
+    assert_problem(client.delete(hold_url(offering)), 401, "unauthorized")
