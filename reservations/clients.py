@@ -12,7 +12,7 @@ import base64
 import binascii
 import hashlib
 import hmac
-import math
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -25,8 +25,8 @@ from .models import ApiClient, ApiToken, Reservation, ReservationQuerySet
 TOKEN_PREFIX = "rsv_"
 # The first characters of a token, stored to tell tokens apart (the rest is secret).
 SHOWN_PREFIX_LENGTH = 12
-# The rate limit counts requests per window of this length (ApiClient.requests_per_minute).
-RATE_WINDOW_SECONDS = 60
+# A token's last use is recorded to this precision: at most one write per token per interval.
+LAST_USED_PRECISION_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -38,19 +38,12 @@ class Principal:
     can_read: bool
     can_write: bool
     all_offerings: bool
+    requests_per_minute: int | None = None  # None: not limited
 
 
 DEVELOPMENT_PRINCIPAL = Principal(
     client_id=None, name="development token", can_read=True, can_write=True, all_offerings=True
 )
-
-
-class RateLimited(Exception):
-    """The client used up its requests for the current window."""
-
-    def __init__(self, retry_after: int) -> None:
-        super().__init__(f"rate limit reached; retry in {retry_after} s")
-        self.retry_after = retry_after
 
 
 def digest(token: str) -> str:
@@ -75,8 +68,9 @@ def revoke_tokens(tokens: list[ApiToken] | None = None, *, ids: list[int] | None
 
 
 def authenticate(token: str) -> Principal | None:
-    """The principal ``token`` names, or None. Counts the request against the client's rate
-    limit (``RateLimited`` once it is used up) and records the token's last use."""
+    """The principal ``token`` names, or None. A read; the token's last use is written when
+    the recorded one is over ``LAST_USED_PRECISION_SECONDS`` old. (The rate limit is
+    ``reservations.ratelimit``'s.)"""
     shared = conf.value("RESERVATIONS_API_TOKEN")
     # compare_digest on bytes: on str it raises TypeError for non-ASCII input.
     if shared and hmac.compare_digest(token.encode(), shared.encode()):
@@ -85,15 +79,16 @@ def authenticate(token: str) -> Principal | None:
         return None
     with connection.cursor() as cur:
         cur.execute(
-            sql.AUTHENTICATE_TOKEN, {"digest": digest(token), "window": RATE_WINDOW_SECONDS}
+            sql.AUTHENTICATE_TOKEN,
+            {"digest": digest(token), "touch": LAST_USED_PRECISION_SECONDS},
         )
         row = cur.fetchone()
-    if row is None:
-        return None
-    client_id, name, can_read, can_write, all_offerings, count, limit, window_left = row
-    if count > limit:
-        raise RateLimited(max(1, math.ceil(float(window_left))))
-    return Principal(client_id, name, can_read, can_write, all_offerings)
+        if row is None:
+            return None
+        client_id, name, can_read, can_write, all_offerings, limit, token_id, stale = row
+        if stale:
+            cur.execute(sql.TOUCH_TOKEN, {"token": token_id, "touch": LAST_USED_PRECISION_SECONDS})
+    return Principal(client_id, name, can_read, can_write, all_offerings, limit)
 
 
 def may_use_offering(principal: Principal, offering_id: int) -> bool:
@@ -127,20 +122,44 @@ class InvalidCursor(ValueError):
     pass
 
 
+# A cursor: the last id seen, as 8 bytes in base64url without padding. Every string of this
+# shape is a cursor (the document states the shape), so a well-formed one is never refused: one
+# naming an id past the last continues after it, with an empty page.
+CURSOR_PATTERN = re.compile(r"[A-Za-z0-9_-]{11}")
+_MAX_ID = 2**63 - 1
+
+
 def encode_cursor(after_id: int) -> str:
-    return base64.urlsafe_b64encode(f"after:{after_id}".encode()).decode().rstrip("=")
+    return base64.urlsafe_b64encode(after_id.to_bytes(8, "big")).decode().rstrip("=")
 
 
 def decode_cursor(cursor: str) -> int:
-    """The id a cursor continues after; ``InvalidCursor`` for anything ``encode_cursor`` did
-    not make."""
+    """The id a cursor continues after; ``InvalidCursor`` for a string of another shape.
+
+    Cursors of the earlier form (base64url of ``after:<id>``), handed out before an upgrade,
+    are still read, so a client paging through a listing then goes on."""
+    if CURSOR_PATTERN.fullmatch(cursor):
+        earlier = _earlier_cursor(cursor)
+        if earlier is not None:
+            return earlier
+        after = int.from_bytes(base64.urlsafe_b64decode(cursor + "="), "big")
+        return min(after, _MAX_ID)
+    earlier = _earlier_cursor(cursor)
+    if earlier is None:
+        raise InvalidCursor(cursor)
+    return earlier
+
+
+def _earlier_cursor(cursor: str) -> int | None:
     try:
         text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise InvalidCursor(cursor) from None
+        return None
     kind, _, number = text.partition(":")
-    if kind != "after" or not number.isdigit() or not 0 < int(number) < 2**63:
-        raise InvalidCursor(cursor)
+    if kind != "after" or not number.isascii() or not number.isdigit():
+        return None
+    if not 0 < int(number) < 2**63:
+        return None
     return int(number)
 
 

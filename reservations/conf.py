@@ -15,6 +15,9 @@ DEFAULTS: dict[str, Any] = {
     "RESERVATIONS_IDEMPOTENCY_KEY_TTL_SECONDS": 86400,
     "RESERVATIONS_DEFAULT_HOLD_TTL_SECONDS": 600,
     "RESERVATIONS_MAX_HOLD_TTL_SECONDS": 86400,
+    # The Redis counting each API client's requests (reservations.ratelimit); empty: the
+    # cleanup's counter Redis, CLEANUP_COUNTER_REDIS_URL.
+    "RESERVATIONS_API_RATE_LIMIT_REDIS_URL": "",
     # The largest request body the API reads (its largest request is well under 2 KB).
     "RESERVATIONS_API_MAX_BODY_BYTES": 16384,
     # How DATABASES["default"] reaches PostgreSQL: "none" (directly, or a session pooler) or

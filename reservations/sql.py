@@ -231,31 +231,23 @@ ANALYZE_HOLDS_AND_OFFERINGS = ("ANALYZE reservations_reservation", "ANALYZE rese
 
 # --- API clients and idempotency keys (reservations.clients, reservations.idempotency) --------
 
-# The rate limit's window is stale once it started a window's length ago (or never).
-_STALE_WINDOW = (
-    "(c.window_started_at IS NULL "
-    "OR c.window_started_at <= now() - make_interval(secs => %(window)s))"
-)
+# Authentication is a read: the token's client, when the token is unrevoked and the client
+# active (nothing otherwise), and whether the token's recorded last use is older than
+# %(touch)s seconds. Rate limits are counted in Redis (reservations.ratelimit).
+AUTHENTICATE_TOKEN = """
+SELECT c.id, c.name, c.can_read, c.can_write, c.all_offerings, c.requests_per_minute, t.id,
+       t.last_used_at IS NULL OR t.last_used_at < now() - make_interval(secs => %(touch)s)
+FROM reservations_apitoken AS t
+JOIN reservations_apiclient AS c ON c.id = t.client_id
+WHERE t.digest = %(digest)s AND t.revoked_at IS NULL AND c.is_active
+"""
 
-# One statement per authenticated request: the token's last use, and one more request in its
-# client's current window (a new window when the last one is over). Every web process counts
-# on the same row, so the limit holds across processes and hosts. Returns nothing for an
-# unknown or revoked token, or a deactivated client.
-AUTHENTICATE_TOKEN = f"""
-WITH token AS (
-    UPDATE reservations_apitoken AS t SET last_used_at = now()
-    FROM reservations_apiclient AS c
-    WHERE t.digest = %(digest)s AND t.revoked_at IS NULL AND c.id = t.client_id AND c.is_active
-    RETURNING t.client_id
-)
-UPDATE reservations_apiclient AS c
-SET window_started_at = CASE WHEN {_STALE_WINDOW} THEN now() ELSE c.window_started_at END,
-    window_count = CASE WHEN {_STALE_WINDOW} THEN 1 ELSE c.window_count + 1 END
-FROM token
-WHERE c.id = token.client_id
-RETURNING c.id, c.name, c.can_read, c.can_write, c.all_offerings, c.window_count,
-          c.requests_per_minute,
-          extract(epoch FROM c.window_started_at + make_interval(secs => %(window)s) - now())
+# The token's last use, written at most once per %(touch)s seconds (however many processes
+# see it stale at once, the condition lets one UPDATE write and the rest match no row).
+TOUCH_TOKEN = """
+UPDATE reservations_apitoken SET last_used_at = now()
+WHERE id = %(token)s
+  AND (last_used_at IS NULL OR last_used_at < now() - make_interval(secs => %(touch)s))
 """
 
 # An expired key is as good as none: it goes before the claim, so its key can be used again.

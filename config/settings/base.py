@@ -327,3 +327,24 @@ LOGGING = {
         "celery.worker.strategy": {"level": "WARNING"},
     },
 }
+
+# --- The JSON API's request ids and problem answers (reservations.problems) ----------------
+# First, so every other middleware's log lines under /api/v1/ carry the request's id too.
+MIDDLEWARE.insert(0, "reservations.problems.ApiRequestMiddleware")
+LOGGING["filters"] = {"request_id": {"()": "reservations.problems.RequestIdLogFilter"}}
+LOGGING["handlers"]["console"]["filters"] = ["request_id"]  # type: ignore[index]
+
+# --- The JSON API's rate limits (reservations.ratelimit) ------------------------------------
+# The Redis counting each API client's requests; empty: the cleanup's counter Redis.
+RESERVATIONS_API_RATE_LIMIT_REDIS_URL = env_str("RESERVATIONS_API_RATE_LIMIT_REDIS_URL", "")
+if RESERVATIONS_API_RATE_LIMIT_REDIS_URL:
+    if not RESERVATIONS_API_RATE_LIMIT_REDIS_URL.startswith(("redis://", "rediss://")):
+        raise ImproperlyConfigured(
+            "RESERVATIONS_API_RATE_LIMIT_REDIS_URL: expected a redis:// or rediss:// URL"
+        )
+    if redis_tls.is_tls(RESERVATIONS_API_RATE_LIMIT_REDIS_URL):
+        redis_tls.for_url(
+            "RESERVATIONS_API_RATE_LIMIT_REDIS_URL",
+            RESERVATIONS_API_RATE_LIMIT_REDIS_URL,
+            REDIS_TLS_OPTIONS,
+        )

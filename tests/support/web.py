@@ -59,7 +59,8 @@ class WebServer:
             response = conn.getresponse()
             raw = response.read()
             kind = response.getheader("Content-Type", "")
-            decoded = json.loads(raw) if raw and kind.startswith("application/json") else raw
+            json_kinds = ("application/json", "application/problem+json")
+            decoded = json.loads(raw) if raw and kind.startswith(json_kinds) else raw
             return Answer(response.status, dict(response.getheaders()), decoded)
         finally:
             if own:

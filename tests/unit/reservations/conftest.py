@@ -12,7 +12,7 @@ from tests.support.api import MakeClient
 
 
 @pytest.fixture
-def make_client(db: None) -> MakeClient:
+def make_client(db: None, clear_rate_limits: None) -> MakeClient:
     """Makes an API client (writing, with every offering unless given ``offerings``) and
     issues its token."""
 

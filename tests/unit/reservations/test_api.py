@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import io
 import json
+import re
 from typing import Any
 
 import pytest
 from django.test import Client, RequestFactory
+from django.urls import resolve
 
-from reservations import api, services
+from reservations import services
 from reservations.models import (
     OutboxEvent,
     Reservation,
@@ -49,13 +52,24 @@ def get(client: Client, url: str, headers: dict[str, str] | None = None) -> Any:
     return client.get(url, headers=AUTH if headers is None else headers)
 
 
+def serve(request: Any) -> Any:
+    """A request made by hand (its headers as no client would send them) through the API's
+    URLconf and view, as Django would serve it."""
+    match = resolve(request.path)
+    return match.func(request, *match.args, **match.kwargs)
+
+
 def assert_error(response: Any, status: int, code: str, field: str | None = None) -> None:
     assert response.status_code == status, response.content
-    assert response["Content-Type"] == "application/json"
-    error = json.loads(response.content)["error"]
-    assert error["code"] == code
-    assert error["message"]
-    assert error["field"] == field
+    assert response["Content-Type"] == "application/problem+json"
+    problem = json.loads(response.content)
+    assert problem["code"] == code
+    assert problem["type"] == f"/api/v1/problems/{code}"
+    assert problem["status"] == status
+    assert problem["title"]
+    assert problem["detail"]
+    assert problem["field"] == field
+    assert problem["request_id"] == response["X-Request-ID"]
 
 
 # --- success paths -------------------------------------------------------------------------
@@ -75,6 +89,7 @@ def test_holding_a_seat_returns_201_with_the_hold_and_takes_the_seat(api_client,
     assert body == {
         "id": hold.pk,
         "offering_id": offering.pk,
+        "holder": "learner-1",
         "status": "held",
         "version": 1,
         "expires_at": hold.expires_at.isoformat(),
@@ -187,7 +202,6 @@ def test_a_json_body_that_is_not_an_object_is_a_400(api_client, offering, body):
         ({"holder": "x", "ttl_seconds": "60"}, "ttl_seconds"),
         ({"holder": "x", "ttl_seconds": True}, "ttl_seconds"),
         ({"holder": "x", "ttl_seconds": 60.5}, "ttl_seconds"),
-        ({"holder": "x", "ttl_seconds": 60.0}, "ttl_seconds"),
         ({"holder": "x", "ttl_seconds": {}}, "ttl_seconds"),
     ],
 )
@@ -198,7 +212,7 @@ def test_holding_with_a_wrongly_typed_field_is_a_400_naming_it(api_client, offer
 
 
 @pytest.mark.parametrize("action", ["renew", "confirm", "cancel"])
-@pytest.mark.parametrize("version", [True, False, "1", 1.0, [1], {"v": 1}])
+@pytest.mark.parametrize("version", [True, False, "1", 1.5, float("nan"), [1], {"v": 1}])
 def test_a_version_that_is_not_an_integer_is_a_400(api_client, offering, action, version):
     # given
     hold = services.hold_seat(offering.pk, "learner-1")
@@ -208,6 +222,21 @@ def test_a_version_that_is_not_an_integer_is_a_400(api_client, offering, action,
     assert_error(response, 400, "invalid_type", "expected_version")
     hold.refresh_from_db()
     assert (hold.status, hold.version) == ("held", 1)
+
+
+@pytest.mark.parametrize("action", ["renew", "confirm", "cancel"])
+def test_an_integral_number_is_an_integer_as_json_schema_says(api_client, offering, action):
+    # JSON has one number type; the document's "integer" includes 1.0 (and 1e0)
+    hold = services.hold_seat(offering.pk, "learner-1")
+    response = post(
+        api_client,
+        f"/api/v1/holds/{hold.pk}/{action}",
+        raw='{"expected_version": 1.0}'
+        if action != "renew"
+        else '{"expected_version": 1e0, "ttl_seconds": 600.0}',
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["version"] == 2
 
 
 @pytest.mark.parametrize("action", ["renew", "confirm", "cancel"])
@@ -254,8 +283,8 @@ def test_a_ttl_out_of_range_is_a_400_from_the_service(api_client, offering, ttl)
         api_client, f"/api/v1/offerings/{offering.pk}/holds", {"holder": "x", "ttl_seconds": ttl}
     )
     assert response.status_code == 400
-    assert response.json()["error"]["field"] == "ttl_seconds"
-    assert response.json()["error"]["code"] in {"invalid_ttl", "out_of_range"}
+    assert response.json()["field"] == "ttl_seconds"
+    assert response.json()["code"] in {"invalid_ttl", "out_of_range"}
     assert not Reservation.objects.exists()
 
 
@@ -277,7 +306,7 @@ def test_a_non_numeric_content_length_is_a_400(offering):
         headers=AUTH,
     )
     request.META["CONTENT_LENGTH"] = "twelve"
-    response = api.offering_holds(request, offering_id=offering.pk)
+    response = serve(request)
     assert_error(response, 400, "invalid_content_length")
 
 
@@ -460,7 +489,7 @@ def test_a_body_over_the_limit_without_content_length_is_a_413(offering):
     del request.META["CONTENT_LENGTH"]
     request._stream = io.BytesIO(payload)  # type: ignore[attr-defined]
     # when
-    response = api.offering_holds(request, offering_id=offering.pk)
+    response = serve(request)
     # then
     assert_error(response, 413, "body_too_large")
     assert not Reservation.objects.exists()
@@ -553,5 +582,27 @@ def test_a_bad_listing_query_is_a_400_naming_it(client, make_client, query, code
     _, token = make_client()
     response = call(client, "get", f"/api/v1/holds?{query}", token)
     assert response.status_code == 400, response.content
-    assert response.json()["error"]["code"] == code
-    assert response.json()["error"]["field"] == field
+    assert response.json()["code"] == code
+    assert response.json()["field"] == field
+
+
+@pytest.mark.usefixtures("api_token")
+def test_any_cursor_of_the_documented_shape_is_a_page_and_earlier_cursors_still_work(
+    client, offering, make_client
+):
+    _, token = make_client()
+    made = [
+        call(client, "post", hold_url(offering), token, {"holder": "ann"}).json()["id"]
+        for _ in range(3)
+    ]
+    url = f"/api/v1/offerings/{offering.pk}/holds?limit=1"
+    first = call(client, "get", url, token).json()
+    assert re.fullmatch(r"[A-Za-z0-9_-]{11}", first["next_cursor"])
+    # a cursor past every id: an empty last page, not an error
+    past = call(client, "get", f"{url}&cursor=___________", token)
+    assert past.status_code == 200
+    assert past.json() == {"holds": [], "next_cursor": None}
+    # a cursor handed out before the shape changed (base64url of "after:<id>") goes on
+    earlier = base64.urlsafe_b64encode(f"after:{made[0]}".encode()).decode().rstrip("=")
+    following = call(client, "get", f"{url}&cursor={earlier}", token).json()
+    assert [h["id"] for h in following["holds"]] == [made[1]]

@@ -97,7 +97,7 @@ def test_a_persistent_transient_failure_is_a_503_with_retry_after_and_changes_no
         response = post(client, f"/api/v1/holds/{hold.pk}/confirm", {"expected_version": 1})
         attempts = fired()
     assert response.status_code == 503
-    assert response.json()["error"]["code"] == "temporarily_unavailable"
+    assert response.json()["code"] == "temporarily_unavailable"
     assert response["Retry-After"] == str(api.RETRY_AFTER_SECONDS)
     assert attempts == TRANSIENT_ATTEMPTS
     hold.refresh_from_db()
@@ -196,14 +196,20 @@ def test_a_raced_conditional_update_is_retried(client, offering, monkeypatch):
         ("P0001", ProgrammingError),  # raise_exception: a bug, not contention
     ],
 )
-def test_a_non_transient_database_error_is_not_retried_and_not_a_503(offering, sqlstate, error):
+def test_a_non_transient_database_error_is_not_retried_and_not_a_503(
+    offering, sqlstate, error, caplog
+):
     client = Client(raise_request_exception=True)
     with failing("INSERT", "TRUE", sqlstate, times=100) as fired:
-        with pytest.raises(error):
-            post(client, f"/api/v1/offerings/{offering.pk}/holds", {"holder": "x"})
+        response = post(client, f"/api/v1/offerings/{offering.pk}/holds", {"holder": "x"})
         attempts = fired()
     assert attempts == 1
     assert not Reservation.objects.exists()
+    # a 500 problem (never Django's HTML page), with the error and its traceback in the log
+    assert response.status_code == 500
+    assert response.json()["code"] == "internal_error"
+    (logged,) = [r for r in caplog.records if r.message == "unhandled error in an API request"]
+    assert logged.exc_info is not None and logged.exc_info[0] is error
 
 
 def test_a_non_transient_operational_error_is_not_retried(offering, monkeypatch):
