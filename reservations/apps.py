@@ -31,7 +31,10 @@ def _rate_limits_enforced(app_configs: Any = None, **_: Any) -> list[CheckMessag
     return [
         checks.Warning(
             "API rate limits are not enforced: no Redis to count requests in",
-            hint="set RESERVATIONS_API_RATE_LIMIT_REDIS_URL to a redis:// or rediss:// URL",
+            hint=(
+                "set RESERVATIONS_API_RATE_LIMIT_REDIS_URL (or CLEANUP_COUNTER_REDIS_URL) to a "
+                "redis:// or rediss:// URL"
+            ),
             id="reservations.W001",
         )
     ]

@@ -26,8 +26,8 @@ from tests.support.web import WebServer, gunicorn
 
 PASSWORD = "correct-horse-battery-staple-9"
 ADMIN = "admin"
-FAILURE_LIMIT = 5  # AXES_FAILURE_LIMIT's default
-USERNAME_LIMIT = 8  # LOGIN_USERNAME_FAILURE_LIMIT, lowered for the test
+FAILURE_LIMIT = 2  # AXES_FAILURE_LIMIT, lowered for the test
+USERNAME_LIMIT = 4 * FAILURE_LIMIT  # LOGIN_USERNAME_FAILURE_LIMIT, derived from it
 
 
 @dataclass
@@ -116,14 +116,14 @@ def admin(transactional_db: None) -> User:
 
 @pytest.fixture
 def behind_a_proxy(admin: User, tmp_path: Path) -> Iterator[WebServer]:
-    env = {"TRUSTED_PROXY_COUNT": "1", "LOGIN_USERNAME_FAILURE_LIMIT": str(USERNAME_LIMIT)}
+    env = {"TRUSTED_PROXY_COUNT": "1", "AXES_FAILURE_LIMIT": str(FAILURE_LIMIT)}
     with gunicorn(tmp_path, workers=1, threads=2, **env) as server:
         yield server
 
 
 @pytest.fixture
 def reached_directly(admin: User, tmp_path: Path) -> Iterator[WebServer]:
-    env = {"TRUSTED_PROXY_COUNT": "0", "LOGIN_USERNAME_FAILURE_LIMIT": str(USERNAME_LIMIT)}
+    env = {"TRUSTED_PROXY_COUNT": "0", "AXES_FAILURE_LIMIT": str(FAILURE_LIMIT)}
     with gunicorn(tmp_path, workers=1, threads=2, **env) as server:
         yield server
 

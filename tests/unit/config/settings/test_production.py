@@ -49,7 +49,6 @@ def test_production_starts_with_strong_values() -> None:
         ({"TRUSTED_PROXY_COUNT": "one"}, "TRUSTED_PROXY_COUNT='one' is not an integer"),
         ({"TRUSTED_PROXY_COUNT": "-1"}, "TRUSTED_PROXY_COUNT=-1 must be >= 0"),
         ({"TRUSTED_PROXY_COUNT": "9"}, "TRUSTED_PROXY_COUNT=9 must be <= 5"),
-        ({"LOGIN_USERNAME_FAILURE_LIMIT": "5"}, "LOGIN_USERNAME_FAILURE_LIMIT=5 must be >= 6"),
     ],
 )
 def test_production_refuses_development_values_naming_the_variable(
