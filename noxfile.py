@@ -60,12 +60,15 @@ LANE_B = [  # the slow waiting real-worker modules (beat, autoscaler, metrics, t
     "tests/integration/test_try_it.py",
     "tests/integration/test_planted_state.py",
 ]
-LANE_C = [  # the browser tests and the failure-path modules
+LANE_C = [  # the browser tests, the failure-path modules and the live web's own tests
     "tests/integration/browser",
     "tests/integration/test_hostile_input.py",
     "tests/integration/test_failure_paths_real.py",
     "tests/integration/test_health_commands.py",
     "tests/integration/test_task_failures.py",
+    "tests/integration/test_admin_lockout_live.py",
+    "tests/integration/test_api_conformance.py",
+    "tests/integration/test_api_client_example.py",
 ]
 RABBITMQ_SUITES = [  # the real-worker correctness suites again on RabbitMQ
     "tests/integration/test_delivery.py",
