@@ -68,7 +68,7 @@ def generator_tools() -> Path:
     except subprocess.CalledProcessError as exc:
         skip_for_missing(
             "openapi-python-client",
-            f"pip could not install {GENERATOR_LOCK.name} into {GENERATOR_TOOLS} "
+            f"pip could not install {GENERATOR_LOCK.name} into {GENERATOR_TOOLS.relative_to(ROOT)} "
             f"(exit {exc.returncode}; no network or package index?)",
         )
 
