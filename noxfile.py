@@ -69,6 +69,7 @@ LANE_C = [  # the browser tests, the failure-path modules and the live web's own
     "tests/integration/test_admin_lockout_live.py",
     "tests/integration/test_api_conformance.py",
     "tests/integration/test_api_client_example.py",
+    "tests/integration/test_api_generated_client.py",
 ]
 RABBITMQ_SUITES = [  # the real-worker correctness suites again on RabbitMQ
     "tests/integration/test_delivery.py",

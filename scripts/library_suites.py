@@ -185,23 +185,21 @@ def extract_tests(sdist: Path) -> Path:
     return dest
 
 
-def install_tools() -> Path:
-    """The beat suite's pytest<9 and ephem, with their hashes, once per lock file content."""
-    target = CACHE / "tools"
-    stamp = target / f".installed.{_sha256(TOOLS_LOCK)[:16]}"
+def install_lock(lock: Path, target: Path) -> Path:
+    """Every package of the hashed ``lock`` installed into ``target`` (put on a PYTHONPATH of
+    its own, never into .venv), once per lock file content: a stamp named after the lock's hash
+    says it is there, and a changed lock starts ``target`` afresh."""
+    stamp = target / f".installed.{_sha256(lock)[:16]}"
     if not stamp.exists():
         shutil.rmtree(target, ignore_errors=True)
-        _pip(
-            "install",
-            "--no-deps",
-            "--require-hashes",
-            "-r",
-            str(TOOLS_LOCK),
-            "--target",
-            str(target),
-        )
+        _pip("install", "--no-deps", "--require-hashes", "-r", str(lock), "--target", str(target))
         stamp.touch()
     return target
+
+
+def install_tools() -> Path:
+    """The beat suite's pytest<9 and ephem, with their hashes (TOOLS_LOCK)."""
+    return install_lock(TOOLS_LOCK, CACHE / "tools")
 
 
 def check_installed(pins: dict[str, tuple[str, set[str]]]) -> None:

