@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from queue import Empty
 from typing import Any, TypeVar
@@ -240,7 +239,8 @@ class ScreenedQoS(_RedisQoS):
 
     def _scan_visible(self, start: int, num: int) -> None:
         with self.channel.conn_or_acquire() as client:
-            ceil = time.time() - self.visibility_timeout
+            # kombu's own clock (``kombu.transport.redis.time``), as its scan reads it.
+            ceil = redis.time() - self.visibility_timeout  # type: ignore[attr-defined]
             visible = client.zrange(
                 self.unacked_index_key,
                 ceil,
