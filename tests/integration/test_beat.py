@@ -83,10 +83,11 @@ def _leader(bs: list[Beat]) -> Beat | None:
     return leaders[0] if len(leaders) == 1 else None
 
 
-def _health_samples_through_the_sweep_queue(span: float) -> list[HealthSample]:
-    """Send the health sample task to the sweep queue (where beat sends sweeps), each once the
-    workers have recorded the previous one, until the samples they took span ``span`` seconds
-    by their own clock; those samples."""
+def _health_samples_while_beat_is_down(span: float) -> list[HealthSample]:
+    """Send the health sample task to its own queue, each once the workers have recorded the
+    previous one, until the samples they took span ``span`` seconds by their own clock; those
+    samples. The sweep queue stays empty all along (a task read from another task's queue is a
+    ``misrouted`` dead letter, so the samples cannot go there)."""
     newer_than = HealthSample.objects.aggregate(last=Max("pk"))["last"] or 0
 
     def after(pk: int) -> Callable[[], HealthSample | None]:
@@ -94,13 +95,14 @@ def _health_samples_through_the_sweep_queue(span: float) -> list[HealthSample]:
 
     samples: list[HealthSample] = []
     while len(samples) < 2 or (samples[-1].taken_at - samples[0].taken_at).total_seconds() < span:
-        sample_health_task.apply_async(queue=cleanup_settings().sweep_queue)
+        sample_health_task.apply_async(queue=cleanup_settings().maintenance_queue)
+        assert broker.queue_depth("sweep") == 0
         samples.append(
             wait_until(
                 after(samples[-1].pk if samples else newer_than),
                 timeout=60,
                 interval=0.5,
-                what="the workers to take a health sample from the sweep queue",
+                what="the workers to take a health sample",
             )
         )
     return samples
@@ -121,10 +123,10 @@ def test_beat_paused_for_several_intervals_catches_up(workers, schedule, beat_lo
             what="sweep queue drained",
         )
         paused = create_eligible_holds(300, offerings=3)
-        # the workers go on consuming the sweep queue for five of the sweeps' 1 s intervals (a
-        # sweep sent by anything meanwhile would have claimed these holds), and all along they
-        # see every hold due and unclaimed
-        samples = _health_samples_through_the_sweep_queue(span=5.0)
+        # the workers go on consuming for five of the sweeps' 1 s intervals with no sweep in the
+        # sweep queue (a sweep sent by anything meanwhile would have claimed these holds), and
+        # all along they see every hold due and unclaimed
+        samples = _health_samples_while_beat_is_down(span=5.0)
         assert {sample.eligible for sample in samples} == {len(paused)}
         assert released_count(paused) == 0
         assert set(claim_counts(paused).values()) == {0}
