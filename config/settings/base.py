@@ -329,8 +329,12 @@ LOGGING = {
 # --- The JSON API's request ids and problem answers (reservations.problems) ----------------
 # First, so every other middleware's log lines under /api/v1/ carry the request's id too.
 MIDDLEWARE.insert(0, "reservations.problems.ApiRequestMiddleware")
-LOGGING["filters"] = {"request_id": {"()": "reservations.problems.RequestIdLogFilter"}}
-LOGGING["handlers"]["console"]["filters"] = ["request_id"]  # type: ignore[index]
+LOGGING["filters"] = {
+    "request_id": {"()": "reservations.problems.RequestIdLogFilter"},
+    # trace_id and span_id of the current OpenTelemetry span (docs/TRACING.md)
+    "trace_context": {"()": "config.logging.TraceContextLogFilter"},
+}
+LOGGING["handlers"]["console"]["filters"] = ["request_id", "trace_context"]  # type: ignore[index]
 
 # --- The JSON API's rate limits (reservations.ratelimit) ------------------------------------
 # RESERVATIONS_API_RATE_LIMIT_REDIS_URL is left unset: the limiter counts in the cleanup's
