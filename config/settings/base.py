@@ -12,7 +12,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from cleanup import conf as cleanup_conf
-from cleanup import redis_sentinel
+from cleanup import error_reports, redis_sentinel
 from cleanup.broker import celery_policy, queues
 from cleanup.conf import CleanupSettings
 from config import redis_tls
@@ -339,3 +339,8 @@ LOGGING["handlers"]["console"]["filters"] = ["request_id", "trace_context"]  # t
 # --- The JSON API's rate limits (reservations.ratelimit) ------------------------------------
 # RESERVATIONS_API_RATE_LIMIT_REDIS_URL is left unset: the limiter counts in the cleanup's
 # counter Redis (CLEANUP_COUNTER_REDIS_URL, the broker's by default, with its TLS options).
+
+# --- Error reports (cleanup.error_reports): Sentry when SENTRY_DSN is set, scrubbed ---------
+# sentry-sdk reads SENTRY_DSN itself; traces are OpenTelemetry's (cleanup.tracing, started per
+# process after any fork: config/wsgi.py, cleanup.worker.signals). docs/TRACING.md.
+error_reports.configure()
