@@ -59,6 +59,7 @@ LANE_B = [  # the slow waiting real-worker modules (beat, autoscaler, metrics, t
     "tests/integration/test_metrics.py",
     "tests/integration/test_try_it.py",
     "tests/integration/test_planted_state.py",
+    "tests/integration/test_tracing_live.py",
 ]
 LANE_C = [  # the browser tests, the failure-path modules and the live web's own tests
     "tests/integration/browser",

@@ -159,6 +159,13 @@ def begin_request(request: HttpRequest) -> str:
     return request_id
 
 
+def tag_request_span(attributes: Mapping[str, Any]) -> None:
+    """Name what the request worked on in its span (with tracing on; nothing otherwise): a
+    hold's ``reservation.id`` joins the request's trace to the sweep's that releases it."""
+    if otel_trace is not None:
+        otel_trace.get_current_span().set_attributes(dict(attributes))
+
+
 def request_id_of(request: HttpRequest) -> str:
     """The id ``begin_request`` gave the request, giving it one now if no middleware did."""
     found = getattr(request, "request_id", None)
