@@ -78,6 +78,7 @@ RABBITMQ_SUITES = [  # the real-worker correctness suites again on RabbitMQ
     "tests/integration/test_autoscale.py",
     "tests/integration/test_sweep_kill.py",
     "tests/integration/test_hostile_input.py",
+    "tests/integration/test_tracing_live.py",
 ]
 TLS_SUITES = [  # again on a TLS Redis (rediss://, how managed Redis runs)
     "tests/integration/test_delivery.py",
