@@ -27,16 +27,21 @@ def _extras(record: logging.LogRecord) -> dict[str, object]:
 
 class TraceContextLogFilter(logging.Filter):
     """Adds ``trace_id`` and ``span_id`` (hex, as trace back-ends show them) to every record
-    logged inside a recording span. A record that names its own ``trace_id`` (the sweep's and
-    the releases' lines) keeps it: with tracing on, that is the same trace's id."""
+    logged inside a recording span, so every such line joins its trace. A record that names a
+    ``trace_id`` of its own (the sweep's and the releases' lines: the message's) keeps it when
+    it is the span's, as it is for everything a traced sweep published; a different one (a
+    message a person or an untraced publisher sent) moves to ``message_trace_id``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if otel_trace is None:
             return True
         context = otel_trace.get_current_span().get_span_context()
         if context.is_valid:
-            if not hasattr(record, "trace_id"):
-                record.trace_id = format(context.trace_id, "032x")
+            trace_id = format(context.trace_id, "032x")
+            own = getattr(record, "trace_id", None)
+            if own is not None and own != trace_id:
+                record.message_trace_id = own
+            record.trace_id = trace_id
             record.span_id = format(context.span_id, "016x")
         return True
 

@@ -27,6 +27,8 @@ from tests.support.fleet import (
     beats,
     dedicated,
     free_port,
+    log_fields,
+    log_lines,
     one_eligible_hold,
     scrape_worker,
     status_of,
@@ -139,23 +141,29 @@ def otel_env(receiver: Receiver) -> dict[str, str]:
     return {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"}
 
 
+@dataclass(frozen=True)
+class TracedWorker:
+    metrics_port: int
+    log: Path
+
+
 @pytest.fixture
 def traced_worker(
     clean: None, exclusive_workers: None, tmp_path: Path, receiver: Receiver
-) -> Iterator[int]:
-    """One traced worker (prefork, one pool process); its metrics port."""
+) -> Iterator[TracedWorker]:
+    """One traced worker (prefork, one pool process): its metrics port and log."""
     port = free_port()
     env = {
         **otel_env(receiver),
         "WORKER_METRICS_PORT": str(port),
         "WORKER_METRICS_DIR": str(tmp_path / "worker-metrics"),
     }
-    with dedicated(tmp_path, {"concurrency": 1, "env": env}):
-        yield port
+    with dedicated(tmp_path, {"concurrency": 1, "env": env}) as (worker,):
+        yield TracedWorker(port, worker.log_path)
 
 
 def test_a_hold_taken_through_the_api_is_released_in_one_trace_from_beat(
-    traced_worker: int, receiver: Receiver, tmp_path: Path
+    traced_worker: TracedWorker, receiver: Receiver, tmp_path: Path
 ) -> None:
     # given: a traced web, worker and beat sweeping every second
     install_schedule(shards=1, every=1)
@@ -216,11 +224,15 @@ def test_a_hold_taken_through_the_api_is_released_in_one_trace_from_beat(
     assert chain[-1][0] == "beat"
     # the hold's creation is a trace of its own, joined to the release by the hold's id
     assert request_span.trace_id != release.trace_id
+    # and: the worker's line for the release names the trace and the release's run span
+    (line,) = attempt_lines(traced_worker, hold_id)
+    assert line["trace_id"] == release.trace_id
+    assert line["span_id"] == by_id[release.parent_id].span_id
     print(f"trace {release.trace_id}: " + " <- ".join(f"{r}:{n}" for r, n in chain))
 
 
 def test_a_hostile_traceparent_is_dropped_once_and_the_hold_still_released(
-    traced_worker: int, receiver: Receiver
+    traced_worker: TracedWorker, receiver: Receiver
 ) -> None:
     # given: an expired hold and its (signed) release message carrying a hostile traceparent
     hold_id, _ = one_eligible_hold()
@@ -242,7 +254,18 @@ def test_a_hostile_traceparent_is_dropped_once_and_the_hold_still_released(
     assert release.trace_id != FORGED_TRACE
     assert [s for s in receiver.spans if s.trace_id == FORGED_TRACE] == []
     # and: the header was dropped and counted once (its tracestate with it)
-    samples, _ = scrape_worker(traced_worker)
+    samples, _ = scrape_worker(traced_worker.metrics_port)
     name = "reservation_cleanup_trace_headers_dropped_total"
     assert total(samples, name, header="traceparent") == 1
     assert total(samples, name, header="tracestate") == 1
+    # the release's log line joins the worker's own trace; the message's claim is kept apart
+    (line,) = attempt_lines(traced_worker, hold_id)
+    assert line["trace_id"] == release.trace_id and line["message_trace_id"] == "hostile"
+
+
+def attempt_lines(worker: TracedWorker, hold_id: int) -> list[dict[str, str]]:
+    return [
+        log_fields(line)
+        for line in log_lines([worker.log], "release attempt")
+        if log_fields(line).get("reservation_id") == str(hold_id)
+    ]

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 from celery import current_app
@@ -26,7 +27,7 @@ from cleanup.broker import screening
 from cleanup.conf import cleanup_settings
 from cleanup.wire import RELEASE_TASK, SWEEP_TASK
 from cleanup.worker import consumer
-from config.logging import JsonFormatter, TraceContextLogFilter
+from config.logging import JsonFormatter, KeyValueFormatter, TraceContextLogFilter
 from reservations.models import Reservation
 from reservations.problems import RequestIdLogFilter
 from tests.support.holds import seed_expired
@@ -191,17 +192,23 @@ def test_log_lines_inside_a_span_carry_its_ids_and_others_none(
         TraceContextLogFilter().filter(made)
         return made
 
-    outside = record()
+    outside = record(trace_id="untraced-sweep")
     with tracing.span("test.outer") as span:
+        context = span.get_span_context()
         inside = record()
-        own = record(trace_id="the-sweeps-own")
-    context = span.get_span_context()
-    assert not hasattr(outside, "trace_id") and not hasattr(outside, "span_id")
+        same = record(trace_id=format(context.trace_id, "032x"))
+        other = record(trace_id="a-requeued-message")
+    assert vars(outside)["trace_id"] == "untraced-sweep" and not hasattr(outside, "span_id")
     line = json.loads(JsonFormatter().format(inside))
     assert line["trace_id"] == format(context.trace_id, "032x")
     assert line["span_id"] == format(context.span_id, "016x")
-    assert vars(own)["trace_id"] == "the-sweeps-own"
-    assert vars(own)["span_id"] == line["span_id"]
+    assert json.loads(JsonFormatter().format(same)) == {**line, "ts": ANY}
+    assert json.loads(JsonFormatter().format(other)) == {
+        **line,
+        "ts": ANY,
+        "message_trace_id": "a-requeued-message",
+    }
+    assert "trace_id=" + line["trace_id"] in KeyValueFormatter().format(other)
 
 
 @pytest.mark.django_db
