@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from cleanup import tracing
 from cleanup.broker import screening
 from cleanup.conf import cleanup_settings
-from cleanup.wire import RELEASE_TASK, SWEEP_TASK
+from cleanup.wire import RELEASE_BATCH_TASK, RELEASE_TASK, SWEEP_TASK
 from cleanup.worker import consumer
 from config.logging import JsonFormatter, KeyValueFormatter, TraceContextLogFilter
 from reservations.models import Reservation
@@ -125,6 +125,25 @@ def test_one_trace_runs_from_the_sweep_through_each_message_to_its_release(
     runs = {format(parent(s).context.span_id, "016x") for s in releases}
     assert {record.trace_id for record in lines} == {format(trace_id, "032x")}
     assert {record.span_id for record in lines} == runs
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_release_span_names_each_hold_with_its_version_and_outcome(
+    spans: InMemorySpanExporter, broker: Any, settings: Any
+) -> None:
+    settings.CLEANUP_RELEASE_MODE = "batch"
+    ids = seed_expired(3, seconds_ago=60, offerings=1)
+    run_as_worker(SWEEP_TASK, {"id": "sweep-b", "task": SWEEP_TASK}, [], {"shard": 0, "shards": 1})
+    ((headers, args, kwargs),) = queued(cleanup_settings().release_queue, broker)
+    run_as_worker(RELEASE_BATCH_TASK, headers, args, kwargs)
+    (release,) = by_name(spans)["cleanup.release"]
+    (sweep,) = by_name(spans)["cleanup.sweep"]
+    assert release.context.trace_id == sweep.context.trace_id
+    attributes = dict(release.attributes or {})
+    assert sorted(attributes["reservation.ids"]) == sorted(ids)
+    assert attributes["reservation.versions"] == (1, 1, 1)
+    assert attributes["release.outcomes"] == ("released",) * 3
+    assert attributes["cleanup.holds"] == 3
 
 
 @pytest.mark.django_db(transaction=True)
