@@ -198,6 +198,17 @@ def _reset_for_tests() -> Iterator[None]:
                 _provider.shutdown()
             _configured_pid = _tracer = _provider = None
             _uninstrument()
+            _unset_provider()
+
+
+def _unset_provider() -> None:
+    # Back to the API's proxy: later code in the process sees tracing as never set up.
+    try:
+        from opentelemetry import trace  # noqa: PLC0415 - the optional tracing extra
+    except ImportError:
+        return
+    trace._TRACER_PROVIDER_SET_ONCE._done = False
+    trace._TRACER_PROVIDER = None
 
 
 def _uninstrument() -> None:

@@ -80,6 +80,7 @@ def test_one_trace_runs_from_the_sweep_through_each_message_to_its_release(
     # given: two due holds, one hold per message
     settings.CLEANUP_RELEASE_MODE = "single"
     ids = seed_expired(2, seconds_ago=60, offerings=1)
+    spans.clear()  # the seeding's statements, each a trace of its own on a traced connection
     # when: beat's message runs the sweep, and a worker runs each release message it published
     result = run_as_worker(
         SWEEP_TASK, {"id": "sweep-1", "task": SWEEP_TASK}, [], {"shard": 0, "shards": 1}
@@ -319,3 +320,13 @@ def test_without_an_endpoint_no_provider_and_no_instrumentation_is_installed() -
         "False",
         "True None",
     ]
+
+
+def test_a_test_that_traced_leaves_the_process_as_it_found_it() -> None:
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    with tracing._reset_for_tests():
+        tracing.configure("worker", exporter=InMemorySpanExporter())
+        assert tracing.is_on() and CeleryInstrumentor().is_instrumented_by_opentelemetry
+    assert not tracing.is_on() and not CeleryInstrumentor().is_instrumented_by_opentelemetry
+    assert type(trace.get_tracer_provider()).__name__ == "ProxyTracerProvider"
