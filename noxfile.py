@@ -59,6 +59,7 @@ LANE_B = [  # the slow waiting real-worker modules (beat, autoscaler, metrics, t
     "tests/integration/test_metrics.py",
     "tests/integration/test_try_it.py",
     "tests/integration/test_planted_state.py",
+    "tests/integration/test_tracing_live.py",
 ]
 LANE_C = [  # the browser tests, the failure-path modules and the live web's own tests
     "tests/integration/browser",
@@ -77,6 +78,7 @@ RABBITMQ_SUITES = [  # the real-worker correctness suites again on RabbitMQ
     "tests/integration/test_autoscale.py",
     "tests/integration/test_sweep_kill.py",
     "tests/integration/test_hostile_input.py",
+    "tests/integration/test_tracing_live.py",
 ]
 TLS_SUITES = [  # again on a TLS Redis (rediss://, how managed Redis runs)
     "tests/integration/test_delivery.py",

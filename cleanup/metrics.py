@@ -109,6 +109,14 @@ CONTROL_DROPS = Counter(
     ["reason"],
 )
 
+# The W3C trace headers (traceparent, tracestate) a worker dropped from a task message because
+# they were malformed; the message itself still runs (cleanup.broker.screening).
+TRACE_HEADERS_DROPPED = Counter(
+    f"{PREFIX}_trace_headers_dropped",
+    "Malformed W3C trace headers a worker dropped from task messages, by header",
+    ["header"],
+)
+
 AUTOSCALE_DECISIONS = Counter(
     f"{PREFIX}_autoscale_decisions",
     "Pool autoscaler decisions (cleanup.operations.scaling.autoscale), by action and reason",
@@ -176,6 +184,8 @@ def initialize_worker_series() -> None:
         CONTROL_DROPS.labels(reason=reason)
     for reader in KNOWN_SKIP_READERS:
         BROKER_ENTRIES_SKIPPED.labels(reader=reader)
+    for header in ("traceparent", "tracestate"):
+        TRACE_HEADERS_DROPPED.labels(header=header)
     # kombu's ack bookkeeping keys: the quarantine alert reads 0 from them until a key is planted
     for key in ("unacked", "unacked_index"):
         BROKER_KEYS_SET_ASIDE.labels(key=key)
@@ -236,6 +246,10 @@ def record_dead_letter(reason: str) -> None:
 
 def record_control_drop(reason: str) -> None:
     CONTROL_DROPS.labels(reason=reason).inc()
+
+
+def record_trace_header_dropped(header: str) -> None:
+    TRACE_HEADERS_DROPPED.labels(header=header).inc()
 
 
 def record_skipped_entry(reader: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from cleanup import tracing
 from cleanup.broker.celery_app import app
 from cleanup.operations import samples
 from cleanup.release import dead_letters, outbox
@@ -56,7 +57,9 @@ def release_batch_task(self: CleanupTask, message: dict[str, Any]) -> dict[str, 
 
 @app.task(bind=True, base=CleanupTask, name=SWEEP_TASK, periodic=True)
 def sweep_shard_task(self: CleanupTask, shard: int, shards: int) -> dict[str, Any]:
-    result = sweep_shard(shard, shards, trace_id=self.request.id)
+    # The run's trace id (on its messages, receipts and log lines) is the OpenTelemetry trace's
+    # when tracing is on (cleanup.tracing), so both name the same fan-out; the task id if not.
+    result = sweep_shard(shard, shards, trace_id=tracing.current_trace_id() or self.request.id)
     record_last_sweep(result)  # the health page's "last sweep" of this shard
     return result.as_dict()
 

@@ -315,6 +315,7 @@ def _hold_change(
             hold = call_with_retries(call)
         except ReservationError as exc:
             return idempotency.Response(*_domain_error(request, exc))
+        problems.tag_request_span({"reservation.id": hold.pk, "reservation.version": hold.version})
         headers = {"Location": _hold_location(hold.pk)} if status == 201 else {}
         return idempotency.Response(status, hold_json(hold), headers)
 

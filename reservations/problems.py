@@ -16,7 +16,8 @@ or header at fault, or null) are extension members, as is ``request_id``.
 The request id: an incoming ``X-Request-ID`` is kept when it is well formed (1 to 128 of
 ``A-Z a-z 0-9 . _ : -``), anything else is replaced by a new one. It is answered in the
 ``X-Request-ID`` header, put in problem bodies, and added to every log line written while the
-request runs (``RequestIdLogFilter``).
+request runs (``RequestIdLogFilter``). With tracing on (docs/TRACING.md), the request's span
+carries it as ``http.request_id``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,15 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
+otel_trace: Any
+try:  # the optional tracing extra; without it no span is ever current
+    from opentelemetry import trace as otel_trace
+except ImportError:  # pragma: no cover - the locked environments install it
+    otel_trace = None
+
 logger = logging.getLogger(__name__)
+# The request span's attribute naming the request id (the header's value).
+REQUEST_ID_ATTRIBUTE = "http.request_id"
 
 CONTENT_TYPE = "application/problem+json"
 REQUEST_ID_HEADER = "X-Request-ID"
@@ -122,6 +131,12 @@ _request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
+# The request span's (trace id, span id) in hex, with tracing on.
+_request_trace: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "reservations_request_trace", default=None
+)
+
+
 def current_request_id() -> str | None:
     return _request_id.get()
 
@@ -133,7 +148,22 @@ def begin_request(request: HttpRequest) -> str:
     request_id = sent if REQUEST_ID_PATTERN.fullmatch(sent) else uuid.uuid4().hex
     _request_id.set(request_id)
     request.request_id = request_id  # type: ignore[attr-defined]
+    if otel_trace is not None:
+        # The Django instrumentation's request span, when tracing is on (else a no-op span).
+        span = otel_trace.get_current_span()
+        span.set_attribute(REQUEST_ID_ATTRIBUTE, request_id)
+        context = span.get_span_context()
+        if context.is_valid:
+            # Django logs a 4xx or 5xx after the span has ended: the request's lines keep its ids.
+            _request_trace.set((format(context.trace_id, "032x"), format(context.span_id, "016x")))
     return request_id
+
+
+def tag_request_span(attributes: Mapping[str, Any]) -> None:
+    """Name what the request worked on in its span (with tracing on; nothing otherwise): a
+    hold's ``reservation.id`` joins the request's trace to the sweep's that releases it."""
+    if otel_trace is not None:
+        otel_trace.get_current_span().set_attributes(dict(attributes))
 
 
 def request_id_of(request: HttpRequest) -> str:
@@ -145,6 +175,7 @@ def request_id_of(request: HttpRequest) -> str:
 def _forget_request_id(**_: Any) -> None:
     # After the response is closed (Django logs a 4xx or 5xx before that, with the id).
     _request_id.set(None)
+    _request_trace.set(None)
 
 
 request_finished.connect(_forget_request_id, dispatch_uid="reservations.problems.request_id")
@@ -152,12 +183,16 @@ request_finished.connect(_forget_request_id, dispatch_uid="reservations.problems
 
 class RequestIdLogFilter(logging.Filter):
     """Adds ``request_id`` to every record logged while an API request runs (add it to the log
-    handlers: config/settings/base.py does)."""
+    handlers: config/settings/base.py does), and with tracing on the request span's
+    ``trace_id`` and ``span_id``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         request_id = _request_id.get()
         if request_id is not None and not hasattr(record, "request_id"):
             record.request_id = request_id
+        ids = _request_trace.get()
+        if ids is not None and not hasattr(record, "trace_id"):
+            record.trace_id, record.span_id = ids
         return True
 
 

@@ -260,12 +260,71 @@ def check_payload(payload: Any) -> str | None:
     return None
 
 
+# The W3C Trace Context headers (https://www.w3.org/TR/trace-context/) a traced publisher adds
+# (cleanup.tracing): admitted only in their exact syntax. traceparent is version 00's
+# "00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>" (55 characters), ids not all zeros;
+# tracestate is at most 32 comma-separated key=value list members in 512 characters.
+TRACE_HEADERS = ("traceparent", "tracestate")
+TRACEPARENT_LENGTH = 55
+TRACESTATE_MAX_CHARS = 512
+TRACESTATE_MAX_MEMBERS = 32
+_TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+_TRACESTATE_MEMBER = re.compile(
+    r"(?:[a-z][a-z0-9_\-*/]{0,255}|[a-z0-9][a-z0-9_\-*/]{0,240}@[a-z][a-z0-9_\-*/]{0,13})"
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+)
+
+
+def trace_header_problem(name: str, value: Any) -> str | None:
+    """Why a ``traceparent`` or ``tracestate`` header is malformed, or ``None``."""
+    if not isinstance(value, str):
+        return f"{name} is not a string"
+    if name == "traceparent":
+        if len(value) != TRACEPARENT_LENGTH or not _TRACEPARENT.fullmatch(value):
+            return "traceparent is not 00-<trace id>-<parent id>-<flags>"
+        return None
+    if len(value) > TRACESTATE_MAX_CHARS:
+        return f"tracestate is longer than {TRACESTATE_MAX_CHARS} characters"
+    members = [member.strip(" \t") for member in value.split(",")]
+    if len(members) > TRACESTATE_MAX_MEMBERS:
+        return f"tracestate has more than {TRACESTATE_MAX_MEMBERS} list members"
+    if not all(member == "" or _TRACESTATE_MEMBER.fullmatch(member) for member in members):
+        return "tracestate has a member that is not key=value"
+    return None
+
+
+def drop_malformed_trace_headers(headers: dict[str, Any]) -> list[str]:
+    """Remove a malformed ``traceparent`` or ``tracestate`` from a task message's headers (in
+    place, before Celery builds the request from them); the names removed. A trace header is
+    context, never trusted: a bad one costs the trace, not the message. A tracestate without
+    a valid traceparent goes too (it means nothing alone)."""
+    dropped = [
+        name
+        for name in TRACE_HEADERS
+        if name in headers and trace_header_problem(name, headers[name]) is not None
+    ]
+    for name in dropped:
+        del headers[name]
+    if "tracestate" in headers and "traceparent" not in headers:
+        del headers["tracestate"]
+        dropped.append("tracestate")
+    return dropped
+
+
 # What the project's own publishers write on a task message: Celery's send_task and retry (the
 # sweep's fan-out, beat's sends, the dead-letter requeue), django-celery-beat's entry name, and
-# kombu's redelivery flag on a restored Redis message. A header outside this set is a request
-# the project never makes (docs/HARDENING.md, "Only what the publisher asks for").
+# kombu's redelivery flag on a restored Redis message, and the W3C trace headers (checked and
+# dropped when malformed by ``drop_malformed_trace_headers``, first). A header outside this set
+# is a request the project never makes (docs/HARDENING.md, "Only what the publisher asks for").
 PUBLISHER_HEADERS = frozenset(
-    {*_HEADER_CHECKS, "task", "redelivered", "periodic_task_name", "celery_beat_task"}
+    {
+        *_HEADER_CHECKS,
+        *TRACE_HEADERS,
+        "task",
+        "redelivered",
+        "periodic_task_name",
+        "celery_beat_task",
+    }
 )
 # Headers the publisher always leaves empty: groups, chords, replacement and stamping are
 # Celery features the pipeline never uses.

@@ -22,7 +22,7 @@ from typing import Any
 
 from django.db import connection
 
-from cleanup import metrics, sql
+from cleanup import metrics, sql, tracing
 from cleanup.release import delivery_cap
 from cleanup.release.messages import BatchMessage, ReleaseMessage
 from reservations.services import AttachedWrite, ReleaseOutcome, release_holds
@@ -133,7 +133,9 @@ def run_attempt(
     """
     holds = (message,) if isinstance(message, ReleaseMessage) else message.items
     delivery_cap.tally(len(holds))
-    outcomes = release_batch(holds, attempt)
+    with tracing.span("cleanup.release", _span_attributes(holds, attempt)) as span:
+        outcomes = release_batch(holds, attempt)
+        tracing.set_attributes(span, _outcome_attributes(holds, outcomes))
     duration = time.perf_counter() - started
     age = attempt.queue_age_seconds
     # Which hold ended how, by id (a batch is at most MAX_BATCH_ITEMS holds): "what happened
@@ -165,6 +167,31 @@ def run_attempt(
         },
     )
     return {"outcomes": counts, "rejected": len(message.rejected)}
+
+
+def _span_attributes(holds: Sequence[ReleaseMessage], attempt: Attempt) -> dict[str, Any]:
+    """The ``cleanup.release`` span names its hold (``reservation.id``, ``reservation.version``)
+    or, for a batch, its holds in order (``reservation.ids``, ``reservation.versions``)."""
+    common = {"cleanup.attempt": attempt.attempt, "cleanup.holds": len(holds)}
+    if len(holds) == 1:
+        return {
+            **common,
+            "reservation.id": holds[0].reservation_id,
+            "reservation.version": holds[0].version,
+        }
+    return {
+        **common,
+        "reservation.ids": [hold.reservation_id for hold in holds],
+        "reservation.versions": [hold.version for hold in holds],
+    }
+
+
+def _outcome_attributes(
+    holds: Sequence[ReleaseMessage], outcomes: dict[int, str]
+) -> dict[str, Any]:
+    if len(holds) == 1:
+        return {"release.outcome": outcomes[holds[0].reservation_id]}
+    return {"release.outcomes": [outcomes[hold.reservation_id] for hold in holds]}
 
 
 def _log_attempt(message: ReleaseMessage, attempt: Attempt, outcome: str, duration: float) -> None:

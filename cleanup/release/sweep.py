@@ -27,7 +27,7 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 from django.db import DatabaseError, InterfaceError, OperationalError, transaction
 
-from cleanup import metrics, sql
+from cleanup import metrics, sql, tracing
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeadLetter
 from cleanup.release import admission, dead_letters, locks
@@ -139,6 +139,41 @@ def _let_go(unlock: Callable[[], None], what: str) -> None:
 
 
 def sweep_shard(
+    shard: int,
+    shards: int,
+    *,
+    trace_id: str | None = None,
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+    max_queue_depth: int | None = None,
+) -> SweepResult:
+    """Sweep one shard (see the module's docstring), in a ``cleanup.sweep`` span whose
+    children are each batch's admission, claim and publish (docs/TRACING.md)."""
+    with tracing.span("cleanup.sweep", {"cleanup.shard": shard, "cleanup.shards": shards}) as span:
+        result = _sweep_shard(
+            shard,
+            shards,
+            trace_id=trace_id,
+            batch_size=batch_size,
+            max_batches=max_batches,
+            max_queue_depth=max_queue_depth,
+        )
+        tracing.set_attributes(
+            span,
+            {
+                "cleanup.claimed": result.claimed,
+                "cleanup.published": result.published,
+                "cleanup.messages": result.messages,
+                "cleanup.batches": result.batches,
+                "cleanup.backpressure": result.backpressure,
+                "cleanup.skipped_locked": result.skipped_locked,
+                "cleanup.trace_id": result.trace_id,
+            },
+        )
+        return result
+
+
+def _sweep_shard(
     shard: int,
     shards: int,
     *,
@@ -270,18 +305,30 @@ def _sweep_batches(
         """Claim and publish one batch if admission allows; why the run ends, if it does."""
         if time.monotonic() >= deadline:
             return Stop(Reason.BUDGET_SPENT)
-        stop = admission.before_the_line(queue, shards, batch_size, max_queue_depth)
-        if stop is not None:
-            return stop
+        with tracing.span("cleanup.sweep.admission") as span:
+            stop = admission.before_the_line(queue, shards, batch_size, max_queue_depth)
+            if stop is not None:
+                tracing.set_attributes(span, {"cleanup.admission": stop.reason.value})
+                return stop
         with _PublishTurn(shard_key, deadline) as publish:
             if not publish.taken:
                 return Stop(Reason.BUDGET_SPENT)
-            took = admission.under_the_lock(queue, shard, shards, batch_size, max_queue_depth)
+            with tracing.span("cleanup.sweep.admission") as span:
+                took = admission.under_the_lock(queue, shard, shards, batch_size, max_queue_depth)
+                tracing.set_attributes(
+                    span,
+                    {
+                        "cleanup.admission": (
+                            took.reason.value if isinstance(took, Stop) else "admitted"
+                        ),
+                        "cleanup.admitted_holds": 0 if isinstance(took, Stop) else took.holds,
+                    },
+                )
             if isinstance(took, Stop):
                 return took
             if not took.holds_the_lock:
                 publish.let_go_early(took.holds)
-            with transaction.atomic():
+            with transaction.atomic(), tracing.span("cleanup.sweep.claim") as span:
                 claimed = claim_expired(
                     shard,
                     shards,
@@ -291,6 +338,9 @@ def _sweep_batches(
                     trace_id=result.trace_id,
                 )
                 to_publish = [c for c in claimed if not c.set_aside]
+                tracing.set_attributes(
+                    span, {"cleanup.claimed": len(claimed), "cleanup.to_publish": len(to_publish)}
+                )
                 # A set-aside hold is never claimed again: its dead letter commits with it.
                 for hold in claimed:
                     if hold.set_aside:
@@ -312,7 +362,8 @@ def _sweep_batches(
                 # is harmless: the release decides on the hold itself, and a later copy ends
                 # already_handled. (A release that starts first waits on the claim's row lock
                 # for the few milliseconds until the commit.)
-                publish_release_messages(messages)
+                with tracing.span("cleanup.sweep.publish", {"cleanup.messages": len(messages)}):
+                    publish_release_messages(messages)
         result.batches += 1
         result.claimed += len(claimed)
         result.published += len(to_publish)

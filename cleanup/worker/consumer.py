@@ -29,6 +29,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kombu.exceptions import ContentDisallowed, DecodeError
 from vine import promise
 
+from cleanup import metrics
 from cleanup.broker import queues, routes, screening, signing
 from cleanup.conf import WORKER_POOLS, cleanup_settings
 from cleanup.models import DeadLetter
@@ -79,6 +80,16 @@ def refuse_unsafe_pool(pool: Any) -> None:
 
 # celery-types does not declare the consumer's runtime attributes (strategies, errors).
 _Consumer: Any = Consumer
+
+
+def drop_malformed_trace_headers(headers: dict[str, Any]) -> list[str]:
+    """Trace context is never trusted: a malformed ``traceparent``/``tracestate`` is removed
+    from a task message's headers before Celery reads them, and counted
+    (``reservation_cleanup_trace_headers_dropped_total``); the message itself goes on."""
+    dropped = screening.drop_malformed_trace_headers(headers)
+    for name in dropped:
+        metrics.record_trace_header_dropped(name)
+    return dropped
 
 
 class DeadLetteringConsumer(_Consumer):
@@ -150,6 +161,7 @@ class DeadLetteringConsumer(_Consumer):
                 "message is not a task message: no 'task' header "
                 "(only Celery's message protocol 2 is accepted)",
             )
+        drop_malformed_trace_headers(headers)
         name = headers["task"]
         if not isinstance(name, str):
             return DeadLetter.Reason.REJECTED, "header 'task' must be a string"

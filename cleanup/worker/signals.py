@@ -15,10 +15,12 @@ from celery.signals import (
     task_rejected,
     task_unknown,
     worker_init,
+    worker_process_init,
     worker_process_shutdown,
 )
 from django.core.exceptions import ImproperlyConfigured
 
+from cleanup import tracing
 from cleanup.broker import queues
 from cleanup.broker.celery_app import app, runs_this_app
 from cleanup.conf import cleanup_settings
@@ -141,6 +143,38 @@ def dead_letter_message(message: Any, reason: str, error: str) -> None:
 def flush_attempt_tally(**_: Any) -> None:
     """A pool process that stops adds what it has tallied (cleanup.release.delivery_cap)."""
     delivery_cap.flush_tally()
+
+
+@worker_process_init.connect
+def trace_the_pool_process(**_: Any) -> None:
+    """Tracing (cleanup.tracing) in each prefork pool process, after the fork: the batch
+    processor's export thread is this process's own. Off unless an OTLP endpoint is set."""
+    tracing.configure("worker")
+
+
+@worker_init.connect
+def trace_a_pool_without_processes(sender: Any = None, **_: Any) -> None:
+    """The solo, threads, gevent and eventlet pools run tasks in the worker's own process."""
+    if runs_this_app(sender) and "prefork" not in _pool_name(sender):
+        tracing.configure("worker")
+
+
+@beat_init.connect
+def trace_beat(sender: Any = None, **_: Any) -> None:
+    """beat's sends start the traces of the sweeps (one trace per fan-out)."""
+    if runs_this_app(sender):
+        tracing.configure("beat")
+
+
+@worker_process_shutdown.connect
+def flush_spans(**_: Any) -> None:
+    tracing.shutdown()
+
+
+def _pool_name(worker: Any) -> str:
+    pool = getattr(worker, "pool_cls", "")
+    name = pool if isinstance(pool, str) else f"{pool.__module__}.{pool.__name__}"
+    return name.lower()
 
 
 @task_unknown.connect

@@ -12,7 +12,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from cleanup import conf as cleanup_conf
-from cleanup import redis_sentinel
+from cleanup import error_reports, redis_sentinel
 from cleanup.broker import celery_policy, queues
 from cleanup.conf import CleanupSettings
 from config import redis_tls
@@ -329,9 +329,18 @@ LOGGING = {
 # --- The JSON API's request ids and problem answers (reservations.problems) ----------------
 # First, so every other middleware's log lines under /api/v1/ carry the request's id too.
 MIDDLEWARE.insert(0, "reservations.problems.ApiRequestMiddleware")
-LOGGING["filters"] = {"request_id": {"()": "reservations.problems.RequestIdLogFilter"}}
-LOGGING["handlers"]["console"]["filters"] = ["request_id"]  # type: ignore[index]
+LOGGING["filters"] = {
+    "request_id": {"()": "reservations.problems.RequestIdLogFilter"},
+    # trace_id and span_id of the current OpenTelemetry span (docs/TRACING.md)
+    "trace_context": {"()": "config.logging.TraceContextLogFilter"},
+}
+LOGGING["handlers"]["console"]["filters"] = ["request_id", "trace_context"]  # type: ignore[index]
 
 # --- The JSON API's rate limits (reservations.ratelimit) ------------------------------------
 # RESERVATIONS_API_RATE_LIMIT_REDIS_URL is left unset: the limiter counts in the cleanup's
 # counter Redis (CLEANUP_COUNTER_REDIS_URL, the broker's by default, with its TLS options).
+
+# --- Error reports (cleanup.error_reports): Sentry when SENTRY_DSN is set, scrubbed ---------
+# sentry-sdk reads SENTRY_DSN itself; traces are OpenTelemetry's (cleanup.tracing, started per
+# process after any fork: config/wsgi.py, cleanup.worker.signals). docs/TRACING.md.
+error_reports.configure()

@@ -356,6 +356,24 @@ def test_the_product_reads_fewer_than_sixty_environment_variables() -> None:
     assert len(env_names.names()) <= MAX_NAMES, sorted(env_names.names())
 
 
+# The OpenTelemetry SDK's and sentry-sdk's own variables, read by those libraries: the project
+# only checks whether one is set (cleanup.tracing, cleanup.error_reports) to decide whether to
+# load them. Outside the budget, in docs/CONFIGURATION.md's table of the libraries' variables.
+LIBRARIES = "### Tracing and error reports: the libraries' own variables"
+
+
+def test_the_libraries_variables_the_project_checks_are_documented_apart_and_never_budgeted() -> (
+    None
+):
+    from cleanup import error_reports, tracing
+
+    checked = {*tracing.ENDPOINT_VARIABLES, tracing.DISABLED_VARIABLE, error_reports.DSN_VARIABLE}
+    documented = {name for names, _, _ in table_rows(LIBRARIES) for name in names}
+    assert checked <= documented
+    assert not checked & env_names.names()
+    assert not documented & documented_variables()
+
+
 def test_every_variable_is_read_through_the_strict_readers() -> None:
     reads = env_names.reads()
     raw = {(read.path, read.name) for read in reads if read.raw and read.name}

@@ -152,6 +152,8 @@ CLEANUP_FLOORS: tuple[tuple[str, ...], ...] = (
         "cleanup.processes",
         "cleanup.redis_clients",
         "cleanup.redis_sentinel",
+        "cleanup.tracing",
+        "cleanup.error_reports",
     ),
     ("cleanup.broker",),
     ("cleanup.release",),

@@ -132,7 +132,8 @@ def test_every_log_line_of_a_request_carries_its_id(
 
 
 def test_the_settings_log_handler_adds_the_request_id(settings: Any) -> None:
-    assert settings.LOGGING["handlers"]["console"]["filters"] == ["request_id"]
+    # then the current span's trace ids (config.logging.TraceContextLogFilter)
+    assert settings.LOGGING["handlers"]["console"]["filters"] == ["request_id", "trace_context"]
     assert settings.MIDDLEWARE[0] == "reservations.problems.ApiRequestMiddleware"
 
 
