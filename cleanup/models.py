@@ -207,6 +207,19 @@ class HealthSample(models.Model):
         return f"sample {self.taken_at:%H:%M:%S}"
 
 
+class RestoreLease(models.Model):
+    """Which worker scans kombu's unacknowledged Redis messages for the fleet, and until when
+    (one row, pk 1; cleanup.worker.redis_transport). Kept here, not in the broker, where anyone
+    who can write to Redis could hold it; and a lease, not a lock, so that a holder stalled on
+    Redis (a node cut off from the broker but not from the database) loses it when it ends."""
+
+    holder = models.CharField(max_length=200)
+    until = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"restore lease of {self.holder} until {self.until:%H:%M:%S}"
+
+
 class ReleasePause(models.Model):
     """The operator's "pause releases" switch (one row, pk 1): while paused, workers stop
     consuming the release queue (cleanup.worker.pause_step); sweeps, their backpressure and every

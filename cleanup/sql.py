@@ -295,3 +295,18 @@ MESSAGES_HANDLED_IN_LAST = (
     "SELECT count(DISTINCT task_id) FROM cleanup_cleanupreceipt "
     "WHERE created_at > now() - make_interval(secs => %s)"
 )
+
+
+# --- The unacked restore's lease (cleanup.worker.redis_transport, cleanup.models.RestoreLease) --
+# Taken when nobody holds a live lease (or the taker already holds it): the row comes back.
+TAKE_RESTORE_LEASE = """
+INSERT INTO cleanup_restorelease (id, holder, until)
+VALUES (1, %(holder)s, clock_timestamp() + make_interval(secs => %(seconds)s))
+ON CONFLICT (id) DO UPDATE SET holder = EXCLUDED.holder, until = EXCLUDED.until
+WHERE cleanup_restorelease.until <= clock_timestamp()
+   OR cleanup_restorelease.holder = EXCLUDED.holder
+RETURNING holder
+"""
+END_RESTORE_LEASE = (
+    "UPDATE cleanup_restorelease SET until = clock_timestamp() WHERE id = 1 AND holder = %(holder)s"
+)

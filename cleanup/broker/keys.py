@@ -7,7 +7,7 @@ Anything that can write to Redis can replace one of them with a value of another
 then answers every command on that key with ``WRONGTYPE``, which is not one of kombu's
 connection errors: from ``BRPOP`` it stopped every worker, from the ack bookkeeping it stopped
 each worker on its next delivery, and from the binding set it stopped every publish. (kombu's
-restore lock, ``unacked_mutex``, is not used: the restore's lock is in PostgreSQL.)
+restore lock, ``unacked_mutex``, is not used: the restore runs under a lease in PostgreSQL.)
 
 ``quarantine`` renames such a key out of the way (atomically: a Lua script checks the type and
 renames in one step, so a key that became right in between is left alone), keeps the renamed

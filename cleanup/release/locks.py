@@ -27,10 +27,7 @@ SWEEP_PUBLISH = (NAMESPACE, 0)
 OUTBOX_RELAY = (NAMESPACE, 1)
 # One summariser of the open dead letters beyond the cap at a time (transaction-level lock).
 DEAD_LETTER_CAP = (NAMESPACE, 2)
-# One scan of kombu's unacknowledged Redis messages at a time across the fleet (session lock,
-# held for one scan): kept in PostgreSQL because a lock in the broker can be held by anyone who
-# can write to it (cleanup.worker.redis_transport.ScreenedQoS).
-UNACKED_RESTORE = (NAMESPACE, 3)
+# (NAMESPACE, 3) was the unacked restore's lock; it is a lease now (cleanup.models.RestoreLease).
 
 
 def sweep_shard(shard: int, shards: int) -> tuple[int, int]:

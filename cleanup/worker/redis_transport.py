@@ -19,8 +19,9 @@ messages (docs/HARDENING.md, "Planted broker state").
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import os
+import socket
 from collections.abc import Callable
 from queue import Empty
 from typing import Any, TypeVar
@@ -210,7 +211,7 @@ class ScreenedQoS(_RedisQoS):
 
     def restore_visible(self, start: int = 0, num: int = 10, interval: int = 10) -> None:
         """kombu 5.7's scan for messages past the visibility timeout (run every
-        ``interval``-th call), under the fleet's restore lock in PostgreSQL in place of kombu's
+        ``interval``-th call), under the fleet's restore lease in PostgreSQL in place of kombu's
         lock in Redis (``unacked_mutex``), which anyone who can write to Redis can hold: planted
         again before each expiry, it kept crashed workers' messages stranded for as long as the
         writer liked. The Redis key is no longer read. A scan that meets a key of the wrong type
@@ -218,7 +219,7 @@ class ScreenedQoS(_RedisQoS):
         self._vrestore_count += 1
         if (self._vrestore_count - 1) % (interval or 1):
             return
-        held = _take_restore_lock()
+        held = _take_restore_lease()
         if held is False:
             return  # another worker is scanning now
         try:
@@ -235,7 +236,7 @@ class ScreenedQoS(_RedisQoS):
                 )
         finally:
             if held:
-                _let_go_of_restore_lock()
+                _end_restore_lease()
 
     def _scan_visible(self, start: int, num: int) -> None:
         with self.channel.conn_or_acquire() as client:
@@ -294,38 +295,51 @@ class ScreenedQoS(_RedisQoS):
             dead_letter_unacked(raw, str(self.unacked_key), problem)
 
 
-def _take_restore_lock() -> bool | None:
-    """Take the fleet's restore lock (a PostgreSQL session lock): whether it was taken, or
-    ``None`` when PostgreSQL cannot say. Then the scan runs anyway: each restore is one Redis
-    transaction on the entry, so two scans at once never restore a message twice; the lock
-    only spares the fleet the duplicate work."""
+# How long a scan may hold the restore lease. A lease, not a session lock: a worker cut off from
+# the broker but not from the database stalls inside its scan, and a lock held by its live
+# session kept every other worker from restoring the messages it had stranded. Two scans at once
+# are harmless (each restore is one Redis transaction on its entry); the lease only spares the
+# fleet the duplicate work, and a stalled holder delays the others by at most this long.
+RESTORE_LEASE_SECONDS = 10
+_HOLDER = f"{socket.gethostname()[:150]}:{os.getpid()}"
+
+
+def _holder() -> str:
+    global _HOLDER
+    if not _HOLDER.endswith(f":{os.getpid()}"):  # a forked child is a holder of its own
+        _HOLDER = f"{socket.gethostname()[:150]}:{os.getpid()}"
+    return _HOLDER
+
+
+def _take_restore_lease() -> bool | None:
+    """Take the fleet's restore lease (``cleanup.models.RestoreLease``): whether it was taken,
+    or ``None`` when PostgreSQL cannot say. Then the scan runs anyway: each restore is one Redis
+    transaction on the entry, so two scans at once never restore a message twice."""
     try:
-        from cleanup.release import locks  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
-    except Exception:  # noqa: BLE001 - without the app (kombu's own suite), no lock to take
+        from cleanup import sql  # noqa: PLC0415 - kombu may load this transport before Django's app registry is ready
+        from reservations.db import scalar  # noqa: PLC0415 - as above
+    except Exception:  # noqa: BLE001 - without the app (kombu's own suite), no lease to take
         return None
     try:
-        return locks.try_lock(locks.UNACKED_RESTORE)
+        taken = scalar(
+            sql.TAKE_RESTORE_LEASE, {"holder": _holder(), "seconds": RESTORE_LEASE_SECONDS}
+        )
     except Exception as exc:  # noqa: BLE001 - a restore must not wait on the database
         logger.warning(
-            "restore lock not taken: scanning without it", extra={"error": repr(exc)[:200]}
+            "restore lease not taken: scanning without it", extra={"error": repr(exc)[:200]}
         )
-        # A broken session is opened afresh at the next scan.
-        with contextlib.suppress(Exception):
-            locks.close_session()
         return None
+    return taken is not None
 
 
-def _let_go_of_restore_lock() -> None:
-    from cleanup.release import locks  # noqa: PLC0415 - loaded by _take_restore_lock already
+def _end_restore_lease() -> None:
+    from cleanup import sql  # noqa: PLC0415 - loaded by _take_restore_lease already
+    from reservations.db import rows  # noqa: PLC0415 - as above
 
     try:
-        locks.unlock(locks.UNACKED_RESTORE)
-    except Exception:  # ending the session drops the lock as well
-        logger.warning("restore lock not released: closing its session", exc_info=True)
-        try:
-            locks.close_session()
-        except Exception:  # a session that cannot close has ended already
-            logger.warning("restore lock's session not closed", exc_info=True)
+        rows(sql.END_RESTORE_LEASE, {"holder": _holder()})
+    except Exception:
+        logger.warning("restore lease not ended: it runs out", exc_info=True)
 
 
 def _count_redelivery(envelope: Any) -> None:

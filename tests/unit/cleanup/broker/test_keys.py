@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import redis
+from django.utils import timezone
 from prometheus_client import REGISTRY
 
 from cleanup.broker import keys, readers
@@ -200,33 +202,29 @@ def test_a_restore_lock_planted_in_redis_does_not_hold_off_the_restore(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_restore_waits_while_another_worker_holds_the_restore_lock(
+def test_the_restore_waits_for_another_workers_lease_only_until_it_runs_out(
     broker: redis.Redis,
 ) -> None:
-    import psycopg
-    from django.db import connection
+    from cleanup.models import RestoreLease
+    from cleanup.worker.redis_transport import RESTORE_LEASE_SECONDS
 
-    from cleanup.release import locks
-    from tests.support.fleet import test_database_url
-
-    # given: a stranded message, and another worker's session holding the restore lock
+    # given: a stranded message, and another worker's live restore lease
     strand_a_message(broker)
-    with psycopg.connect(test_database_url(), autocommit=True) as other:
-        assert other.execute("SELECT pg_try_advisory_lock(%s, %s)", locks.UNACKED_RESTORE)
-        # when: this worker's scan runs
-        run_restore_scan()
-        # then: it leaves the message to the scan in progress
-        assert broker.llen(QUEUE) == 0 and broker.hlen("unacked") == 1
-    # and once that worker is done, the next scan restores it and lets go of the lock
+    now = timezone.now()
+    RestoreLease.objects.create(
+        pk=1, holder="other-host:1", until=now + timedelta(seconds=RESTORE_LEASE_SECONDS)
+    )
+    # when: this worker's scan runs, it leaves the message to the scan in progress
+    run_restore_scan()
+    assert broker.llen(QUEUE) == 0 and broker.hlen("unacked") == 1
+    # and when that worker stalls (cut off from the broker, still holding the lease) until the
+    # lease runs out, without ending it
+    RestoreLease.objects.filter(pk=1).update(until=now - timedelta(seconds=1))
+    # then: the next scan takes the lease, restores the message, and ends its own lease
     run_restore_scan()
     assert broker.llen(QUEUE) == 1 and broker.hlen("unacked") == 0
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
-            "AND objid = %s",
-            list(locks.UNACKED_RESTORE),
-        )
-        assert cur.fetchone()[0] == 0
+    lease = RestoreLease.objects.get(pk=1)
+    assert lease.holder != "other-host:1" and lease.until <= timezone.now()
 
 
 @pytest.mark.django_db
