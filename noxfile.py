@@ -46,9 +46,9 @@ PYTHON = str(BIN / "python")
 # `all` runs three lanes at once, each pytest on a test database and broker space of its own,
 # because most real-worker tests wait on workers rather than use the CPU:
 #   lane 1: unit, then integration-a (the tests' Redis database and test database), [tls];
-#   lane 2: integration-b (Redis database + 1, test database + _b), library-suites or
-#           [pgbouncer] (+ _pgb), [host-project] (+ _host);
-#   lane 3: integration-c (Redis database + 2, + _c), rabbitmq (+ _amqp), [library-suites].
+#   lane 2: integration-b (Redis database + 1, test database + _b), [pgbouncer] (+ _pgb),
+#           [host-project] (+ _host);
+#   lane 3: integration-c (Redis database + 2, + _c), [rabbitmq] (+ _amqp), [library-suites].
 # [..] and the drills after the lanes run with CI=true or RESERVATIONS_DRILLS=1 (`nox -s full`).
 UNIT = ["tests/unit"]
 INTEGRATION = "tests/integration"
@@ -61,12 +61,13 @@ LANE_B = [  # the slow waiting real-worker modules (beat, autoscaler, metrics, t
     "tests/integration/test_planted_state.py",
     "tests/integration/test_tracing_live.py",
 ]
-LANE_C = [  # the browser tests, the failure-path modules and the live web's own tests
+LANE_C = [  # the browser tests, the failure-path modules, scenarios, the live web's own tests
     "tests/integration/browser",
     "tests/integration/test_hostile_input.py",
     "tests/integration/test_failure_paths_real.py",
     "tests/integration/test_health_commands.py",
     "tests/integration/test_task_failures.py",
+    "tests/integration/test_pipeline_scenarios.py",
     "tests/integration/test_admin_lockout_live.py",
     "tests/integration/test_api_conformance.py",
     "tests/integration/test_api_client_example.py",
@@ -544,9 +545,9 @@ def all_phases(session: nox.Session) -> None:
         else:
             LEFT_OUT.add(
                 "not run in a person's run: the production-stack, chaos, Sentinel failover,",
-                "PostgreSQL failover and RabbitMQ cluster drills, the TLS Redis phase and the",
-                f"PgBouncer phase ({', '.join(DRILL_FILES)}; the TLS and PgBouncer suites;",
-                "CI runs them): make test-full (nox -s full)",
+                "PostgreSQL failover and RabbitMQ cluster drills, the TLS Redis, PgBouncer and",
+                f"RabbitMQ phases and the library suites ({', '.join(DRILL_FILES)}; the TLS,",
+                "PgBouncer and RabbitMQ suites; CI runs them): make test-full (nox -s full)",
             )
     run.phase("promtool", functools.partial(promtool, session))
     run.report()
@@ -560,8 +561,10 @@ def lanes(session: nox.Session, run: Run) -> None:
     # moves the library suites to lane 3, so that the three lanes take about as long.
     ci = drills_wanted()
     lane_1_tail = ["tls"] if ci else []
-    lane_2 = ["integration-b", *(["pgbouncer", "host-project"] if ci else ["library-suites"])]
-    lane_3 = ["integration-c", "rabbitmq", *(["library-suites"] if ci else [])]
+    # A person's run leaves the RabbitMQ re-run and the library suites to CI, to stay within
+    # eight minutes.
+    lane_2 = ["integration-b", *(["pgbouncer", "host-project"] if ci else [])]
+    lane_3 = ["integration-c", *(["rabbitmq", "library-suites"] if ci else [])]
     if not os.environ["CELERY_BROKER_URL"].startswith("redis://"):
         say("the broker is not Redis: the pytest phases one after another")
         unit_ok = run.phase(unit_name, functools.partial(unit, session), fatal=False)
