@@ -211,8 +211,13 @@ def test_the_restore_waits_for_another_workers_lease_only_until_it_runs_out(
     # given: a stranded message, and another worker's live restore lease
     strand_a_message(broker)
     now = timezone.now()
-    RestoreLease.objects.create(
-        pk=1, holder="other-host:1", until=now + timedelta(seconds=RESTORE_LEASE_SECONDS)
+    # (a scan of an earlier test may have left the row, its lease ended)
+    RestoreLease.objects.update_or_create(
+        pk=1,
+        defaults={
+            "holder": "other-host:1",
+            "until": now + timedelta(seconds=RESTORE_LEASE_SECONDS),
+        },
     )
     # when: this worker's scan runs, it leaves the message to the scan in progress
     run_restore_scan()
