@@ -281,6 +281,55 @@ def test_tracing_is_off_unless_an_endpoint_is_set(environ: dict[str, str]) -> No
     )
 
 
+@pytest.mark.parametrize(
+    ("environ", "on"),
+    [
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_TRACES_EXPORTER": "none"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_TRACES_EXPORTER": "otlp"}, True),
+        ({"OTEL_TRACES_EXPORTER": "console"}, True),
+        ({"OTEL_TRACES_EXPORTER": "otlp"}, False),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            },
+            True,
+        ),
+    ],
+)
+def test_the_exporter_variable_is_honoured(environ: dict[str, str], on: bool) -> None:
+    assert tracing.enabled(environ) is on
+
+
+@pytest.mark.parametrize(
+    ("environ", "named"),
+    [
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://x:4317",
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+            },
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        ),
+    ],
+)
+def test_an_exporter_or_protocol_not_supported_stops_the_start_naming_the_variable(
+    environ: dict[str, str], named: str
+) -> None:
+    with pytest.raises(ImproperlyConfigured, match=named):
+        tracing.configure("worker", environ=environ)
+
+
+def test_the_console_exporter_is_the_sdks_and_otlp_the_default() -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+    assert isinstance(tracing._exporter({"OTEL_TRACES_EXPORTER": "console"}), ConsoleSpanExporter)
+    endpoint = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318"}
+    assert isinstance(tracing._exporter(endpoint), OTLPSpanExporter)
+
+
 OFF_PROBE = """
 import django
 django.setup()
