@@ -217,6 +217,27 @@ def set_attributes(current: Any, attributes: Mapping[str, Any]) -> None:
         current.set_attributes(dict(attributes))
 
 
+def link_requests(current: Any, traceparents: Mapping[int, str]) -> None:
+    """Link a release's span to the request span that took or last renewed each hold it
+    released (``{hold id: traceparent}``), the link naming the hold. The SDK keeps at most
+    ``OTEL_SPAN_LINK_COUNT_LIMIT`` links (128 by default) of a batch's span; a traceparent that
+    does not parse (written by hand) is skipped."""
+    if current is None or not traceparents:
+        return
+    from opentelemetry import trace  # noqa: PLC0415 - installed when tracing is on
+    from opentelemetry.trace.propagation.tracecontext import (  # noqa: PLC0415
+        TraceContextTextMapPropagator,
+    )
+
+    propagator = TraceContextTextMapPropagator()
+    for hold_id, traceparent in traceparents.items():
+        context = trace.get_current_span(
+            propagator.extract({"traceparent": traceparent})
+        ).get_span_context()
+        if context.is_valid:
+            current.add_link(context, {"reservation.id": hold_id})
+
+
 def current_trace_id() -> str | None:
     """The current span's trace id in hex (32 characters), or ``None`` outside a span or with
     tracing off."""

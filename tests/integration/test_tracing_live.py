@@ -1,7 +1,8 @@
 """Traces from the real processes (gunicorn, ``celery beat``, ``celery worker``) exported over
 OTLP/HTTP to a receiver this test runs: a hold taken through the API and released by beat's sweep
 and a worker shows the API's request span (naming the request id and the hold), and one trace
-from beat's send through the sweep to the release span naming the hold and its outcome. A
+from beat's send through the sweep to the release span naming the hold and its outcome, linked
+to the request span. A
 release message with a hostile ``traceparent`` is released all the same, the header dropped and
 counted once, its forged trace id nowhere. docs/TRACING.md.
 """
@@ -52,6 +53,8 @@ class ReceivedSpan:
     name: str
     role: str
     attributes: dict[str, Any]
+    # (trace id, span id, attributes) of each link
+    links: tuple[tuple[str, str, dict[str, Any]], ...] = ()
 
 
 def _value(any_value: Any) -> Any:
@@ -102,6 +105,14 @@ class Receiver:
                             span.name,
                             str(resource.get("cleanup.role")),
                             {a.key: _value(a.value) for a in span.attributes},
+                            tuple(
+                                (
+                                    link.trace_id.hex(),
+                                    link.span_id.hex(),
+                                    {a.key: _value(a.value) for a in link.attributes},
+                                )
+                                for link in span.links
+                            ),
                         )
                     )
         with self._lock:
@@ -222,8 +233,11 @@ def test_a_hold_taken_through_the_api_is_released_in_one_trace_from_beat(
     assert chain[0] == ("worker", "cleanup.release")
     assert ("worker", "cleanup.sweep.publish") in chain and ("worker", "cleanup.sweep") in chain
     assert chain[-1][0] == "beat"
-    # the hold's creation is a trace of its own, joined to the release by the hold's id
+    # the hold's creation is a trace of its own, linked from the release span
     assert request_span.trace_id != release.trace_id
+    assert release.links == (
+        (request_span.trace_id, request_span.span_id, {"reservation.id": hold_id}),
+    )
     # and: the worker's line for the release names the trace and the release's run span
     (line,) = attempt_lines(traced_worker, hold_id)
     assert line["trace_id"] == release.trace_id
