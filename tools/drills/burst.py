@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import random
 import sys
+import threading
 import time
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
@@ -42,9 +43,9 @@ from tools.drills.workers import WorkerProcess
 from tools.seed import seed_holds
 
 RENEW_TTL_SECONDS = 3600  # renewed holds outlive the drill: they must stay held
-# Holds seeded per second, as measured here and rounded down: the start of the holds' expiries
-# is set this far ahead of the seeding's start.
-SEED_HOLDS_PER_S_ESTIMATE = 15_000
+# Holds seeded per second, well below what a loaded 2-core machine did (48,000): the start of
+# the holds' expiries is set this far ahead of the seeding's start.
+SEED_HOLDS_PER_S_ESTIMATE = 30_000
 SEED_SETUP_S = 2.0  # and the statistics refreshed after it (ANALYZE), whatever the holds
 
 
@@ -64,12 +65,13 @@ def create_holds(cfg: BurstConfig, start: datetime) -> list[int]:
     )
 
 
-def seed_then_start(cfg: BurstConfig, state: BurstState) -> None:
+def seed_then_start(cfg: BurstConfig, state: BurstState, rng: random.Random) -> None:
     """Seed the holds, all expiring relative to one start a little after the seeding should
     end, then wait for that start: a seeding of a million holds takes tens of seconds, and
     expiries relative to each statement's time would have the first holds due (and a backlog
     built) before the drill's clock starts. A seeding that overruns its estimate is an event of
-    the report, and its holds were due that much before the clock started."""
+    the report, and its holds were due that much before the clock started. The holds to renew
+    and to duplicate are chosen while it waits."""
     began = datetime.now(UTC)
     start = began + timedelta(seconds=SEED_SETUP_S + cfg.holds / SEED_HOLDS_PER_S_ESTIMATE)
     state.ids = create_holds(cfg, start)
@@ -78,7 +80,14 @@ def seed_then_start(cfg: BurstConfig, state: BurstState) -> None:
         {"t": 0.0, "event": "holds created", "count": len(state.ids),
          "seeding_s": round((seeded - began).total_seconds(), 1)}
     )  # fmt: skip
-    wait = (start - seeded).total_seconds()
+    if cfg.renew_fraction:
+        state.renew_set = set(rng.sample(state.ids, int(len(state.ids) * cfg.renew_fraction)))
+    if cfg.duplicate_fraction:
+        rest = [i for i in state.ids if i not in state.renew_set]
+        state.dup_candidates = set(rng.sample(rest, int(len(rest) * cfg.duplicate_fraction)))
+    state.renew_schedule = expiring_by(state.renew_set)
+    state.dup_schedule = expiring_by(state.dup_candidates)
+    wait = (start - datetime.now(UTC)).total_seconds()
     if wait > 0:
         time.sleep(wait)
     else:
@@ -144,9 +153,14 @@ def _publish_duplicates(cfg: BurstConfig, state: BurstState) -> None:
     state.duplicated.update(r[0] for r in dupes)
 
 
-def _send_sweeps(cfg: BurstConfig) -> None:
-    for shard in range(cfg.shards):
-        send_sweep(shard, cfg.shards)
+def _send_sweeps(cfg: BurstConfig, stop: threading.Event) -> None:
+    """Every ``sweep_every`` seconds, one sweep per shard, as beat would send them: on a clock
+    of their own, so that the drill's samples, renewals and duplicates never delay them."""
+    while not stop.is_set():
+        began = time.monotonic()
+        for shard in range(cfg.shards):
+            send_sweep(shard, cfg.shards)
+        stop.wait(max(0.0, cfg.sweep_every - (time.monotonic() - began)))
 
 
 def count_every(holds: int) -> float:
@@ -286,27 +300,21 @@ def run(cfg: BurstConfig, stream: TextIO = sys.stderr) -> dict[str, Any]:
             w.wait_ready()
     timeout = cfg.timeout if cfg.timeout is not None else cfg.lead + cfg.window + 600
     progress = Progress(stream)
+    stop = threading.Event()
     try:
-        seed_then_start(cfg, state)
+        seed_then_start(cfg, state, rng)
         state.tally_minute = delivery_cap.current_minute()
         state.tally_before = delivery_cap.attempts_from(state.tally_minute)
         t0 = time.monotonic()
-        if cfg.renew_fraction:
-            state.renew_set = set(rng.sample(state.ids, int(len(state.ids) * cfg.renew_fraction)))
-        if cfg.duplicate_fraction:
-            rest = [i for i in state.ids if i not in state.renew_set]
-            state.dup_candidates = set(rng.sample(rest, int(len(rest) * cfg.duplicate_fraction)))
-        state.renew_schedule = expiring_by(state.renew_set)
-        state.dup_schedule = expiring_by(state.dup_candidates)
         drained = killed = False
-        last_sweep = -math.inf
+        sweeper: threading.Thread | None = None
         last_count = -math.inf
         finished = False
         while True:
             t = time.monotonic() - t0
-            if cfg.send_sweeps and t - last_sweep >= cfg.sweep_every:
-                _send_sweeps(cfg)
-                last_sweep = t
+            if cfg.send_sweeps and sweeper is None:
+                sweeper = threading.Thread(target=_send_sweeps, args=(cfg, stop), daemon=True)
+                sweeper.start()
             if workers and cfg.drain_at is not None and not drained and t >= cfg.drain_at:
                 workers[0].terminate()
                 drained = True
@@ -348,6 +356,7 @@ def run(cfg: BurstConfig, stream: TextIO = sys.stderr) -> dict[str, Any]:
         progress.close()
         elapsed = time.monotonic() - t0
     finally:
+        stop.set()
         for w in workers:
             w.stop(timeout=60)
     renewed = sorted(state.renewed)
