@@ -57,7 +57,7 @@ SET claim_count = hold.claim_count + 1,
                            THEN 'infinity'::timestamptz
                            ELSE {SCAN_CLOCK} + make_interval(secs => %(lease)s) END
 WHERE hold.id = ANY(ARRAY(SELECT id FROM due))
-RETURNING hold.id, hold.version, hold.expires_at, hold.bucket, hold.claim_count
+RETURNING hold.id, hold.version, hold.expires_at, hold.bucket, hold.claim_count, hold.offering_id
 """
 
 # The oldest due hold of every shard (eligible and not leased: what a claim would take next),

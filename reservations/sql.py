@@ -117,9 +117,12 @@ RELEASED_COLUMNS = ("id", "offering_id", "version", "expires_at", "request_trace
 RELEASE_PARAMS = frozenset({"ids", "versions", "reason", "now"})
 
 # The release statement, for one hold or many (``unnest`` of ids and expected versions):
-# 1. ``locked_offerings`` locks every offering involved, ascending id. The UPDATE reads it
-#    through a scalar subquery, which PostgreSQL evaluates once, in full, before the first hold
-#    row qualifies: all offerings are locked before any hold (offerings before reservations).
+# 1. ``locked_offerings`` locks the offering of every hold still held at its expected
+#    version, ascending id. The UPDATE reads it through a scalar subquery, which PostgreSQL
+#    evaluates once, in full, before the first hold row qualifies: all offerings are locked
+#    before any hold (offerings before reservations). A hold already released, cancelled,
+#    confirmed or renewed can never be released at that version again, so its offering is not
+#    locked: a duplicate or stale message answers without waiting on the releases that hold it.
 # 2. ``released_rows`` moves each hold that is still held at the version its caller saw and has
 #    expired to released, recording that version.
 # 3. ``seats`` gives the seats back, one UPDATE per offering; ``events`` writes one
@@ -134,7 +137,8 @@ WITH wanted AS (
 ), locked_offerings AS (
     SELECT offering.id FROM reservations_offering offering
     WHERE offering.id IN (
-        SELECT offering_id FROM reservations_reservation WHERE id = ANY(%(ids)s::bigint[])
+        SELECT hold.offering_id FROM reservations_reservation hold JOIN wanted USING (id)
+        WHERE hold.status = 'held' AND hold.version = wanted.version
     )
     ORDER BY offering.id
     FOR UPDATE
