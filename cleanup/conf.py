@@ -25,6 +25,8 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
+from cleanup.wire import TASK_PREFIX
+
 # The keys of a field's metadata (what tests/unit/cleanup/test_conf.py checks
 # docs/CONFIGURATION.md's settings tables against). ENV is the field's name among Django's settings,
 # and its environment variable's when ENVIRONMENT is true.
@@ -41,6 +43,9 @@ RABBITMQ_QUEUE_TYPES = ("classic", "quorum")
 QUORUM_DELIVERY_LIMIT = 100
 # The pools of `celery worker --pool` (celery.concurrency.ALIASES less "custom", "processes").
 WORKER_POOLS = ("prefork", "threads", "solo", "gevent", "eventlet")
+# Redis keys kombu keeps its ack emulation and bindings in: never a queue's name.
+RESERVED_REDIS_KEYS = frozenset({"unacked", "unacked_index", "unacked_mutex"})
+RESERVED_REDIS_PREFIXES = ("_kombu.", "reservation-cleanup:")
 MAX_RELEASE_BATCH_SIZE = 1000  # items a worker accepts in one message (pipeline.messages)
 DEFAULT_REMOTE_CONTROL_COMMANDS = (
     "ping",
@@ -127,6 +132,14 @@ class CleanupSettings:
     )
     events_queue: str = setting(
         "CLEANUP_EVENTS_QUEUE", "reservation-events", "queue the outbox events are relayed to"
+    )
+    # Other tasks of the apps' app (a host's, a benchmark's), each on a queue of its own that is
+    # declared and routed as the project's are, so the routing refusal (cleanup.broker.routes)
+    # accepts that queue, and runs each such task only from it.
+    extra_task_routes: tuple[str, ...] = tuning(
+        "CLEANUP_EXTRA_TASK_ROUTES",
+        (),
+        "'task=queue' pairs: other tasks of the apps' app, each routed to a queue of its own",
     )
     # Quorum queues are replicated over a RabbitMQ cluster's nodes (docs/TOPOLOGIES.md,
     # "RabbitMQ cluster"); RabbitMQ refuses to change the type of a queue that exists.
@@ -421,6 +434,31 @@ class CleanupSettings:
             # sweep into its time limit.
             object.__setattr__(self, "sweep_time_budget", self.task_soft_time_limit / 2)
 
+    def extra_routes(self) -> dict[str, str]:
+        """``CLEANUP_EXTRA_TASK_ROUTES`` as ``{task name: queue}`` (checked by ``check``)."""
+        return dict(pair.partition("=")[::2] for pair in self.extra_task_routes)
+
+    def _check_extra_routes(self) -> None:
+        own = {self.sweep_queue, self.release_queue, self.maintenance_queue, self.events_queue}
+        for pair in self.extra_task_routes:
+            name, equals, queue = pair.partition("=")
+            problem = None
+            if not equals or not name or not queue or pair != pair.strip():
+                problem = "expected 'task=queue'"
+            elif name.startswith(TASK_PREFIX):
+                problem = f"tasks named {TASK_PREFIX}* are the project's, routed by cleanup.wire"
+            elif queue in own:
+                problem = "the queue is one of the project's own"
+            elif queue in RESERVED_REDIS_KEYS or queue.startswith(RESERVED_REDIS_PREFIXES):
+                problem = "the queue's name is a key kombu keeps its own bookkeeping in"
+            elif any(c.isspace() or c in "*#" for c in queue):
+                problem = "a queue name has no space, * or #"
+            if problem is not None:
+                raise ImproperlyConfigured(f"CLEANUP_EXTRA_TASK_ROUTES: {pair[:120]!r}: {problem}")
+        names = [pair.partition("=")[0] for pair in self.extra_task_routes]
+        if len(set(names)) != len(names):
+            raise ImproperlyConfigured("CLEANUP_EXTRA_TASK_ROUTES names a task twice")
+
     def check(self) -> None:
         """Each bound, then the rules between fields; the message names the variables."""
         for spec in dataclasses.fields(self):
@@ -428,6 +466,7 @@ class CleanupSettings:
             value = getattr(self, spec.name)
             if minimum is not None and value < minimum:
                 raise ImproperlyConfigured(f"{spec.metadata[ENV]}={value} must be >= {minimum}")
+        self._check_extra_routes()
         if self.release_mode not in RELEASE_MODES:
             raise ImproperlyConfigured(
                 f"CLEANUP_RELEASE_MODE={self.release_mode!r}: expected one of "
