@@ -46,6 +46,8 @@ WORKER_POOLS = ("prefork", "threads", "solo", "gevent", "eventlet")
 # Redis keys kombu keeps its ack emulation and bindings in: never a queue's name.
 RESERVED_REDIS_KEYS = frozenset({"unacked", "unacked_index", "unacked_mutex"})
 RESERVED_REDIS_PREFIXES = ("_kombu.", "reservation-cleanup:")
+# The shortest retention of receipts, events and resolved dead letters: 0.001 days, 86.4 s.
+MIN_RETENTION_DAYS = 0.001
 MAX_RELEASE_BATCH_SIZE = 1000  # items a worker accepts in one message (pipeline.messages)
 DEFAULT_REMOTE_CONTROL_COMMANDS = (
     "ping",
@@ -248,11 +250,15 @@ class CleanupSettings:
         minimum=0.05,
     )
     # --- retention and relay ---------------------------------------------------------------
-    retention_days: int = setting(
+    # Days, fractions allowed: at a thousand releases a second a day of receipts is 86 million
+    # rows, and a deployment that busy keeps hours (0.25 is six hours); a soak shows the prune
+    # in minutes. At least the lease and the visibility timeout (check): a message redelivered
+    # or re-published that late still finds its receipt.
+    retention_days: float = setting(
         "CLEANUP_RETENTION_DAYS",
-        14,
-        "days receipts and outbox events (relayed or not) are kept",
-        minimum=1,
+        14.0,
+        "days receipts and outbox events (relayed or not) are kept (fractions allowed)",
+        minimum=MIN_RETENTION_DAYS,
     )
     # Bounds what events nobody consumes can pile up on the broker: at this depth the relay
     # leaves the events in the outbox (docs/EVENTS.md, "What happens to events nobody reads").
@@ -262,11 +268,11 @@ class CleanupSettings:
         "the outbox relay relays nothing while the events queue holds this many messages",
         minimum=1,
     )
-    dead_letter_retention_days: int = setting(
+    dead_letter_retention_days: float = setting(
         "CLEANUP_DEAD_LETTER_RETENTION_DAYS",
-        14,
-        "days a resolved dead letter is kept after it was resolved",
-        minimum=1,
+        14.0,
+        "days a resolved dead letter is kept after it was resolved (fractions allowed)",
+        minimum=MIN_RETENTION_DAYS,
     )
     # The summaries: one open letter per reason and task, written by cleanup.sample_health.
     # docs/OPERATOR-CONSOLE.md, "Dead-letter triage".
@@ -507,6 +513,13 @@ class CleanupSettings:
                 f"CLEANUP_VISIBILITY_TIMEOUT={self.visibility_timeout} must exceed "
                 f"CLEANUP_TASK_TIME_LIMIT + CLEANUP_RETRY_BACKOFF_MAX ({longest_hold}): a retry "
                 f"waits unacked for up to the backoff cap, then runs for up to the time limit"
+            )
+        kept_s = self.retention_days * 86400
+        if kept_s <= max(self.lease_seconds, self.visibility_timeout):
+            raise ImproperlyConfigured(
+                f"CLEANUP_RETENTION_DAYS={self.retention_days:g} ({kept_s:g} s) must exceed "
+                f"CLEANUP_LEASE_SECONDS and CLEANUP_VISIBILITY_TIMEOUT: a message redelivered "
+                f"or re-published that late must still find its receipt"
             )
         if self.max_deliveries <= self.max_retries:
             # Each Celery retry is a delivery too; a cap below the retries would dead-letter a
