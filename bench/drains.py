@@ -113,11 +113,17 @@ def wait_drained(queue: str, timeout: float) -> float:
 
 
 def noop_drain(
-    n: int, layout: tuple[int, int], events: bool = False, variant: Variant = DEFAULT
+    n: int,
+    layout: tuple[int, int],
+    events: bool = False,
+    variant: Variant = DEFAULT,
+    wait_ms: float = 0,
 ) -> dict[str, Any]:
-    """Pre-fill the queue, start the workers, time from the first fetch to the last ack."""
+    """Pre-fill the queue, start the workers, time from the first fetch to the last ack.
+    ``wait_ms``: ``bench.wait`` tasks that sleep that long instead of no-ops (a task as long as
+    a release, with none of its work)."""
     reset()
-    publish_noops(n)
+    publish_noops(n, wait_ms)
     r = redis_client()
     env = {**settings_env(events_on(events) | variant.settings), **variant.env}
     workers = [
@@ -150,6 +156,7 @@ def noop_drain(
         "machine_cpu_busy": cpu,
         "events": events,
         "variant": variant.name,
+        "wait_ms": wait_ms,
     }
 
 
@@ -220,6 +227,10 @@ def product_drain(
     stats1["transactions"] -= polls  # the bench's own reads of the released count
     work = per_hold(stats0, stats1, holds)
     outcomes = dict(sql("SELECT outcome, count(*) FROM cleanup_cleanupreceipt GROUP BY 1"))
+    ((release_ms,),) = sql(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms) "
+        "FROM cleanup_cleanupreceipt"
+    )
     return {
         "holds": holds,
         "layout": f"{layout[0]}x{layout[1]}",
@@ -229,6 +240,8 @@ def product_drain(
         "rate": round(holds / (t1 - t0), 1),
         "machine_cpu_busy": cpu,
         "outcomes": outcomes,
+        # the release's own time inside the worker (the receipts' duration), median
+        "release_ms_median": None if release_ms is None else round(float(release_ms), 3),
         "violations": check(holds),
         "memory_kb": memory,
         "variant": variant.name,
