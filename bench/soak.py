@@ -36,6 +36,7 @@ Prints one line a minute. The drill's own work is a few HTTP requests and SQL co
 from __future__ import annotations
 
 import argparse
+import base64
 import heapq
 import http.client
 import json
@@ -64,6 +65,7 @@ SWEEP_EVERY = 2
 PRUNE_EVERY = 30
 LEASE_SECONDS = 90
 DRAIN_TIMEOUT_S = 120
+FLOWER_AUTH = "soak:soak-only"
 # What becomes of a hold made through the API, by share (the rest expire and are released).
 FATES = (("renew", 0.15), ("confirm", 0.15), ("cancel", 0.10))
 
@@ -202,7 +204,7 @@ def http_up(port: int, path: str) -> bool:
         return False
 
 
-def start_services(out: Path, env: dict[str, str]) -> tuple[list[Service], int]:
+def start_services(out: Path, env: dict[str, str]) -> tuple[list[Service], int, int]:
     python, celery = sys.executable, str(Path(sys.executable).with_name("celery"))
     web_port, flower_port = free_port(), free_port()
     stamp = datetime.now(UTC).strftime("%H%M%S")
@@ -271,7 +273,7 @@ def start_services(out: Path, env: dict[str, str]) -> tuple[list[Service], int]:
             "--purge_offline_workers=600",
         ],
         out / "flower.log",
-        {**env, "FLOWER_BASIC_AUTH": "soak:soak-only"},
+        {**env, "FLOWER_BASIC_AUTH": FLOWER_AUTH},
     )
     services = [web, *workers, beat, flower]
     for service in services:
@@ -283,7 +285,7 @@ def start_services(out: Path, env: dict[str, str]) -> tuple[list[Service], int]:
     dead = [s.name for s in services if not s.alive()]
     if dead:
         raise RuntimeError(f"exited at start: {', '.join(dead)} (logs in {out})")
-    return services, web_port
+    return services, web_port, flower_port
 
 
 # --- the traffic ---------------------------------------------------------------------------
@@ -409,7 +411,8 @@ def oldest_eligible() -> tuple[float, int]:
 
 
 def redis_reading(client: Any) -> dict[str, int]:
-    """Keys of the drill's DB, and the lengths of the lists and hashes that hold messages."""
+    """Keys of the drill's DB (all, and those without a TTL), and the lengths of the lists and
+    the hash that hold messages."""
     from cleanup.conf import cleanup_settings
 
     conf = cleanup_settings()
@@ -421,8 +424,12 @@ def redis_reading(client: Any) -> dict[str, int]:
     pipe.llen(conf.events_queue)
     pipe.hlen("unacked")
     keys, release, sweep, maintenance, events_, unacked = pipe.execute()
+    ttls = redis_key_names(client, limit=1000)
     return {
         "keys": int(keys),
+        # keys that expire (the attempt tally's, one a minute for two hours) are bounded by
+        # their TTL; a key without one is bounded by nothing but what removes it
+        "keys_without_ttl": sum(1 for ttl in ttls.values() if ttl < 0),
         "release_queue": int(release),
         "sweep_queue": int(sweep),
         "maintenance_queue": int(maintenance),
@@ -441,6 +448,26 @@ def redis_key_names(client: Any, limit: int = 200) -> dict[str, int]:
         name.decode(errors="replace"): int(ttl)
         for name, ttl in sorted(zip(names, pipe.execute(), strict=True))
     }
+
+
+def flower_tasks_seen(port: int) -> int | None:
+    """Tasks Flower has been told of (its ``flower_events_total`` of type task-received):
+    what its task memory holds, up to its ``--max_tasks``."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        auth = base64.b64encode(FLOWER_AUTH.encode()).decode()
+        conn.request("GET", "/metrics", headers={"Authorization": f"Basic {auth}"})
+        text = conn.getresponse().read().decode(errors="replace")
+        conn.close()
+    except (OSError, http.client.HTTPException):
+        return None
+    return int(
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("flower_events_total{") and 'type="task-received"' in line
+        )
+    )
 
 
 def consume_events(client: Any) -> int:
@@ -535,9 +562,9 @@ def main() -> int:
 
     django.setup()
     offerings, token = setup_data()
-    services, web_port = start_services(out, env)
+    services, web_port, flower_port = start_services(out, env)
     try:
-        report = run(args, out, services, web_port, offerings, token)
+        report = run(args, out, services, (web_port, flower_port), offerings, token)
     finally:
         for service in reversed(services):
             service.stop()
@@ -556,7 +583,7 @@ def run(
     args: argparse.Namespace,
     out: Path,
     services: list[Service],
-    web_port: int,
+    ports: tuple[int, int],
     offerings: list[int],
     token: str,
 ) -> dict[str, Any]:
@@ -567,6 +594,7 @@ def run(
 
     client = redis.Redis.from_url(BROKER)
     tables = growing_tables()
+    web_port, flower_port = ports
     traffic = Traffic(web_port, token, offerings, random.Random(args.seed))
     duration = args.minutes * 60
     samples: list[dict[str, Any]] = []
@@ -593,6 +621,7 @@ def run(
             "rss_mib": process_rss(services),
             "rows": table_rows(tables),
             "redis": redis_reading(client),
+            "flower_tasks_seen": flower_tasks_seen(flower_port),
             "services_alive": [s.name for s in services if s.alive()],
         }
         samples.append(sample)
@@ -758,12 +787,18 @@ def build_report(
             name: {"rows_half": at(rows, name, half), "rows_end": at(rows, name, end)}
             for name in sorted(rows)
         },
-        "redis_keys": {"half": at(redis_, "keys", half), "end": at(redis_, "keys", end)},
+        "redis_keys": {
+            "half": at(redis_, "keys", half),
+            "end": at(redis_, "keys", end),
+            "without_ttl_half": at(redis_, "keys_without_ttl", half),
+            "without_ttl_end": at(redis_, "keys_without_ttl", end),
+        },
         "redis_key_ttls": key_names,
+        "flower": flower_memory(during, half, end),
         "redis_lists": {
             name: {"half": at(redis_, name, half), "end": at(redis_, name, end)}
             for name in sorted(redis_)
-            if name != "keys"
+            if name not in ("keys", "keys_without_ttl")
         },
         "thresholds": {
             "rule": "grew: mean of the last quarter above the third quarter's by more than "
@@ -775,6 +810,28 @@ def build_report(
         "growth": judged,
         "grew": analysis.grown(judged),
         "samples": samples,
+    }
+
+
+def flower_memory(samples: list[dict[str, Any]], half: float, end: float) -> dict[str, Any]:
+    """Flower's task memory: the tasks it was told of and its RSS, at half-time and at the end,
+    and the RSS each task added between the first sample and the end."""
+    seen = [(s["t"], s["flower_tasks_seen"], s["rss_mib"].get("flower")) for s in samples]
+    seen = [(t, n, mib) for t, n, mib in seen if n is not None and mib is not None]
+    if not seen:
+        return {}
+
+    def last_at(t: float) -> tuple[float, int, float]:
+        return [row for row in seen if row[0] <= t][-1] if seen[0][0] <= t else seen[0]
+
+    first, at_half, at_end = seen[0], last_at(half), last_at(end)
+    tasks = at_end[1] - first[1]
+    return {
+        "tasks_seen_half": at_half[1],
+        "tasks_seen_end": at_end[1],
+        "rss_mib_half": at_half[2],
+        "rss_mib_end": at_end[2],
+        "kib_per_task": round((at_end[2] - first[2]) * 1024 / tasks, 2) if tasks > 0 else None,
     }
 
 
@@ -810,7 +867,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     rows_ax.set_yscale("symlog")
     rows_ax.set_title("rows per table (tables of ≥ 10 rows)")
     rows_ax.legend(fontsize=6)
-    for name in ("keys", "release_queue", "events_queue", "unacked"):
+    for name in ("keys", "keys_without_ttl", "release_queue", "events_queue", "unacked"):
         redis_ax.plot(minutes, [s["redis"][name] for s in samples], label=name, lw=1)
     redis_ax.set_title("Redis DB: keys (DBSIZE) and list lengths")
     redis_ax.set_xlabel("minutes")
