@@ -394,7 +394,7 @@ def test_flower_forgets_workers_that_went_offline() -> None:
 
 
 # Flower holds every task it hears of in memory up to --max_tasks (its default: 100,000, at
-# about 8 KiB each as bench/soak.py measures it, some 800 MiB); every shipped Flower keeps at
+# about 7 KiB each as bench/soak.py measures it, some 700 MiB); every shipped Flower keeps at
 # most this many.
 FLOWER_MAX_TASKS = 10000
 
