@@ -18,6 +18,7 @@ from bench.arms import settings_env
 from bench.database import any_held, check, create_holds, released_count, reset, sql
 from bench.paths import LOGS
 from cleanup.broker.readers import redis_client
+from tools.drills.otlp_receiver import Receiver
 from tools.drills.workers import WorkerProcess
 
 
@@ -262,6 +263,38 @@ def release_attempt_ms(logs: list[Path]) -> float | None:
             continue
         found += [float(m) for m in RELEASE_ATTEMPT_MS.findall(text)]
     return round(statistics.median(found), 3) if found else None
+
+
+def tracing_cost(
+    per_reservation_holds: int, batch_holds: int, layout: tuple[int, int], repeat: int
+) -> dict[str, Any]:
+    """The per-reservation and batched drains with tracing off and on (every worker exporting
+    its spans over OTLP/HTTP to a receiver in this process, as to a collector), taking turns
+    so that a drift of the machine touches both alike; best of ``repeat`` each. With tracing on,
+    also the spans the receiver got per hold."""
+    out: dict[str, Any] = {}
+    with Receiver() as receiver:
+        traced = Variant("traced", env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint})
+        for mode, holds in (("single", per_reservation_holds), ("batch", batch_holds)):
+            runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+            spans_before = len(receiver.spans)
+            for _ in range(repeat):
+                runs["off"].append(product_drain(holds, layout, mode=mode))
+                runs["on"].append(product_drain(holds, layout, mode=mode, variant=traced))
+            spans = len(receiver.spans) - spans_before
+            best = {arm: max(r, key=lambda x: x["rate"]) for arm, r in runs.items()}
+            out[mode] = {
+                "holds": holds,
+                "off": best["off"]["rate"],
+                "on": best["on"]["rate"],
+                "runs": {arm: [x["rate"] for x in r] for arm, r in runs.items()},
+                "on_vs_off": round(best["on"]["rate"] / best["off"]["rate"], 3),
+                "spans_per_hold": round(spans / (holds * repeat), 2),
+                "violations": [v for r in runs.values() for x in r for v in x["violations"]],
+            }
+        out["exports"] = receiver.exports
+        out["exported_mib"] = round(receiver.bytes / 2**20, 1)
+    return out
 
 
 def database_stats() -> dict[str, int]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from bench import profile
 from bench.database import BENCH_DB, commit_latency, psycopg_loop, reset, set_based, sweep_cost
-from bench.drains import VARIANTS, noop_drain, product_drain, rss
+from bench.drains import VARIANTS, noop_drain, product_drain, rss, tracing_cost
 from bench.paths import LOGS, RESULTS, ROOT, STAMP
 from bench.redelivery import broker_commands, killed_worker
 from bench.report import print_table, ratios
@@ -48,7 +48,7 @@ def main() -> int:
     parser.add_argument(
         "--skip",
         default="",
-        help="comma list: rss,sweep,events,layouts,batch,drains,variants,redelivery,broker",
+        help="comma list: rss,sweep,events,tracing,layouts,batch,drains,variants,redelivery,broker",
     )
     parser.add_argument(
         "--profile",
@@ -141,6 +141,9 @@ def main() -> int:
     if "events" not in skip and "drains" not in skip:
         step(f"per-reservation drain {best_layout}, task events on")
         res["per_reservation_events"] = product_drain(drain, lay_t, events=True)  # type: ignore[arg-type]
+    if "tracing" not in skip and "drains" not in skip:
+        step(f"per-reservation and batched drains {best_layout}, tracing off and on")
+        res["tracing"] = tracing_cost(drain, args.holds, lay_t, args.repeat)  # type: ignore[arg-type]
     if "batch" not in skip and "drains" not in skip:
         # As many holds as the set-based CTE it is compared with (--holds, not --drain-holds):
         # a batched drain of 5,000 lasts well under a second, too short to time.

@@ -49,6 +49,12 @@ def ratios(res: dict[str, Any], layout: str) -> dict[str, Any]:
             ),
             "target": "(cost)",
         }
+    for mode, name in (("single", "per_reservation"), ("batch", "batched")):
+        if mode in res.get("tracing", {}):
+            out[f"{name}_traced_vs_untraced"] = {
+                "value": res["tracing"][mode]["on_vs_off"],
+                "target": "(cost)",
+            }
     out["psycopg_loop_vs_set_based"] = {
         "value": round(res["psycopg_loop"]["rate"] / res["set_based"]["rate"], 4),
         "target": "-",
@@ -112,6 +118,16 @@ def print_table(res: dict[str, Any], layout: str) -> None:
         ev = res["per_reservation_events"]
         events = f"per-reservation {layout}, task events ON"
         rows.append((events, _per_second(ev, "holds"), f"{ev['seconds']} s"))
+    for mode, name in (("single", "per-reservation"), ("batch", "batched")):
+        t = res.get("tracing", {}).get(mode)
+        if t:
+            rows.append(
+                (
+                    f"{name} {layout}, {t['holds']} holds, tracing off / on",
+                    f"{t['off']:,.0f} / {t['on']:,.0f} holds/s",
+                    f"× {t['on_vs_off']}, {t['spans_per_hold']} spans per hold",
+                )
+            )
     b = res["batched"]
     skipped = str(b.get("database_per_hold", "")) if "rate" in b else "SKIPPED: " + b["skipped"]
     rows.append(

@@ -363,6 +363,14 @@ class CleanupSettings:
     metrics_allow_ips: tuple[str, ...] = setting(
         "METRICS_ALLOW_IPS", (), "addresses and networks that may read /metrics without it"
     )
+    # One scrape of the fleet reads the eligible backlog per interval; every other scrape, of
+    # any web process, exports that reading (cleanup.operations.console.backlog_reading).
+    eligible_reading_seconds: float = tuning(
+        "CLEANUP_ELIGIBLE_READING_SECONDS",
+        5.0,
+        "seconds one reading of the eligible backlog serves every scrape; 0: each scrape reads",
+        minimum=0,
+    )
     metrics_statement_timeout_ms: int = tuning(
         "METRICS_STATEMENT_TIMEOUT_MS", 2000, "statement timeout of /metrics' queries", minimum=1
     )

@@ -207,6 +207,22 @@ class HealthSample(models.Model):
         return f"sample {self.taken_at:%H:%M:%S}"
 
 
+class BacklogReading(models.Model):
+    """The fleet's last reading of the eligible backlog per shard (one row, pk 1): taken by one
+    scrape per ``CLEANUP_ELIGIBLE_READING_SECONDS`` under a lease, exported by every scrape of
+    every web process (cleanup.operations.console.backlog_reading)."""
+
+    shards = models.PositiveIntegerField()
+    count_cap = models.PositiveIntegerField()
+    # [[oldest eligible age in seconds, eligible (up to the cap), capped], ...] by shard
+    readings = models.JSONField()
+    read_at = models.DateTimeField(null=True, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"backlog reading of {self.shards} shards at {self.read_at}"
+
+
 class RestoreLease(models.Model):
     """Which worker scans kombu's unacknowledged Redis messages for the fleet, and until when
     (one row, pk 1; cleanup.worker.redis_transport). Kept here, not in the broker, where anyone

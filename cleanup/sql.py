@@ -57,7 +57,7 @@ SET claim_count = hold.claim_count + 1,
                            THEN 'infinity'::timestamptz
                            ELSE {SCAN_CLOCK} + make_interval(secs => %(lease)s) END
 WHERE hold.id = ANY(ARRAY(SELECT id FROM due))
-RETURNING hold.id, hold.version, hold.expires_at, hold.bucket, hold.claim_count
+RETURNING hold.id, hold.version, hold.expires_at, hold.bucket, hold.claim_count, hold.offering_id
 """
 
 # The oldest due hold of every shard (eligible and not leased: what a claim would take next),
@@ -310,3 +310,37 @@ RETURNING holder
 END_RESTORE_LEASE = (
     "UPDATE cleanup_restorelease SET until = clock_timestamp() WHERE id = 1 AND holder = %(holder)s"
 )
+
+
+# --- The fleet's backlog reading (cleanup.operations.console.backlog_reading) ------------------
+
+# The reading, with its age by the database's clock (every web process reads the same clock).
+BACKLOG_READING = (
+    "SELECT shards, count_cap, readings, "
+    "EXTRACT(EPOCH FROM clock_timestamp() - read_at)::float8, "
+    "EXTRACT(EPOCH FROM read_at)::float8 FROM cleanup_backlogreading WHERE id = 1"
+)
+# The lease to take the next reading: granted when no lease runs and the reading is older than
+# the interval or was taken for another shard count or cap (the row is created on first use).
+TAKE_BACKLOG_READING_LEASE = """
+INSERT INTO cleanup_backlogreading (id, shards, count_cap, readings, read_at, lease_until)
+VALUES (1, %(shards)s, %(cap)s, '[]'::jsonb, NULL,
+        clock_timestamp() + make_interval(secs => %(lease)s))
+ON CONFLICT (id) DO UPDATE SET lease_until = EXCLUDED.lease_until
+WHERE (cleanup_backlogreading.lease_until IS NULL
+       OR cleanup_backlogreading.lease_until <= clock_timestamp())
+  AND (cleanup_backlogreading.read_at IS NULL
+       OR cleanup_backlogreading.read_at
+          <= clock_timestamp() - make_interval(secs => %(interval)s)
+       OR cleanup_backlogreading.shards <> EXCLUDED.shards
+       OR cleanup_backlogreading.count_cap <> EXCLUDED.count_cap)
+RETURNING id
+"""
+# The reading taken, stamped as it is stored (its statements ran milliseconds before).
+STORE_BACKLOG_READING = (
+    "UPDATE cleanup_backlogreading SET shards = %(shards)s, count_cap = %(cap)s, "
+    "readings = %(readings)s::jsonb, read_at = clock_timestamp(), lease_until = NULL "
+    "WHERE id = 1 "
+    "RETURNING EXTRACT(EPOCH FROM read_at)::float8"
+)
+END_BACKLOG_READING_LEASE = "UPDATE cleanup_backlogreading SET lease_until = NULL WHERE id = 1"

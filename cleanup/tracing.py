@@ -3,14 +3,17 @@
 ``configure(role)`` runs once in each process that does the work, after any fork: the web's
 WSGI module (in each gunicorn worker), each Celery pool process (``worker_process_init``) and
 beat (``beat_init``). With neither ``OTEL_EXPORTER_OTLP_ENDPOINT`` nor
-``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` set (or with ``OTEL_SDK_DISABLED=true``) it does nothing:
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` set (or with ``OTEL_SDK_DISABLED=true``, or
+``OTEL_TRACES_EXPORTER=none``) it does nothing:
 no provider, no instrumentation, and ``span()`` hands back one shared no-op context. Otherwise
 it installs a tracer provider with a ``BatchSpanProcessor`` exporting over OTLP/HTTP (the
 exporter reads the rest of the standard ``OTEL_*`` variables itself) and instruments Django
 (web), Celery (worker, beat) and psycopg.
 
 The OTEL_* variables are the OpenTelemetry specification's, read by its SDK; this module only
-checks whether an endpoint is set. The packages are the wheel's ``tracing`` extra: with an
+reads whether tracing is on and which exporter (``OTEL_TRACES_EXPORTER``: ``otlp`` over HTTP,
+``console`` or ``none``), and refuses at start-up what it cannot honour (another exporter, the
+gRPC protocol) naming the variable. The packages are the wheel's ``tracing`` extra: with an
 endpoint set and the packages missing, start-up fails naming the extra.
 
 Docs: docs/TRACING.md.
@@ -33,6 +36,12 @@ logger = logging.getLogger("cleanup.tracing")
 # The specification's variables that turn tracing on (either endpoint) or off (the SDK switch).
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 DISABLED_VARIABLE = "OTEL_SDK_DISABLED"
+# The specification's exporter choice: ``otlp`` (the default; over HTTP, the one protocol the
+# extra installs), ``console`` (spans printed on stdout, no endpoint needed) or ``none``.
+EXPORTER_VARIABLE = "OTEL_TRACES_EXPORTER"
+EXPORTERS = ("otlp", "console", "none")
+PROTOCOL_VARIABLES = ("OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+PROTOCOLS = ("http/protobuf",)
 # The service name when OTEL_SERVICE_NAME (or OTEL_RESOURCE_ATTRIBUTES) names none.
 DEFAULT_SERVICE_NAME = "reservation-cleanup"
 EXTRA_HINT = (
@@ -56,10 +65,36 @@ _NO_SPAN = contextlib.nullcontext(None)
 
 
 def enabled(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether an OTLP endpoint is set and the SDK is not switched off."""
+    """Whether traces are exported: the SDK is not switched off, and the exporter is OTLP
+    with an endpoint set, or the console. A value of ``OTEL_TRACES_EXPORTER`` or of the OTLP
+    protocol that this project cannot honour stops the start, naming the variable."""
     if environ.get(DISABLED_VARIABLE, "").strip().lower() == "true":
         return False
-    return any(environ.get(name, "").strip() for name in ENDPOINT_VARIABLES)
+    exporter = _exporter_name(environ)
+    if exporter == "none":
+        return False
+    if exporter == "console":
+        return True
+    if not any(environ.get(name, "").strip() for name in ENDPOINT_VARIABLES):
+        return False
+    for name in PROTOCOL_VARIABLES:
+        protocol = environ.get(name, "").strip()
+        if protocol and protocol not in PROTOCOLS:
+            raise ImproperlyConfigured(
+                f"{name}={protocol!r}: traces are exported over OTLP/HTTP only "
+                f"({', '.join(PROTOCOLS)}); unset it or set it to http/protobuf"
+            )
+    return True
+
+
+def _exporter_name(environ: Mapping[str, str]) -> str:
+    # The specification allows a list; one exporter is what a process here runs.
+    value = environ.get(EXPORTER_VARIABLE, "").strip().lower() or "otlp"
+    if value not in EXPORTERS:
+        raise ImproperlyConfigured(
+            f"{EXPORTER_VARIABLE}={value!r} is not supported: one of {', '.join(EXPORTERS)}"
+        )
+    return value
 
 
 def configure(role: str, *, exporter: Any = None, environ: Mapping[str, str] = os.environ) -> bool:
@@ -92,13 +127,7 @@ def configure(role: str, *, exporter: Any = None, environ: Mapping[str, str] = o
             resource = resource.merge(Resource({"service.name": DEFAULT_SERVICE_NAME}))
         provider = TracerProvider(resource=resource)
         if exporter is None:
-            try:
-                from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
-                    OTLPSpanExporter,
-                )
-            except ImportError as exc:
-                raise ImproperlyConfigured(_missing(exc)) from exc
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+            provider.add_span_processor(BatchSpanProcessor(_exporter(environ)))
         else:
             provider.add_span_processor(SimpleSpanProcessor(exporter))
         _set_provider(trace, provider)
@@ -108,6 +137,20 @@ def configure(role: str, *, exporter: Any = None, environ: Mapping[str, str] = o
         _configured_pid = os.getpid()
     logger.info("tracing on", extra={"role": role})
     return True
+
+
+def _exporter(environ: Mapping[str, str]) -> Any:
+    if _exporter_name(environ) == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter  # noqa: PLC0415
+
+        return ConsoleSpanExporter()
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
+            OTLPSpanExporter,
+        )
+    except ImportError as exc:
+        raise ImproperlyConfigured(_missing(exc)) from exc
+    return OTLPSpanExporter()
 
 
 def _missing(exc: ImportError) -> str:
@@ -172,6 +215,27 @@ def set_attributes(current: Any, attributes: Mapping[str, Any]) -> None:
     """Set attributes on a span ``span()`` yielded (nothing with tracing off)."""
     if current is not None:
         current.set_attributes(dict(attributes))
+
+
+def link_requests(current: Any, traceparents: Mapping[int, str]) -> None:
+    """Link a release's span to the request span that took or last renewed each hold it
+    released (``{hold id: traceparent}``), the link naming the hold. The SDK keeps at most
+    ``OTEL_SPAN_LINK_COUNT_LIMIT`` links (128 by default) of a batch's span; a traceparent that
+    does not parse (written by hand) is skipped."""
+    if current is None or not traceparents:
+        return
+    from opentelemetry import trace  # noqa: PLC0415 - installed when tracing is on
+    from opentelemetry.trace.propagation.tracecontext import (  # noqa: PLC0415
+        TraceContextTextMapPropagator,
+    )
+
+    propagator = TraceContextTextMapPropagator()
+    for hold_id, traceparent in traceparents.items():
+        context = trace.get_current_span(
+            propagator.extract({"traceparent": traceparent})
+        ).get_span_context()
+        if context.is_valid:
+            current.add_link(context, {"reservation.id": hold_id})
 
 
 def current_trace_id() -> str | None:

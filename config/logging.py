@@ -10,13 +10,8 @@ from __future__ import annotations
 import json
 import logging
 from datetime import UTC, datetime
-from typing import Any
 
-otel_trace: Any
-try:  # the optional tracing extra; without it no span is ever current
-    from opentelemetry import trace as otel_trace
-except ImportError:  # pragma: no cover - the locked environments install it
-    otel_trace = None
+from reservations.tracecontext import otel_trace
 
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 

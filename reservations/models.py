@@ -144,6 +144,10 @@ class Reservation(models.Model):
     claim_count = models.PositiveIntegerField(default=0)
     last_claimed_at = models.DateTimeField(null=True, blank=True)
     last_trace_id = models.CharField(max_length=64, blank=True, default="")
+    # The W3C traceparent of the request (API or admin) that took or last renewed the hold,
+    # when tracing was on: the release's span links to it. A database default, so a process
+    # one version back, which does not write the column, still inserts holds.
+    request_traceparent = models.CharField(max_length=55, blank=True, db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     released_at = models.DateTimeField(null=True, blank=True)

@@ -36,11 +36,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
-otel_trace: Any
-try:  # the optional tracing extra; without it no span is ever current
-    from opentelemetry import trace as otel_trace
-except ImportError:  # pragma: no cover - the locked environments install it
-    otel_trace = None
+from reservations.tracecontext import otel_trace
 
 logger = logging.getLogger(__name__)
 # The request span's attribute naming the request id (the header's value).

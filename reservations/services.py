@@ -36,6 +36,7 @@ from .errors import (
     StaleVersion,
 )
 from .models import Offering, OutboxEvent, Reservation
+from .tracecontext import current_traceparent
 
 # How many eligible holds ``hold_seat`` reclaims inline on a full offering, at most.
 RECLAIM_LIMIT = 50
@@ -88,10 +89,12 @@ def insert_holds(
     *,
     client_id: int | None = None,
     now: datetime | None = None,
+    traceparent: str = "",
 ) -> list[tuple[int, datetime]]:
     """Insert held reservations (version 1) on ``offering_id``, each expiring that many seconds
     from now (negative: already expired; ``next_attempt_at`` = ``expires_at``); return
-    ``(id, expires_at)`` in order, owned by API client ``client_id`` (None: no client).
+    ``(id, expires_at)`` in order, owned by API client ``client_id`` (None: no client), with
+    ``traceparent`` as the request that took them.
     Seats are the caller's business: ``hold_seat`` takes one
     under the offering's lock; a seeding caller creates the offering with its seats taken."""
     cur.execute(
@@ -102,6 +105,7 @@ def insert_holds(
             "secs": list(expires_in_seconds),
             "client": client_id,
             "now": now,
+            "traceparent": traceparent,
         },
     )
     return [(row[0], row[1]) for row in cur.fetchall()]
@@ -150,7 +154,13 @@ def hold_seat(
                 raise NoSeatsAvailable(f"offering {offering_id} has no seats available")
             cur.execute(sql.TAKE_SEAT, [offering_id])
             ((reservation_id, expires_at),) = insert_holds(
-                cur, offering_id, [holder], [float(ttl)], client_id=client_id, now=now
+                cur,
+                offering_id,
+                [holder],
+                [float(ttl)],
+                client_id=client_id,
+                now=now,
+                traceparent=current_traceparent(),
             )
         _write_event(
             OutboxEvent.Kind.HELD,
@@ -198,7 +208,13 @@ def renew(
         with connection.cursor() as cur:
             cur.execute(
                 sql.RENEW_HOLD,
-                {"id": reservation_id, "version": expected_version, "ttl": ttl, "now": now},
+                {
+                    "id": reservation_id,
+                    "version": expected_version,
+                    "ttl": ttl,
+                    "now": now,
+                    "traceparent": current_traceparent(),
+                },
             )
             row = cur.fetchone()
         if row is None:
@@ -299,9 +315,12 @@ def release_holds(
     reason: str = "expired",
     now: datetime | None = None,
     attach: AttachedWrite | None = None,
+    request_spans: dict[int, str] | None = None,
 ) -> dict[int, ReleaseOutcome]:
     """Release each ``(reservation_id, expected_version)`` that is still held at that version
     and has expired; return every hold's outcome, in the outcome order of docs/PIPELINE.md.
+    ``request_spans``, when given, receives each released hold's request traceparent (the
+    request that took or last renewed it), for the holds that recorded one.
 
     Safe to call any number of times: only one call can move a hold to released. A hold listed
     twice is decided once (its first version). One statement: outside a transaction it needs
@@ -324,8 +343,10 @@ def release_holds(
         params.update(attach.params)
     statement = sql.release_statement(None if attach is None else attach.sql)
     outcomes: dict[int, ReleaseOutcome] = {}
-    for (released_id,) in fetch_prepared(statement, params):
+    for released_id, traceparent in fetch_prepared(statement, params):
         outcomes[released_id] = ReleaseOutcome.RELEASED
+        if traceparent and request_spans is not None:
+            request_spans[released_id] = traceparent
     rest = [i for i in ids if i not in outcomes]
     if rest:
         with connection.cursor() as cur:

@@ -42,9 +42,9 @@ SCAN_CLOCK = "COALESCE(%(now)s::timestamptz, statement_timestamp())"
 INSERT_HOLDS = f"""
 INSERT INTO reservations_reservation (offering_id, holder, client_id, status, expires_at,
                  next_attempt_at, version, claim_count, last_trace_id, created_at, updated_at,
-                 release_reason)
+                 release_reason, request_traceparent)
 SELECT %(offering)s, wanted.holder, %(client)s, 'held', expiry.at, expiry.at, 1, 0, '', now(),
-       now(), ''
+       now(), '', %(traceparent)s
 FROM unnest(%(holders)s::text[], %(secs)s::float8[]) WITH ORDINALITY
      AS wanted(holder, secs, position)
 CROSS JOIN LATERAL (SELECT {CLOCK} + make_interval(secs => wanted.secs) AS at) expiry
@@ -90,7 +90,7 @@ HOLD_STATE = (
 RENEW_HOLD = (
     f"UPDATE reservations_reservation SET expires_at = {CLOCK} + make_interval(secs => %(ttl)s), "
     f"next_attempt_at = {CLOCK} + make_interval(secs => %(ttl)s), "
-    f"version = version + 1, updated_at = now() "
+    f"version = version + 1, updated_at = now(), request_traceparent = %(traceparent)s "
     f"WHERE id = %(id)s AND version = %(version)s AND status = 'held' "
     f"AND expires_at > {CLOCK} RETURNING version, expires_at"
 )
@@ -113,13 +113,16 @@ CANCEL_HOLD = (
 
 # The CTE an attached write reads, its columns, and the placeholders of the release itself.
 RELEASED_ROWS = "released_rows"
-RELEASED_COLUMNS = ("id", "offering_id", "version", "expires_at")
+RELEASED_COLUMNS = ("id", "offering_id", "version", "expires_at", "request_traceparent")
 RELEASE_PARAMS = frozenset({"ids", "versions", "reason", "now"})
 
 # The release statement, for one hold or many (``unnest`` of ids and expected versions):
-# 1. ``locked_offerings`` locks every offering involved, ascending id. The UPDATE reads it
-#    through a scalar subquery, which PostgreSQL evaluates once, in full, before the first hold
-#    row qualifies: all offerings are locked before any hold (offerings before reservations).
+# 1. ``locked_offerings`` locks the offering of every hold still held at its expected
+#    version, ascending id. The UPDATE reads it through a scalar subquery, which PostgreSQL
+#    evaluates once, in full, before the first hold row qualifies: all offerings are locked
+#    before any hold (offerings before reservations). A hold already released, cancelled,
+#    confirmed or renewed can never be released at that version again, so its offering is not
+#    locked: a duplicate or stale message answers without waiting on the releases that hold it.
 # 2. ``released_rows`` moves each hold that is still held at the version its caller saw and has
 #    expired to released, recording that version.
 # 3. ``seats`` gives the seats back, one UPDATE per offering; ``events`` writes one
@@ -134,7 +137,8 @@ WITH wanted AS (
 ), locked_offerings AS (
     SELECT offering.id FROM reservations_offering offering
     WHERE offering.id IN (
-        SELECT offering_id FROM reservations_reservation WHERE id = ANY(%(ids)s::bigint[])
+        SELECT hold.offering_id FROM reservations_reservation hold JOIN wanted USING (id)
+        WHERE hold.status = 'held' AND hold.version = wanted.version
     )
     ORDER BY offering.id
     FOR UPDATE
@@ -168,11 +172,11 @@ WITH wanted AS (
 
 def release_statement(attached_write: str | None = None) -> str:
     """The release statement: ``RELEASE_CTES``, the caller's write as one more CTE when given,
-    and the ids released."""
+    and each released hold's id and request traceparent."""
     statement = RELEASE_CTES
     if attached_write is not None:
         statement += f", attached AS ({attached_write})"
-    return statement + f"\nSELECT id FROM {RELEASED_ROWS}"
+    return statement + f"\nSELECT id, request_traceparent FROM {RELEASED_ROWS}"
 
 
 # Why each hold the release did not release was not released (a new statement: a new snapshot

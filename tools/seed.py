@@ -5,6 +5,7 @@ INSERT ``hold_seat`` uses (``services.insert_holds``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 
 from django.db import connection
 
@@ -21,12 +22,14 @@ def seed_holds(
     name: str = "seed",
     interleave: bool = False,
     analyze: bool = True,
+    anchor: datetime | None = None,
 ) -> list[int]:
     """``count`` held reservations over ``offerings`` offerings — in consecutive blocks, or
     with ``interleave`` hold ``p`` on offering ``p % offerings`` — seats accounted: each
     offering's capacity is its holds plus ``extra_capacity``, all free but the extra.
     ``expires_in`` is seconds from now, or a function of the hold's position ``p``
-    (0 … count-1); negative means already expired.
+    (0 … count-1); negative means already expired. With ``anchor``, seconds from that instant
+    instead of from each statement's time, so a long seeding does not spread the expiries.
     Returns the ids, ascending."""
     at = expires_in if callable(expires_in) else (lambda _p: float(expires_in))  # type: ignore[misc]
     ids: list[int] = []
@@ -46,7 +49,11 @@ def seed_holds(
             )
             offering_id = cur.fetchone()[0]
             rows = insert_holds(
-                cur, offering_id, [f"{name}-{p}" for p in positions], [at(p) for p in positions]
+                cur,
+                offering_id,
+                [f"{name}-{p}" for p in positions],
+                [at(p) for p in positions],
+                now=anchor,
             )
             ids.extend(row[0] for row in rows)
         if analyze:

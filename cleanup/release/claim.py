@@ -28,6 +28,7 @@ class ClaimedReservation:
     bucket: int
     claim_count: int
     set_aside: bool  # claimed too many times: taken out of the sweep, to be dead-lettered
+    offering_id: int
 
 
 def claim_expired(
@@ -75,8 +76,9 @@ def claim_expired(
             bucket=bucket,
             claim_count=count,
             set_aside=count > max_claims,
+            offering_id=offering_id,
         )
-        for rid, version, expires_at, bucket, count in rows
+        for rid, version, expires_at, bucket, count, offering_id in rows
     ]
     claimed.sort(key=lambda c: (c.expires_at, c.reservation_id))
     return claimed

@@ -54,9 +54,14 @@ class Attempt:
     queue_age_seconds: float | None
 
 
-def release_batch(messages: Sequence[ReleaseMessage], attempt: Attempt) -> dict[int, str]:
+def release_batch(
+    messages: Sequence[ReleaseMessage],
+    attempt: Attempt,
+    request_spans: dict[int, str] | None = None,
+) -> dict[int, str]:
     """Apply the release for each message; return each hold's outcome by id. Transient
     database errors propagate to the task (which retries); nothing is half-done.
+    ``request_spans`` receives the released holds' request traceparents (``release_holds``).
 
     1. One statement (autocommit, one round trip): release every hold that is still held at
        its message's version and has expired, give the seats back, write the outbox events and
@@ -88,7 +93,9 @@ def release_batch(messages: Sequence[ReleaseMessage], attempt: Attempt) -> dict[
         },
     )
     decided = release_holds(
-        [(m.reservation_id, m.version) for m in by_id.values()], attach=receipts
+        [(m.reservation_id, m.version) for m in by_id.values()],
+        attach=receipts,
+        request_spans=request_spans,
     )
     outcomes = {rid: outcome.value for rid, outcome in decided.items()}
     recorded = [
@@ -134,8 +141,10 @@ def run_attempt(
     holds = (message,) if isinstance(message, ReleaseMessage) else message.items
     delivery_cap.tally(len(holds))
     with tracing.span("cleanup.release", _span_attributes(holds, attempt)) as span:
-        outcomes = release_batch(holds, attempt)
+        request_spans: dict[int, str] | None = {} if span is not None else None
+        outcomes = release_batch(holds, attempt, request_spans)
         tracing.set_attributes(span, _outcome_attributes(holds, outcomes))
+        tracing.link_requests(span, request_spans or {})
     duration = time.perf_counter() - started
     age = attempt.queue_age_seconds
     # Which hold ended how, by id (a batch is at most MAX_BATCH_ITEMS holds): "what happened

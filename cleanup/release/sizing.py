@@ -161,6 +161,16 @@ def choose_release_size(
     )
 
 
+def by_offering(holds: list[ClaimedReservation]) -> list[ClaimedReservation]:
+    """A claimed batch in offering order, so that each message of several holds names few
+    offerings. A release locks every offering its message names (seats are given back under
+    that lock): messages of holds spread over all offerings lock all of them, and the fleet's
+    releases then wait on one another whatever the workers; grouped, the messages of one batch
+    lock disjoint offerings and run side by side. The claim already took the batch oldest
+    first, and the whole batch is published at once."""
+    return sorted(holds, key=lambda c: (c.offering_id, c.expires_at, c.reservation_id))
+
+
 def split_evenly(items: list[Any], size: int) -> list[list[Any]]:
     """``items`` in ceil(len ÷ size) consecutive chunks of at most ``size``, as even as
     possible (101 holds at size 50 are 34 + 34 + 33, not 50 + 50 + 1)."""
@@ -307,13 +317,14 @@ def messages_for(
     sizing: ReleaseSize | None = None
     if mode == "batch":
         size = conf.release_batch_size
-        chunks = [holds[i : i + size] for i in range(0, len(holds), size)]
+        grouped = by_offering(holds)
+        chunks = [grouped[i : i + size] for i in range(0, len(grouped), size)]
     elif mode == "single" or not holds:
         chunks = [[c] for c in holds]
     else:
         # A full batch has more due behind it: size for those too (cleanup.release.sizing).
         sizing = size_batch(holds, depth, rate, due_behind=due_behind)
-        chunks = split_evenly(holds, sizing.size)
+        chunks = split_evenly(by_offering(holds) if sizing.size > 1 else holds, sizing.size)
     messages: list[ReleaseMessage | BatchMessage] = [
         ReleaseMessage.for_hold(
             chunk[0].reservation_id, chunk[0].version, chunk[0].expires_at, shard, trace_id

@@ -84,6 +84,9 @@ def test_drained_consumer_drill(
     settings: Any,
 ) -> None:
     settings.METRICS_TOKEN = "drill"  # pytest-django's settings fixture restores it afterwards
+    # Each scrape reads the backlog itself, so that two scrapes 4 s apart read it twice (the
+    # fleet's shared reading: tests/unit/cleanup/operations/console/test_backlog_reading.py).
+    settings.CLEANUP_ELIGIBLE_READING_SECONDS = 0
     install_schedule(2, 3600)
     ids = create_eligible_holds(400, offerings=4, expired_seconds_ago=30)
     # Sweeps run (here in the test process, with the default release mode) but no consumer is

@@ -1,24 +1,20 @@
 """Traces from the real processes (gunicorn, ``celery beat``, ``celery worker``) exported over
 OTLP/HTTP to a receiver this test runs: a hold taken through the API and released by beat's sweep
 and a worker shows the API's request span (naming the request id and the hold), and one trace
-from beat's send through the sweep to the release span naming the hold and its outcome. A
+from beat's send through the sweep to the release span naming the hold and its outcome, linked
+to the request span. A
 release message with a hostile ``traceparent`` is released all the same, the header dropped and
 counted once, its forged trace id nowhere. docs/TRACING.md.
 """
 
 from __future__ import annotations
 
-import gzip
-import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from cleanup.release.schedule import install_schedule
 from reservations import clients, services
@@ -37,6 +33,7 @@ from tests.support.fleet import (
 )
 from tests.support.web import gunicorn
 from tests.support.wire import RELEASE_TASK, publish_raw, release_message, task_body
+from tools.drills.otlp_receiver import ReceivedSpan, Receiver
 
 pytestmark = [pytest.mark.workers]
 
@@ -44,96 +41,10 @@ FORGED_TRACE = "f" * 32
 HOSTILE_TRACEPARENT = f"00-{FORGED_TRACE}-{'a' * 16}-01\r\nX-Injected: yes"
 
 
-@dataclass(frozen=True)
-class ReceivedSpan:
-    trace_id: str
-    span_id: str
-    parent_id: str
-    name: str
-    role: str
-    attributes: dict[str, Any]
-
-
-def _value(any_value: Any) -> Any:
-    kind = any_value.WhichOneof("value")
-    if kind == "array_value":
-        return [_value(v) for v in any_value.array_value.values]
-    return getattr(any_value, kind) if kind else None
-
-
-class Receiver:
-    """An OTLP/HTTP trace receiver: decodes each ExportTraceServiceRequest it is sent."""
-
-    def __init__(self) -> None:
-        self.spans: list[ReceivedSpan] = []
-        self._lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                receiver.add(body)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def add(self, body: bytes) -> None:
-        request = ExportTraceServiceRequest()
-        request.ParseFromString(body)
-        found = []
-        for resource_spans in request.resource_spans:
-            resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
-            for scope_spans in resource_spans.scope_spans:
-                for span in scope_spans.spans:
-                    found.append(
-                        ReceivedSpan(
-                            span.trace_id.hex(),
-                            span.span_id.hex(),
-                            span.parent_span_id.hex(),
-                            span.name,
-                            str(resource.get("cleanup.role")),
-                            {a.key: _value(a.value) for a in span.attributes},
-                        )
-                    )
-        with self._lock:
-            self.spans.extend(found)
-
-    def named(self, name: str, **attributes: Any) -> list[ReceivedSpan]:
-        with self._lock:
-            return [
-                s
-                for s in self.spans
-                if s.name == name and all(s.attributes.get(k) == v for k, v in attributes.items())
-            ]
-
-    def with_request_id(self, request_id: str) -> list[ReceivedSpan]:
-        with self._lock:
-            return [s for s in self.spans if s.attributes.get("http.request_id") == request_id]
-
-    def trace(self, trace_id: str) -> list[ReceivedSpan]:
-        with self._lock:
-            return [s for s in self.spans if s.trace_id == trace_id]
-
-
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    made = Receiver()
-    thread = threading.Thread(target=made.server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with Receiver() as made:
         yield made
-    finally:
-        made.server.shutdown()
-        made.server.server_close()
 
 
 def otel_env(receiver: Receiver) -> dict[str, str]:
@@ -222,8 +133,11 @@ def test_a_hold_taken_through_the_api_is_released_in_one_trace_from_beat(
     assert chain[0] == ("worker", "cleanup.release")
     assert ("worker", "cleanup.sweep.publish") in chain and ("worker", "cleanup.sweep") in chain
     assert chain[-1][0] == "beat"
-    # the hold's creation is a trace of its own, joined to the release by the hold's id
+    # the hold's creation is a trace of its own, linked from the release span
     assert request_span.trace_id != release.trace_id
+    assert release.links == (
+        (request_span.trace_id, request_span.span_id, {"reservation.id": hold_id}),
+    )
     # and: the worker's line for the release names the trace and the release's run span
     (line,) = attempt_lines(traced_worker, hold_id)
     assert line["trace_id"] == release.trace_id

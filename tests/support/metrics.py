@@ -1,12 +1,16 @@
 """Metrics as the tests read them: a scrape of the web's /metrics, a counter of this process,
-the pause gauges of the web's collector."""
+the pause gauges of the web's collector, the fleet's backlog reading made older."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+from django.db.models import F
 from django.test import Client
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
+from cleanup.models import BacklogReading
 from cleanup.operations.console.gauges import BacklogCollector
 
 
@@ -33,3 +37,9 @@ def pause_gauges() -> dict[str, float]:
         for m in BacklogCollector().collect()
         if m.name.startswith("reservation_cleanup_releases_paused")
     }
+
+
+def age_the_reading(seconds: float) -> None:
+    """Make the fleet's reading of the eligible backlog ``seconds`` older, so that the next
+    scrape past the interval reads again."""
+    BacklogReading.objects.update(read_at=F("read_at") - timedelta(seconds=seconds))

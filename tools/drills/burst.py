@@ -2,9 +2,13 @@
 invariants, and write a report (JSON, Markdown, and a PNG plot when matplotlib is installed).
 
 Samples every second, from the sources the metrics use: the oldest eligible hold's age per shard
-(SQL), the eligible count, the release queue's depth and oldest message age
-(``cleanup.broker.readers.queue_stats``), delivery attempts (the delivery counters),
-transitions (holds released), outcomes and retries (receipts), dead letters. Optionally
+(one index probe per bucket), the release queue's depth and oldest message age
+(``cleanup.broker.readers.queue_stats``), delivery attempts (the delivery counters), dead
+letters; and, every ``count_every`` seconds (one second up to 100,000 holds, one more per
+100,000 above), the counts that scan the drill's holds: eligible, released, outcomes and
+retries (receipts), redeliveries. A sample between two counts repeats the last ones. The
+drill's own reads must not compete with the pipeline it measures: at a million holds, counting
+every second took a share of the database comparable to the releases. Optionally
 renews a fraction of the holds before they expire, re-publishes a fraction of already published
 release messages, and — when it started the workers itself — drains one worker (SIGTERM) and
 SIGKILLs another.
@@ -15,20 +19,22 @@ from __future__ import annotations
 import math
 import random
 import sys
+import threading
 import time
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO
 
 from cleanup.broker import readers as broker
 from cleanup.conf import cleanup_settings
 from cleanup.release import delivery_cap
-from cleanup.release.messages import ReleaseMessage, idempotency_key
+from cleanup.release.messages import ReleaseMessage
 from cleanup.release.publish import publish_release_messages, send_sweep
 from reservations import services
 from reservations.db import rows, scalar
 from reservations.errors import NotHeld, ReservationExpired, StaleVersion
+from reservations.models import BUCKETS
 from tools.drills import sql
 from tools.drills.invariants import invariant_violations
 from tools.drills.report import write_outputs
@@ -37,13 +43,17 @@ from tools.drills.workers import WorkerProcess
 from tools.seed import seed_holds
 
 RENEW_TTL_SECONDS = 3600  # renewed holds outlive the drill: they must stay held
+# Holds seeded per second, well below what a loaded 2-core machine did (48,000): the start of
+# the holds' expiries is set this far ahead of the seeding's start.
+SEED_HOLDS_PER_S_ESTIMATE = 30_000
+SEED_SETUP_S = 2.0  # and the statistics refreshed after it (ANALYZE), whatever the holds
 
 
-def create_holds(cfg: BurstConfig) -> list[int]:
+def create_holds(cfg: BurstConfig, start: datetime) -> list[int]:
     """``cfg.holds`` held reservations over ``cfg.offerings`` offerings (seats accounted),
-    expiring evenly from now + lead to now + lead + window (window 0: all at now + lead);
-    ``next_attempt_at = expires_at`` as ``hold_seat`` sets it. Bulk SQL, one statement per
-    offering."""
+    expiring evenly from ``start`` + lead to ``start`` + lead + window (window 0: all at
+    ``start`` + lead); ``next_attempt_at = expires_at`` as ``hold_seat`` sets it. Bulk SQL, one
+    statement per offering."""
     stamp = datetime.now(UTC).strftime("%H%M%S")
     return seed_holds(
         cfg.holds,
@@ -51,14 +61,63 @@ def create_holds(cfg: BurstConfig) -> list[int]:
         expires_in=lambda p: cfg.lead + cfg.window * p / cfg.holds,
         name=f"burst-{stamp}",
         interleave=True,
+        anchor=start,
     )
+
+
+def seed_then_start(cfg: BurstConfig, state: BurstState, rng: random.Random) -> None:
+    """Seed the holds, all expiring relative to one start a little after the seeding should
+    end, then wait for that start: a seeding of a million holds takes tens of seconds, and
+    expiries relative to each statement's time would have the first holds due (and a backlog
+    built) before the drill's clock starts. A seeding that overruns its estimate is an event of
+    the report, and its holds were due that much before the clock started. The holds to renew
+    and to duplicate are chosen while it waits."""
+    began = datetime.now(UTC)
+    start = began + timedelta(seconds=SEED_SETUP_S + cfg.holds / SEED_HOLDS_PER_S_ESTIMATE)
+    state.ids = create_holds(cfg, start)
+    seeded = datetime.now(UTC)
+    state.events.append(
+        {"t": 0.0, "event": "holds created", "count": len(state.ids),
+         "seeding_s": round((seeded - began).total_seconds(), 1)}
+    )  # fmt: skip
+    if cfg.renew_fraction:
+        state.renew_set = set(rng.sample(state.ids, int(len(state.ids) * cfg.renew_fraction)))
+    if cfg.duplicate_fraction:
+        rest = [i for i in state.ids if i not in state.renew_set]
+        state.dup_candidates = set(rng.sample(rest, int(len(rest) * cfg.duplicate_fraction)))
+    state.renew_schedule = expiring_by(state.renew_set)
+    state.dup_schedule = expiring_by(state.dup_candidates)
+    wait = (start - datetime.now(UTC)).total_seconds()
+    if wait > 0:
+        time.sleep(wait)
+    else:
+        state.events.append({"t": 0.0, "event": f"seeding overran its start by {-wait:.1f} s"})
+
+
+def expiring_by(ids: set[int]) -> list[tuple[datetime, int]]:
+    """(expires_at, id) of ``ids``, soonest first: read once, so that each second the drill
+    asks only about the holds whose time has come."""
+    return sorted(rows(sql.DRILL_EXPIRY, [list(ids)])) if ids else []
+
+
+def _come_due(schedule: list[tuple[datetime, int]], until: datetime) -> list[int]:
+    """The ids of ``schedule`` expiring by ``until`` (removed from it)."""
+    n = 0
+    while n < len(schedule) and schedule[n][0] <= until:
+        n += 1
+    due = [rid for _, rid in schedule[:n]]
+    del schedule[:n]
+    return due
 
 
 def _renew_due(cfg: BurstConfig, state: BurstState) -> None:
     """Renew renew-set holds that expire within the next 2.5 s (before they expire)."""
-    if not state.renew_set:
+    state.renew_window.extend(
+        _come_due(state.renew_schedule, datetime.now(UTC) + timedelta(seconds=2.5))
+    )
+    if not state.renew_window:
         return
-    due = rows(sql.DRILL_HOLDS_TO_RENEW, [list(state.renew_set)])
+    due = rows(sql.DRILL_HOLDS_TO_RENEW, [state.renew_window])
     for rid, version in due:
         try:
             services.renew(rid, version, ttl_seconds=RENEW_TTL_SECONDS)
@@ -67,15 +126,19 @@ def _renew_due(cfg: BurstConfig, state: BurstState) -> None:
             state.renew_missed += 1
         state.renew_set.discard(rid)
     # Those that expired before we got to them are ordinary eligible holds now.
-    gone = rows(sql.DRILL_HOLDS_EXPIRED, [list(state.renew_set)])
+    gone = rows(sql.DRILL_HOLDS_EXPIRED, [state.renew_window])
     for (rid,) in gone:
         state.renew_set.discard(rid)
         state.renew_missed += 1
+    state.renew_window = [rid for rid in state.renew_window if rid in state.renew_set]
 
 
 def _publish_duplicates(cfg: BurstConfig, state: BurstState) -> None:
-    """Re-publish the release message of candidates a sweep has already published."""
-    todo = list(state.dup_candidates - state.duplicated)
+    """Re-publish the release message of candidates a sweep has already published (a hold is
+    claimed only once it has expired: only those are asked about)."""
+    state.dup_window.extend(_come_due(state.dup_schedule, datetime.now(UTC)))
+    todo = [rid for rid in state.dup_window if rid not in state.duplicated]
+    state.dup_window = todo
     if not todo:
         return
     dupes = rows(sql.DRILL_HOLDS_CLAIMED, [todo])
@@ -90,24 +153,48 @@ def _publish_duplicates(cfg: BurstConfig, state: BurstState) -> None:
     state.duplicated.update(r[0] for r in dupes)
 
 
-def _send_sweeps(cfg: BurstConfig) -> None:
-    for shard in range(cfg.shards):
-        send_sweep(shard, cfg.shards)
+def _send_sweeps(cfg: BurstConfig, stop: threading.Event) -> None:
+    """Every ``sweep_every`` seconds, one sweep per shard, as beat would send them: on a clock
+    of their own, so that the drill's samples, renewals and duplicates never delay them."""
+    while not stop.is_set():
+        began = time.monotonic()
+        for shard in range(cfg.shards):
+            send_sweep(shard, cfg.shards)
+        stop.wait(max(0.0, cfg.sweep_every - (time.monotonic() - began)))
+
+
+def count_every(holds: int) -> float:
+    """Seconds between two readings of the counts that scan the drill's holds."""
+    return max(1.0, holds / 100_000)
 
 
 def sample(
-    cfg: BurstConfig, state: BurstState, t: float, keys: list[str], workers: list[WorkerProcess]
+    cfg: BurstConfig,
+    state: BurstState,
+    t: float,
+    workers: list[WorkerProcess],
+    *,
+    count: bool,
 ) -> Sample:
+    """One sample; the counts are read when ``count`` is true, else repeated from the last."""
     lo, hi = state.ids[0], state.ids[-1]
     shards = rows(
-        sql.DRILL_ELIGIBLE_BY_SHARD,
-        [cfg.shards, lo, hi],  # only the drill's own holds: other rows never pollute it
+        sql.DRILL_OLDEST_BY_SHARD,
+        # only the drill's own holds: other rows never pollute it
+        {"shards": cfg.shards, "buckets": BUCKETS, "lo": lo, "hi": hi},
     )
-    by_shard = {str(s): round(float(age), 2) for s, _c, age in shards}
-    eligible = sum(int(c) for _s, c, _a in shards)
-    released = scalar(sql.DRILL_RELEASED, [lo, hi])
-    receipts = rows(sql.DRILL_RECEIPT_OUTCOMES, [lo, hi])
-    outcomes = {o: int(c) for o, c, _r in receipts}
+    by_shard = {str(s): round(float(age), 2) for s, age in shards}
+    last = state.samples[-1] if state.samples else None
+    if count or last is None:
+        eligible = int(scalar(sql.DRILL_ELIGIBLE, [lo, hi]))
+        released = int(scalar(sql.DRILL_RELEASED, [lo, hi]))
+        receipts = rows(sql.DRILL_RECEIPT_OUTCOMES, [lo, hi])
+        outcomes = {o: int(c) for o, c, _r in receipts}
+        retries = sum(int(r) for _o, _c, r in receipts)
+        redeliveries = int(scalar(sql.DRILL_REDELIVERIES, [lo, hi]))
+    else:
+        eligible, released, outcomes = last.eligible, last.released, last.outcomes
+        retries, redeliveries = last.retries, last.redeliveries
     dead = scalar(sql.DEAD_LETTERS_IN_LAST, [t + 60])
     q = broker.queue_stats(cleanup_settings().release_queue)
     return Sample(
@@ -118,12 +205,12 @@ def sample(
         queue_depth=q.depth,
         oldest_message_s=None if q.oldest_age_seconds is None else round(q.oldest_age_seconds, 2),
         unacked=q.unacked,
-        released=int(released),
+        released=released,
         attempts=attempts_so_far(state),
-        redeliveries=delivery_cap.total(keys),
+        redeliveries=redeliveries,
         receipts=sum(outcomes.values()),
         outcomes=outcomes,
-        retries=sum(int(r) for _o, _c, r in receipts),
+        retries=retries,
         dead_letters=int(dead),
         renewed=len(state.renewed),
         duplicates=len(state.duplicated),
@@ -219,26 +306,21 @@ def run(cfg: BurstConfig, stream: TextIO = sys.stderr) -> dict[str, Any]:
             w.wait_ready()
     timeout = cfg.timeout if cfg.timeout is not None else cfg.lead + cfg.window + 600
     progress = Progress(stream)
+    stop = threading.Event()
     try:
-        state.ids = create_holds(cfg)
+        seed_then_start(cfg, state, rng)
         state.tally_minute = delivery_cap.current_minute()
         state.tally_before = delivery_cap.attempts_from(state.tally_minute)
         t0 = time.monotonic()
-        state.events.append({"t": 0.0, "event": "holds created", "count": len(state.ids)})
-        if cfg.renew_fraction:
-            state.renew_set = set(rng.sample(state.ids, int(len(state.ids) * cfg.renew_fraction)))
-        if cfg.duplicate_fraction:
-            rest = [i for i in state.ids if i not in state.renew_set]
-            state.dup_candidates = set(rng.sample(rest, int(len(rest) * cfg.duplicate_fraction)))
-        keys = [idempotency_key(i, 1) for i in state.ids]
         drained = killed = False
-        last_sweep = -math.inf
+        sweeper: threading.Thread | None = None
+        last_count = -math.inf
         finished = False
         while True:
             t = time.monotonic() - t0
-            if cfg.send_sweeps and t - last_sweep >= cfg.sweep_every:
-                _send_sweeps(cfg)
-                last_sweep = t
+            if cfg.send_sweeps and sweeper is None:
+                sweeper = threading.Thread(target=_send_sweeps, args=(cfg, stop), daemon=True)
+                sweeper.start()
             if workers and cfg.drain_at is not None and not drained and t >= cfg.drain_at:
                 workers[0].terminate()
                 drained = True
@@ -252,14 +334,20 @@ def run(cfg: BurstConfig, stream: TextIO = sys.stderr) -> dict[str, Any]:
                 state.events.append({"t": round(t, 2), "event": f"kill (SIGKILL) {victim.name}"})
             _renew_due(cfg, state)
             _publish_duplicates(cfg, state)
-            s = sample(cfg, state, t, keys, workers)
+            past_window = t >= cfg.lead + cfg.window
+            # Count on schedule, and whenever the cheap readings say the drain may be done.
+            quiet = bool(state.samples) and not state.samples[-1].oldest_by_shard
+            count = t - last_count >= count_every(cfg.holds) or (past_window and quiet)
+            if count:
+                last_count = t
+            s = sample(cfg, state, t, workers, count=count)
             state.samples.append(s)
             expected = len(state.ids) - len(state.renewed) - len(state.renew_set)
             progress.update(s, expected)
-            past_window = t >= cfg.lead + cfg.window
             dups_done = not (state.dup_candidates - state.duplicated)
             if (
-                past_window
+                count
+                and past_window
                 and caught_up(s.eligible, s.queue_depth)
                 and dups_done
                 and s.released >= expected
@@ -273,6 +361,7 @@ def run(cfg: BurstConfig, stream: TextIO = sys.stderr) -> dict[str, Any]:
         progress.close()
         elapsed = time.monotonic() - t0
     finally:
+        stop.set()
         for w in workers:
             w.stop(timeout=60)
     renewed = sorted(state.renewed)

@@ -4,6 +4,7 @@ one ``Sample`` per second)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,12 @@ class BurstState:
     renew_missed: int = 0
     dup_candidates: set[int] = field(default_factory=set)
     duplicated: set[int] = field(default_factory=set)
+    # (expires_at, id) of the renew set and of the duplicate candidates, soonest first, and the
+    # ids whose time has come that the drill is still asking about.
+    renew_schedule: list[tuple[datetime, int]] = field(default_factory=list)
+    renew_window: list[int] = field(default_factory=list)
+    dup_schedule: list[tuple[datetime, int]] = field(default_factory=list)
+    dup_window: list[int] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     # The attempt tally when the drill began: its first minute and that minute's count.

@@ -19,11 +19,10 @@ from cleanup.broker.readers import queue_stats
 from cleanup.conf import cleanup_settings
 from cleanup.metrics import PREFIX
 from cleanup.models import DeadLetter
+from cleanup.operations.console import backlog_reading
 from cleanup.operations.scaling.capacity import DESIRED_WINDOW_S, desired_consumers
-from cleanup.release.claim import shard_buckets
 from cleanup.release.schedule import installed_shards
 from reservations.db import rows, set_local_statement_timeout
-from reservations.services import eligible_backlog
 
 # --- Scrape-time gauges (web process only) ---------------------------------------------------
 #
@@ -57,7 +56,10 @@ class BacklogCollector(Collector):
         self._errors: dict[str, float] = {s: 0.0 for s in self.SECTIONS}
         self._failed: dict[str, bool] = {s: False for s in self.SECTIONS}
         self._durations: dict[str, float] = {}
-        self._previous_backlog: tuple[float, float] | None = None
+        # (monotonic time, eligible count, the fleet reading's taken_at) of the last reading
+        self._previous_backlog: tuple[float, float, float | None] | None = None
+        self._eligible_reading: tuple[float, float | None] = (time.monotonic(), None)
+        self._growth = 0.0
 
     # -- readings ---------------------------------------------------------------------------
 
@@ -74,26 +76,30 @@ class BacklogCollector(Collector):
             return fn()
 
     def read_eligible(self) -> dict[str, list[Sample]]:
-
-        shards = self._shards()
-        cap = cleanup_settings().eligible_count_cap
-
-        def run() -> dict[str, list[Sample]]:
-            oldest: list[Sample] = []
-            count: list[Sample] = []
-            capped: list[Sample] = []
-            for k in range(shards):
-                backlog = eligible_backlog(shard_buckets(k, shards), cap)
-                oldest.append(((str(k),), backlog.oldest_age_seconds))
-                count.append(((str(k),), float(backlog.eligible)))
-                capped.append(((str(k),), 1.0 if backlog.capped else 0.0))
-            return {
-                "oldest_eligible_reservation_age_seconds": oldest,
-                "eligible_reservations": count,
-                "eligible_reservations_capped": capped,
-            }
-
-        return self._db(run)
+        """The fleet's reading of the eligible backlog (backlog_reading: one scrape of the fleet
+        reads it per interval), and how old it is."""
+        conf = cleanup_settings()
+        reading = backlog_reading.current(
+            self._shards(),
+            conf.eligible_count_cap,
+            conf.eligible_reading_seconds,
+            conf.metrics_statement_timeout_ms,
+        )
+        self._eligible_reading = (time.monotonic() - reading.age_seconds, reading.taken_at)
+        shards = [(str(k),) for k in range(len(reading.shards))]
+        return {
+            "oldest_eligible_reservation_age_seconds": [
+                (k, oldest) for k, (oldest, _, _) in zip(shards, reading.shards, strict=True)
+            ],
+            "eligible_reservations": [
+                (k, float(n)) for k, (_, n, _) in zip(shards, reading.shards, strict=True)
+            ],
+            "eligible_reservations_capped": [
+                (k, 1.0 if capped else 0.0)
+                for k, (_, _, capped) in zip(shards, reading.shards, strict=True)
+            ],
+            "eligible_reading_age_seconds": [((), reading.age_seconds)],
+        }
 
     @staticmethod
     def read_queues() -> dict[str, list[Sample]]:
@@ -151,14 +157,16 @@ class BacklogCollector(Collector):
 
     def read_desired_consumers(self) -> dict[str, list[Sample]]:
 
-        # Backlog growth from this refresh's eligible count and the previous one.
+        # Backlog growth between the last two readings of the eligible count (a scrape that
+        # exports the fleet's reading again keeps the growth it had).
         backlog = sum(v for _, v in self._last.get("eligible", {}).get("eligible_reservations", []))
-        now = time.monotonic()
+        read_at, taken_at = self._eligible_reading
         previous = self._previous_backlog
-        self._previous_backlog = (now, backlog)
-        growth = 0.0
-        if previous is not None and now > previous[0]:
-            growth = (backlog - previous[1]) / (now - previous[0])
+        if previous is None or taken_at is None or taken_at != previous[2]:
+            if previous is not None and read_at > previous[0]:
+                self._growth = (backlog - previous[1]) / (read_at - previous[0])
+            self._previous_backlog = (read_at, backlog, taken_at)
+        growth = self._growth
 
         def run() -> dict[str, list[Sample]]:
             ((processed, mean_ms),) = rows(sql.RECENT_RECEIPTS, [DESIRED_WINDOW_S])
@@ -216,6 +224,7 @@ class BacklogCollector(Collector):
             "oldest_eligible_reservation_age_seconds": ["shard"],
             "eligible_reservations": ["shard"],
             "eligible_reservations_capped": ["shard"],
+            "eligible_reading_age_seconds": [],
             "queue_depth": ["queue"],
             "queue_oldest_message_age_seconds": ["queue"],
             "queue_unacked": ["queue"],
@@ -272,6 +281,10 @@ GAUGE_HELP = {
     ),
     "eligible_reservations": "Held, expired holds (counted up to CLEANUP_ELIGIBLE_COUNT_CAP)",
     "eligible_reservations_capped": "1 when eligible_reservations hit the count cap",
+    "eligible_reading_age_seconds": (
+        "Age of the fleet's reading of the three gauges above (one scrape of the fleet reads "
+        "them per CLEANUP_ELIGIBLE_READING_SECONDS)"
+    ),
     "queue_depth": "Messages waiting in the broker queue (all priorities)",
     "queue_oldest_message_age_seconds": (
         "Age of the oldest waiting message (enqueued_at header); 0 when the queue is empty"

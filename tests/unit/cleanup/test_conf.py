@@ -367,7 +367,13 @@ def test_the_libraries_variables_the_project_checks_are_documented_apart_and_nev
 ):
     from cleanup import error_reports, tracing
 
-    checked = {*tracing.ENDPOINT_VARIABLES, tracing.DISABLED_VARIABLE, error_reports.DSN_VARIABLE}
+    checked = {
+        *tracing.ENDPOINT_VARIABLES,
+        tracing.DISABLED_VARIABLE,
+        tracing.EXPORTER_VARIABLE,
+        *tracing.PROTOCOL_VARIABLES,
+        error_reports.DSN_VARIABLE,
+    }
     documented = {name for names, _, _ in table_rows(LIBRARIES) for name in names}
     assert checked <= documented
     assert not checked & env_names.names()

@@ -136,7 +136,9 @@ def test_an_error_reported_through_sentry_reaches_the_transport_scrubbed(
     text = json.dumps(event)
     assert "no seats" in text and "create_hold" in text
     assert [secret for secret in SECRETS if secret in text] == []
-    assert sentry_sdk.get_client().options["send_default_pii"] is False
+    collected = sentry_sdk.get_client().options["data_collection"]
+    assert collected["user_info"] is False and collected["cookies"] == {"mode": "off"}
+    assert collected["http_bodies"] == [] and collected["queues"] is False
 
 
 def test_without_a_dsn_nothing_is_configured() -> None:

@@ -19,18 +19,22 @@ from celery import current_app
 from celery.app.trace import build_tracer
 from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
+from django.utils import timezone
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from cleanup import tracing
 from cleanup.broker import screening
 from cleanup.conf import cleanup_settings
+from cleanup.release.messages import build, build_batch, validate, validate_batch
+from cleanup.release.release import Attempt, run_attempt
 from cleanup.wire import RELEASE_BATCH_TASK, RELEASE_TASK, SWEEP_TASK
 from cleanup.worker import consumer
 from config.logging import JsonFormatter, KeyValueFormatter, TraceContextLogFilter
+from reservations import services
 from reservations.models import Reservation
 from reservations.problems import RequestIdLogFilter
-from tests.support.holds import seed_expired
+from tests.support.holds import expire, seed_expired
 from tests.support.metrics import counter
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -281,6 +285,55 @@ def test_tracing_is_off_unless_an_endpoint_is_set(environ: dict[str, str]) -> No
     )
 
 
+@pytest.mark.parametrize(
+    ("environ", "on"),
+    [
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_TRACES_EXPORTER": "none"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318", "OTEL_TRACES_EXPORTER": "otlp"}, True),
+        ({"OTEL_TRACES_EXPORTER": "console"}, True),
+        ({"OTEL_TRACES_EXPORTER": "otlp"}, False),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            },
+            True,
+        ),
+    ],
+)
+def test_the_exporter_variable_is_honoured(environ: dict[str, str], on: bool) -> None:
+    assert tracing.enabled(environ) is on
+
+
+@pytest.mark.parametrize(
+    ("environ", "named"),
+    [
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://x:4317",
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+            },
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        ),
+    ],
+)
+def test_an_exporter_or_protocol_not_supported_stops_the_start_naming_the_variable(
+    environ: dict[str, str], named: str
+) -> None:
+    with pytest.raises(ImproperlyConfigured, match=named):
+        tracing.configure("worker", environ=environ)
+
+
+def test_the_console_exporter_is_the_sdks_and_otlp_the_default() -> None:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+    assert isinstance(tracing._exporter({"OTEL_TRACES_EXPORTER": "console"}), ConsoleSpanExporter)
+    endpoint = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318"}
+    assert isinstance(tracing._exporter(endpoint), OTLPSpanExporter)
+
+
 OFF_PROBE = """
 import django
 django.setup()
@@ -330,3 +383,66 @@ def test_a_test_that_traced_leaves_the_process_as_it_found_it() -> None:
         assert tracing.is_on() and CeleryInstrumentor().is_instrumented_by_opentelemetry
     assert not tracing.is_on() and not CeleryInstrumentor().is_instrumented_by_opentelemetry
     assert type(trace.get_tracer_provider()).__name__ == "ProxyTracerProvider"
+
+
+def request_traceparent(span: Any) -> str:
+    context = span.context
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["single", "batch"])
+def test_a_release_links_to_the_api_request_that_last_renewed_each_hold(
+    api_token: str, offering: Any, path: str
+) -> None:
+    exporter = InMemorySpanExporter()
+    auth: dict[str, Any] = {
+        "HTTP_AUTHORIZATION": f"Bearer {api_token}",
+        "content_type": "application/json",
+    }
+    with tracing._reset_for_tests():
+        assert tracing.configure("web", exporter=exporter)
+        client = Client()
+        # given: a hold taken and then renewed through the API, one taken by a seeding
+        # command (no request), and a hold taken through the API and never renewed
+        renewed = client.post(
+            f"/api/v1/offerings/{offering.pk}/holds", {"holder": "ann", "ttl_seconds": 60}, **auth
+        ).json()["id"]
+        client.post(f"/api/v1/holds/{renewed}/renew", {"expected_version": 1}, **auth)
+        taken = client.post(
+            f"/api/v1/offerings/{offering.pk}/holds", {"holder": "bob", "ttl_seconds": 60}, **auth
+        ).json()["id"]
+        take_renewed, renew, take = [
+            s for s in exporter.get_finished_spans() if s.kind == trace.SpanKind.SERVER
+        ]
+        seeded = services.hold_seat(offering.pk, "cy", 60).pk
+        rows = dict(Reservation.objects.values_list("pk", "request_traceparent"))
+        assert rows == {
+            renewed: request_traceparent(renew),
+            taken: request_traceparent(take),
+            seeded: "",
+        }
+        expire(renewed, taken, seeded)
+        exporter.clear()
+        # when: the worker releases them
+        holds = [(renewed, 2), (taken, 1), (seeded, 1)]
+        raw = (
+            [build(i, v, timezone.now(), 0, "t") for i, v in holds]
+            if path == "single"
+            else [build_batch([(i, v, timezone.now()) for i, v in holds], 0, "t")]
+        )
+        for message in raw:
+            validated = validate(message) if path == "single" else validate_batch(message)
+            run_attempt(validated, Attempt(1, "w@h", "task", 0.1), 0.0)
+    # then: each release span links to the request that took or last renewed its hold
+    links = {
+        dict(link.attributes or {})["reservation.id"]: (link.context.trace_id, link.context.span_id)
+        for span in by_name(exporter)["cleanup.release"]
+        for link in span.links
+    }
+    assert links == {
+        renewed: (renew.context.trace_id, renew.context.span_id),
+        taken: (take.context.trace_id, take.context.span_id),
+    }
+    assert take_renewed.context.span_id not in {span_id for _, span_id in links.values()}
+    assert set(Reservation.objects.values_list("status", flat=True)) == {"released"}

@@ -33,7 +33,7 @@ def test_the_release_statement_keeps_its_side() -> None:
     assert returning is not None
     columns = [c.strip().removeprefix("hold.") for c in returning.group(1).split(",")]
     assert tuple(columns) == RELEASED_COLUMNS
-    assert statement.rstrip().endswith(f"SELECT id FROM {RELEASED_ROWS}")
+    assert statement.rstrip().endswith(f"SELECT id, request_traceparent FROM {RELEASED_ROWS}")
 
 
 def test_the_receipts_keep_theirs() -> None:

@@ -94,7 +94,7 @@ def test_every_reader_of_eligibility_sees_the_same_holds() -> None:
     # the burst drill's sample, over the seeded ids
     ids = sorted(r[0] for r in rows("SELECT id FROM reservations_reservation"))
     state = BurstState(ids=ids, tally_minute=delivery_cap.current_minute())
-    drill = sample(BurstConfig(shards=SHARDS), state, 0.0, [], [])
+    drill = sample(BurstConfig(shards=SHARDS), state, 0.0, [], count=True)
     assert drill.eligible == n
     assert drill.oldest_eligible_s is not None and drill.oldest_eligible_s >= oldest_age
 

@@ -129,6 +129,7 @@ def test_a_claim_leases_the_hold_and_counts_it_without_bumping_the_version(offer
         bucket=hold.pk % 1024,
         claim_count=1,
         set_aside=False,
+        offering_id=offering.pk,
     )
     state = row(hold.pk)
     assert state["next_attempt_at"] == later + timedelta(seconds=30)

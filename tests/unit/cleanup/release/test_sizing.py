@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -213,6 +214,33 @@ def test_a_burst_sweep_publishes_multi_hold_messages_and_says_why(adaptive, brok
     )
     assert decided == 2
     assert REGISTRY.get_sample_value("reservation_cleanup_release_size_chosen") == lines[-1].size
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_sweep_groups_each_messages_holds_by_offering(adaptive, broker):
+    # given: 1,000 holds about 30 s late, taken in turn on 10 offerings: hold p, on offering
+    # p % 10, expired a millisecond after hold p - 1 (the claim takes them oldest first)
+    from reservations.models import Reservation
+    from tools.seed import seed_holds
+
+    seed_holds(
+        1_000,
+        offerings=10,
+        expires_in=lambda p: -30.0 + p / 1000,
+        name="grouped",
+        interleave=True,
+        anchor=datetime.now(UTC),
+    )
+    offering_of = dict(Reservation.objects.values_list("id", "offering_id"))
+    # when
+    sweep_shard(0, 1, batch_size=500)
+    # then: messages of several holds, each naming few offerings: a release locks every
+    # offering its message names, so messages of one batch lock disjoint ones (an offering
+    # spans at most two neighbouring messages)
+    named = [{offering_of[h] for h in holds_in(m)} for _, m in queued_messages()]
+    assert len(named) < 1_000
+    assert sum(len(offerings) for offerings in named) <= len(named) + 2 * (10 - 1)
+    assert sorted(h for _, m in queued_messages() for h in holds_in(m)) == sorted(offering_of)
 
 
 @pytest.mark.django_db(transaction=True)

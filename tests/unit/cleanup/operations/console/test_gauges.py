@@ -19,7 +19,7 @@ from reservations.db import rows
 from tests.support.dead_letters import MALFORMED, letter
 from tests.support.fleet import create_eligible_holds
 from tests.support.holds import expire
-from tests.support.metrics import pause_gauges, scrape
+from tests.support.metrics import age_the_reading, pause_gauges, scrape
 from tests.support.planted import (
     GOOD_AGE,
     QUEUE,
@@ -100,7 +100,12 @@ def test_the_collector_measures_backlog_growth_between_scrapes(db, capacity_sett
     ids = [services.hold_seat(offering.pk, f"l{i}", 60).pk for i in range(300)]
     expire(*ids)
     collector.refresh()
-    # then: the growth (300 holds over the seconds between scrapes) raises the gauge
+    # (the same fleet reading again: no new growth yet)
+    (((), value),) = collector._last["desired_consumers"]["desired_consumers"]
+    assert value == 2.0
+    age_the_reading(10)
+    collector.refresh()
+    # then: the growth (300 holds over the seconds between readings) raises the gauge
     (((), value),) = collector._last["desired_consumers"]["desired_consumers"]
     assert value > 2.0
 
