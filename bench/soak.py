@@ -1,9 +1,10 @@
 """The soak drill: steady traffic on the whole system for ``--minutes``, watching what grows.
 
     .venv/bin/python bench/soak.py --minutes 60 --out DIR [--rate 4] [--burst-every 300]
-        [--burst-holds 2000] [--sample-every 10]
+        [--burst-holds 2000] [--sample-every 10] [--database NAME] [--broker URL]
 
-Creates (or empties) the private database ``reservations_drill`` and Redis DB 6, migrates, and
+Creates (or empties) the private database ``reservations_drill`` and Redis DB 6 (or
+``--database`` and ``--broker``), migrates, and
 starts what docker-compose.yml runs: gunicorn (2 processes × 2 threads), two ``celery worker``
 × 2 processes, ``celery beat`` (the schedule installed with sweeps every 2 s) and Flower
 (read-only, persistent, as compose runs it). Then, for ``--minutes``:
@@ -487,14 +488,14 @@ def consume_events(client: Any) -> int:
 # --- the run -------------------------------------------------------------------------------
 
 
-def prepare(env: dict[str, str]) -> None:
+def prepare(env: dict[str, str], database: str, broker: str) -> None:
     import psycopg
     import redis
 
     with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DRILL_DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DRILL_DB}")
-    redis.Redis.from_url(BROKER).flushdb()  # the drill's own DB number only
+        conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{database}"')
+    redis.Redis.from_url(broker).flushdb()  # the drill's own DB number only
     manage = [sys.executable, "manage.py"]
     subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
     subprocess.run(
@@ -544,6 +545,12 @@ def main() -> int:
     parser.add_argument("--burst-holds", type=int, default=2000)
     parser.add_argument("--sample-every", type=float, default=10.0, help="seconds")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--database", default=DRILL_DB, help="the drill's database, dropped and created first"
+    )
+    parser.add_argument(
+        "--broker", default=BROKER, help="the drill's Redis database, emptied first"
+    )
     args = parser.parse_args()
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -551,14 +558,14 @@ def main() -> int:
     env.update(
         SECRET_KEY=env.get("SECRET_KEY", "drill-only"),
         RESERVATIONS_API_TOKEN=env.get("RESERVATIONS_API_TOKEN", "drill-only"),
-        DATABASE_URL=f"{PG_SERVER}/{DRILL_DB}",
-        CELERY_BROKER_URL=BROKER,
+        DATABASE_URL=f"{PG_SERVER}/{args.database}",
+        CELERY_BROKER_URL=args.broker,
         WORKER_METRICS_PORT="0",
         PYTHONUNBUFFERED="1",
     )
     env.update(settings_env(soak_settings(args.minutes)))
     os.environ.update(env)
-    prepare(env)
+    prepare(env, args.database, args.broker)
     import django
 
     django.setup()
@@ -593,7 +600,7 @@ def run(
     from reservations.db import scalar
     from tools.drills.burst import caught_up
 
-    client = redis.Redis.from_url(BROKER)
+    client = redis.Redis.from_url(args.broker)
     tables = growing_tables()
     web_port, flower_port = ports
     traffic = Traffic(web_port, token, offerings, random.Random(args.seed))
