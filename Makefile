@@ -1,4 +1,4 @@
-.PHONY: run test test-full lint unit drills lock bench bench-confirms flash-sale chaos sentinel-drill pg-failover-drill rabbitmq-cluster-drill embedded-status embedded-stop
+.PHONY: run test test-full lint unit drills lock bench bench-confirms flash-sale soak chaos sentinel-drill pg-failover-drill rabbitmq-cluster-drill embedded-status embedded-stop
 
 # Run the system: web + worker + beat + Flower, on local or embedded PostgreSQL/Redis.
 run:
@@ -72,3 +72,7 @@ bench-confirms:
 # The flash-sale drill (own DB reservations_drill, Redis DB 6): make flash-sale MODE=default|single|batch
 flash-sale:
 	.venv/bin/python bench/flash_sale.py $(MODE) $(ARGS)
+
+# The soak drill (own DB reservations_drill, Redis DB 6): make soak MINUTES=60 OUT=reports/soak
+soak:
+	.venv/bin/python bench/soak.py --minutes $(or $(MINUTES),60) --out $(or $(OUT),reports/soak) $(ARGS)

@@ -13,6 +13,15 @@ SETTINGS_MODULE = "bench.settings"
 VARIABLE = "BENCH_SETTINGS"
 
 
+# The benchmark's own tasks (bench/tasks.py) and their queue, declared and routed as the
+# product's are (cleanup.conf's CLEANUP_EXTRA_TASK_ROUTES): the broker edge refuses any queue
+# that is not declared, and runs each routed task only from its own queue.
+QUEUE = "bench"
+ROUTES: dict[str, object] = {
+    "CLEANUP_EXTRA_TASK_ROUTES": [f"bench.noop={QUEUE}", f"bench.wait={QUEUE}"]
+}
+
+
 def events(on: bool) -> dict[str, object]:
     """Celery's task events on or off (the product sends them: Flower shows nothing without
     them); the benchmarks turn them off unless they measure their cost."""

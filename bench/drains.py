@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,11 +116,17 @@ def wait_drained(queue: str, timeout: float) -> float:
 
 
 def noop_drain(
-    n: int, layout: tuple[int, int], events: bool = False, variant: Variant = DEFAULT
+    n: int,
+    layout: tuple[int, int],
+    events: bool = False,
+    variant: Variant = DEFAULT,
+    wait_ms: float = 0,
 ) -> dict[str, Any]:
-    """Pre-fill the queue, start the workers, time from the first fetch to the last ack."""
+    """Pre-fill the queue, start the workers, time from the first fetch to the last ack.
+    ``wait_ms``: ``bench.wait`` tasks that sleep that long instead of no-ops (a task as long as
+    a release, with none of its work)."""
     reset()
-    publish_noops(n)
+    publish_noops(n, wait_ms)
     r = redis_client()
     env = {**settings_env(events_on(events) | variant.settings), **variant.env}
     workers = [
@@ -151,6 +159,7 @@ def noop_drain(
         "machine_cpu_busy": cpu,
         "events": events,
         "variant": variant.name,
+        "wait_ms": wait_ms,
     }
 
 
@@ -221,6 +230,7 @@ def product_drain(
     stats1["transactions"] -= polls  # the bench's own reads of the released count
     work = per_hold(stats0, stats1, holds)
     outcomes = dict(sql("SELECT outcome, count(*) FROM cleanup_cleanupreceipt GROUP BY 1"))
+    release_ms = release_attempt_ms([w.log_path for w in workers])
     return {
         "holds": holds,
         "layout": f"{layout[0]}x{layout[1]}",
@@ -230,11 +240,29 @@ def product_drain(
         "rate": round(holds / (t1 - t0), 1),
         "machine_cpu_busy": cpu,
         "outcomes": outcomes,
+        # a release attempt's time inside the worker, validation to commit (its log lines)
+        "release_ms_median": release_ms,
         "violations": check(holds),
         "memory_kb": memory,
         "variant": variant.name,
         "database_per_hold": work,
     }
+
+
+RELEASE_ATTEMPT_MS = re.compile(r" release attempt .* duration_ms=([0-9.]+) ")
+
+
+def release_attempt_ms(logs: list[Path]) -> float | None:
+    """The median ``duration_ms`` of the workers' "release attempt" log lines: a release's own
+    time inside the worker, from its validation to the statement's commit."""
+    found: list[float] = []
+    for log in logs:
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            continue
+        found += [float(m) for m in RELEASE_ATTEMPT_MS.findall(text)]
+    return round(statistics.median(found), 3) if found else None
 
 
 def tracing_cost(

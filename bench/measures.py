@@ -106,6 +106,14 @@ def main() -> int:
         res["noop"][key] = best(noop_drain, drain, lay)
         step(f"per-reservation drain {key}")
         res["per_reservation"][key] = best(product_drain, drain, lay)
+        # The ceiling of any per-reservation path under this worker model: tasks that take as
+        # long as a release did inside the worker, and do nothing.
+        release_ms = res["per_reservation"][key].get("release_ms_median")
+        if release_ms:
+            step(f"release-long wait drain {key} ({release_ms} ms tasks)")
+            res.setdefault("release_wait", {})[key] = best(
+                noop_drain, drain, lay, wait_ms=release_ms
+            )
     if "variants" not in skip and "drains" not in skip:
         # Side by side with the default 1 x 2 above: the same drains under each candidate.
         res["variants"] = {}

@@ -12,6 +12,15 @@ def ratios(res: dict[str, Any], layout: str) -> dict[str, Any]:
             "value": round(pr["rate"] / res["noop"][key]["rate"], 3),
             "target": ">= 0.75",
         }
+    for key, waited in res.get("release_wait", {}).items():
+        out[f"release_wait_vs_noop_{key}"] = {
+            "value": round(waited["rate"] / res["noop"][key]["rate"], 3),
+            "target": "(the ceiling: tasks as long as a release, doing nothing)",
+        }
+        out[f"per_reservation_vs_release_wait_{key}"] = {
+            "value": round(res["per_reservation"][key]["rate"] / waited["rate"], 3),
+            "target": "(the path against its ceiling)",
+        }
     floor = res["noop"].get("1x2", {}).get("rate")
     for name, v in res.get("variants", {}).items():
         if "per_reservation" not in v or not floor:
@@ -74,6 +83,14 @@ def print_table(res: dict[str, Any], layout: str) -> None:
             rows.append(
                 (f"{label} {key}, {d[unit]} {unit}", _per_second(d, unit), f"runs {d['runs']}")
             )
+    for key, d in res.get("release_wait", {}).items():
+        rows.append(
+            (
+                f"{d['wait_ms']} ms wait tasks {key}, {d['tasks']} tasks",
+                _per_second(d, "tasks"),
+                f"runs {d['runs']}",
+            )
+        )
     for name, v in res.get("variants", {}).items():
         if "skipped" in v:
             rows.append((f"variant {name}", "-", "SKIPPED: " + v["skipped"]))

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: bench/ is on the path, not the project
     sys.path.insert(0, str(ROOT))
 
-from bench.arms import SETTINGS_MODULE, VARIABLE, events  # noqa: E402
+from bench.arms import ROUTES, SETTINGS_MODULE, VARIABLE, events  # noqa: E402
 
 PG_SERVER = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
 BENCH_DB = "reservations_bench"
@@ -28,7 +28,7 @@ BROKER = os.environ.get("BENCH_BROKER", "redis://127.0.0.1:6379/5")
 
 ENV = {
     "DJANGO_SETTINGS_MODULE": SETTINGS_MODULE,
-    VARIABLE: json.dumps(events(False)),
+    VARIABLE: json.dumps(events(False) | ROUTES),
     "SECRET_KEY": "bench-only",
     "RESERVATIONS_API_TOKEN": "bench-only",
     "DATABASE_URL": f"{PG_SERVER}/{BENCH_DB}",

@@ -1,4 +1,6 @@
-"""Benchmark-only task, loaded with ``celery -A config worker -I bench.tasks -Q bench``.
+"""Benchmark-only task, loaded with ``celery -A config worker -I bench.tasks -Q bench``; the
+"bench" queue is declared and both tasks routed to it by the benchmark's settings
+(``bench.arms.ROUTES``).
 
 A no-op under the product's delivery contract (acks_late, prefetch 1 from settings): the floor
 that Celery + kombu + Redis put under any per-message work. ``bench.wait`` sleeps a few

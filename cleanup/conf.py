@@ -25,6 +25,8 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
+from cleanup.wire import TASK_PREFIX
+
 # The keys of a field's metadata (what tests/unit/cleanup/test_conf.py checks
 # docs/CONFIGURATION.md's settings tables against). ENV is the field's name among Django's settings,
 # and its environment variable's when ENVIRONMENT is true.
@@ -41,6 +43,11 @@ RABBITMQ_QUEUE_TYPES = ("classic", "quorum")
 QUORUM_DELIVERY_LIMIT = 100
 # The pools of `celery worker --pool` (celery.concurrency.ALIASES less "custom", "processes").
 WORKER_POOLS = ("prefork", "threads", "solo", "gevent", "eventlet")
+# Redis keys kombu keeps its ack emulation and bindings in: never a queue's name.
+RESERVED_REDIS_KEYS = frozenset({"unacked", "unacked_index", "unacked_mutex"})
+RESERVED_REDIS_PREFIXES = ("_kombu.", "reservation-cleanup:")
+# The shortest retention of receipts, events and resolved dead letters: 0.001 days, 86.4 s.
+MIN_RETENTION_DAYS = 0.001
 MAX_RELEASE_BATCH_SIZE = 1000  # items a worker accepts in one message (pipeline.messages)
 DEFAULT_REMOTE_CONTROL_COMMANDS = (
     "ping",
@@ -127,6 +134,14 @@ class CleanupSettings:
     )
     events_queue: str = setting(
         "CLEANUP_EVENTS_QUEUE", "reservation-events", "queue the outbox events are relayed to"
+    )
+    # Other tasks of the apps' app (a host's, a benchmark's), each on a queue of its own that is
+    # declared and routed as the project's are, so the routing refusal (cleanup.broker.routes)
+    # accepts that queue, and runs each such task only from it.
+    extra_task_routes: tuple[str, ...] = tuning(
+        "CLEANUP_EXTRA_TASK_ROUTES",
+        (),
+        "'task=queue' pairs: other tasks of the apps' app, each routed to a queue of its own",
     )
     # Quorum queues are replicated over a RabbitMQ cluster's nodes (docs/TOPOLOGIES.md,
     # "RabbitMQ cluster"); RabbitMQ refuses to change the type of a queue that exists.
@@ -235,11 +250,15 @@ class CleanupSettings:
         minimum=0.05,
     )
     # --- retention and relay ---------------------------------------------------------------
-    retention_days: int = setting(
+    # Days, fractions allowed: at a thousand releases a second a day of receipts is 86 million
+    # rows, and a deployment that busy keeps hours (0.25 is six hours); a soak shows the prune
+    # in minutes. At least the lease and the visibility timeout (check): a message redelivered
+    # or re-published that late still finds its receipt.
+    retention_days: float = setting(
         "CLEANUP_RETENTION_DAYS",
-        14,
-        "days receipts and outbox events (relayed or not) are kept",
-        minimum=1,
+        14.0,
+        "days receipts and outbox events (relayed or not) are kept (fractions allowed)",
+        minimum=MIN_RETENTION_DAYS,
     )
     # Bounds what events nobody consumes can pile up on the broker: at this depth the relay
     # leaves the events in the outbox (docs/EVENTS.md, "What happens to events nobody reads").
@@ -249,11 +268,11 @@ class CleanupSettings:
         "the outbox relay relays nothing while the events queue holds this many messages",
         minimum=1,
     )
-    dead_letter_retention_days: int = setting(
+    dead_letter_retention_days: float = setting(
         "CLEANUP_DEAD_LETTER_RETENTION_DAYS",
-        14,
-        "days a resolved dead letter is kept after it was resolved",
-        minimum=1,
+        14.0,
+        "days a resolved dead letter is kept after it was resolved (fractions allowed)",
+        minimum=MIN_RETENTION_DAYS,
     )
     # The summaries: one open letter per reason and task, written by cleanup.sample_health.
     # docs/OPERATOR-CONSOLE.md, "Dead-letter triage".
@@ -429,6 +448,31 @@ class CleanupSettings:
             # sweep into its time limit.
             object.__setattr__(self, "sweep_time_budget", self.task_soft_time_limit / 2)
 
+    def extra_routes(self) -> dict[str, str]:
+        """``CLEANUP_EXTRA_TASK_ROUTES`` as ``{task name: queue}`` (checked by ``check``)."""
+        return dict(pair.partition("=")[::2] for pair in self.extra_task_routes)
+
+    def _check_extra_routes(self) -> None:
+        own = {self.sweep_queue, self.release_queue, self.maintenance_queue, self.events_queue}
+        for pair in self.extra_task_routes:
+            name, equals, queue = pair.partition("=")
+            problem = None
+            if not equals or not name or not queue or pair != pair.strip():
+                problem = "expected 'task=queue'"
+            elif name.startswith(TASK_PREFIX):
+                problem = f"tasks named {TASK_PREFIX}* are the project's, routed by cleanup.wire"
+            elif queue in own:
+                problem = "the queue is one of the project's own"
+            elif queue in RESERVED_REDIS_KEYS or queue.startswith(RESERVED_REDIS_PREFIXES):
+                problem = "the queue's name is a key kombu keeps its own bookkeeping in"
+            elif any(c.isspace() or c in "*#" for c in queue):
+                problem = "a queue name has no space, * or #"
+            if problem is not None:
+                raise ImproperlyConfigured(f"CLEANUP_EXTRA_TASK_ROUTES: {pair[:120]!r}: {problem}")
+        names = [pair.partition("=")[0] for pair in self.extra_task_routes]
+        if len(set(names)) != len(names):
+            raise ImproperlyConfigured("CLEANUP_EXTRA_TASK_ROUTES names a task twice")
+
     def check(self) -> None:
         """Each bound, then the rules between fields; the message names the variables."""
         for spec in dataclasses.fields(self):
@@ -436,6 +480,7 @@ class CleanupSettings:
             value = getattr(self, spec.name)
             if minimum is not None and value < minimum:
                 raise ImproperlyConfigured(f"{spec.metadata[ENV]}={value} must be >= {minimum}")
+        self._check_extra_routes()
         if self.release_mode not in RELEASE_MODES:
             raise ImproperlyConfigured(
                 f"CLEANUP_RELEASE_MODE={self.release_mode!r}: expected one of "
@@ -476,6 +521,13 @@ class CleanupSettings:
                 f"CLEANUP_VISIBILITY_TIMEOUT={self.visibility_timeout} must exceed "
                 f"CLEANUP_TASK_TIME_LIMIT + CLEANUP_RETRY_BACKOFF_MAX ({longest_hold}): a retry "
                 f"waits unacked for up to the backoff cap, then runs for up to the time limit"
+            )
+        kept_s = self.retention_days * 86400
+        if kept_s <= max(self.lease_seconds, self.visibility_timeout):
+            raise ImproperlyConfigured(
+                f"CLEANUP_RETENTION_DAYS={self.retention_days:g} ({kept_s:g} s) must exceed "
+                f"CLEANUP_LEASE_SECONDS and CLEANUP_VISIBILITY_TIMEOUT: a message redelivered "
+                f"or re-published that late must still find its receipt"
             )
         if self.max_deliveries <= self.max_retries:
             # Each Celery retry is a delivery too; a cap below the retries would dead-letter a

@@ -300,6 +300,7 @@ def flower_argv(port: int) -> list[str]:
     return [
         CELERY, "-A", "config", "flower", f"--address={HOST}", f"--port={port}",
         "--read_only=True", "--persistent=True", "--db=var/flower.db",
+        "--max_tasks=10000",  # the last 10,000 tasks in memory, not Flower's default 100,000
     ]  # fmt: skip
 
 

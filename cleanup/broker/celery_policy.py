@@ -116,7 +116,10 @@ def policy(
         # a queue not declared here is refused, not created (cleanup.broker.routes).
         "task_default_queue": conf.release_queue,
         "task_queues": queues.task_queues(conf),
-        "task_routes": wire.task_routes(conf),
+        "task_routes": {
+            **wire.task_routes(conf),
+            **{name: {"queue": queue} for name, queue in conf.extra_routes().items()},
+        },
         "task_create_missing_queues": False,
         # Celery's default, stated: with quorum queues each consumer's prefetch is set per
         # consumer, as with classic queues.

@@ -91,8 +91,10 @@ def task_queue_arguments(conf: CleanupSettings) -> dict[str, Any] | None:
 
 
 def task_queues(conf: CleanupSettings) -> list[Queue]:
-    """Celery's ``task_queues``: sweep, release and maintenance, each bound by its own name."""
-    names = (conf.sweep_queue, conf.release_queue, conf.maintenance_queue)
+    """Celery's ``task_queues``: sweep, release and maintenance, then the queues of
+    ``CLEANUP_EXTRA_TASK_ROUTES``, each bound by its own name."""
+    extra = sorted(set(conf.extra_routes().values()))
+    names = (conf.sweep_queue, conf.release_queue, conf.maintenance_queue, *extra)
     if not is_quorum(conf):
         # Celery binds them to its default (direct) exchange, as it always has.
         return [Queue(name, routing_key=name) for name in names]

@@ -43,9 +43,11 @@ class RoutingRefused(ValueError):
 
 def task_queues() -> frozenset[str]:
     """The queues task messages may go to (``CLEANUP_SWEEP_QUEUE``, ``CLEANUP_RELEASE_QUEUE``,
-    ``CLEANUP_MAINTENANCE_QUEUE``). The events queue takes the outbox's events, never a task."""
+    ``CLEANUP_MAINTENANCE_QUEUE``, and the queues of ``CLEANUP_EXTRA_TASK_ROUTES``). The events
+    queue takes the outbox's events, never a task."""
     conf = cleanup_settings()
-    return frozenset({conf.sweep_queue, conf.release_queue, conf.maintenance_queue})
+    own = {conf.sweep_queue, conf.release_queue, conf.maintenance_queue}
+    return frozenset(own | set(conf.extra_routes().values()))
 
 
 def task_exchanges() -> frozenset[str]:
@@ -86,10 +88,13 @@ def route_problem(exchange: Any, routing_key: Any) -> str | None:
 
 
 def task_queue(name: str) -> str | None:
-    """The queue the project's task ``name`` is routed to (``wire.task_routes``), or ``None``
-    for a task that is not the project's (a host project's task goes where its caller sends
-    it)."""
+    """The queue the project's task ``name`` is routed to (``wire.task_routes``, or
+    ``CLEANUP_EXTRA_TASK_ROUTES`` for another task of the app), or ``None`` for a task routed
+    nowhere (a host project's task goes where its caller sends it, among the task queues)."""
     conf = cleanup_settings()
+    extra = conf.extra_routes().get(name)
+    if extra is not None:
+        return extra
     setting = wire.QUEUE_SETTING.get(name)
     if setting is not None:
         return str(getattr(conf, setting))

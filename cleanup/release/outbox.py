@@ -125,7 +125,7 @@ def _delete_batches(statement: str, before: datetime, batch: int) -> int:
 
 
 def prune(
-    retention_days: int | None = None, dead_letter_retention_days: int | None = None
+    retention_days: float | None = None, dead_letter_retention_days: float | None = None
 ) -> dict[str, int]:
     """Delete outbox events (published or not) and receipts older than
     ``CLEANUP_RETENTION_DAYS``, delivery counts a day after their last change, and dead letters

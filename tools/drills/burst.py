@@ -218,6 +218,12 @@ def sample(
     )
 
 
+def caught_up(eligible: int, queue_depth: int) -> bool:
+    """Whether the pipeline has caught up: no eligible hold left, nothing in the release
+    queue (the burst drill's and the soak's ``finished``, once their traffic has stopped)."""
+    return eligible == 0 and queue_depth == 0
+
+
 def attempts_so_far(state: BurstState) -> int:
     """Release attempts (one per hold, batched or not) since the drill began, as tallied."""
     return delivery_cap.attempts_from(state.tally_minute) - state.tally_before
@@ -342,8 +348,7 @@ def run(cfg: BurstConfig, stream: TextIO = sys.stderr) -> dict[str, Any]:
             if (
                 count
                 and past_window
-                and s.eligible == 0
-                and s.queue_depth == 0
+                and caught_up(s.eligible, s.queue_depth)
                 and dups_done
                 and s.released >= expected
                 and not state.renew_set

@@ -6,6 +6,8 @@ An empty list from ``invariant_violations`` means every invariant holds.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from reservations.db import rows, scalar
 from reservations.services import seat_conservation_violations
 from tools.drills import sql
@@ -14,8 +16,12 @@ from tools.drills import sql
 def invariant_violations(
     expected_released: list[int] | None = None,
     expected_not_released: list[int] | None = None,
+    *,
+    released_since: datetime | None = None,
 ) -> list[str]:
-    """Seats conserved; at most one released event per hold and one for every released hold;
+    """Seats conserved; at most one released event per hold and one for every released hold
+    (with ``released_since``, every hold released since then: the retention has pruned the
+    events of earlier ones, as in the soak drill);
     no hold released by a message carrying a version it no longer had (a renewed, confirmed
     or cancelled hold is never released by an older message); the ``expected_released`` holds
     released; none of ``expected_not_released`` released."""
@@ -33,7 +39,10 @@ def invariant_violations(
         ),
     ]
     problems += [f"{says}{found[:10]}" for found, says in listed if found]
-    no_event = scalar(sql.RELEASED_HOLDS_WITHOUT_EVENT)
+    if released_since is None:
+        no_event = scalar(sql.RELEASED_HOLDS_WITHOUT_EVENT)
+    else:
+        no_event = scalar(sql.RELEASED_SINCE_WITHOUT_EVENT, [released_since])
     if no_event:
         problems.append(f"{no_event} released holds without a released event")
     # A release message carries the version it saw; its 'released' receipt records that

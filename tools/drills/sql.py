@@ -86,6 +86,13 @@ RELEASED_HOLDS_WITHOUT_EVENT = (
     "AND NOT EXISTS (SELECT 1 FROM reservations_outboxevent event "
     "WHERE event.reservation_id = hold.id AND event.kind = 'reservation.released')"
 )
+# The same, for holds released since a time (%s): older ones' events may be pruned already.
+RELEASED_SINCE_WITHOUT_EVENT = (
+    "SELECT count(*) FROM reservations_reservation hold WHERE hold.status = 'released' "
+    "AND hold.released_at >= %s "
+    "AND NOT EXISTS (SELECT 1 FROM reservations_outboxevent event "
+    "WHERE event.reservation_id = hold.id AND event.kind = 'reservation.released')"
+)
 # A 'released' receipt records its message's version; the hold records the version it was
 # released at.
 RELEASED_AT_ANOTHER_VERSION = (

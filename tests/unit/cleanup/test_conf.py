@@ -451,13 +451,41 @@ def test_the_name_scan_finds_every_kind_of_read(tmp_path: Path) -> None:
     assert {read.name for read in found if read.raw} == {"C", "D", "E", "F", None}
 
 
+# --- the retention settings -------------------------------------------------------------------
+
+
+def test_a_retention_in_hours_is_read_from_the_environment() -> None:
+    out = run_with(
+        "import django; django.setup(); from cleanup.conf import cleanup_settings as c; "
+        "print(c().retention_days, c().dead_letter_retention_days)",
+        CLEANUP_RETENTION_DAYS="0.25",
+        CLEANUP_DEAD_LETTER_RETENTION_DAYS="0.5",
+    )
+    assert out.returncode == 0, out.stderr[-800:]
+    assert out.stdout.split()[-2:] == ["0.25", "0.5"]
+
+
+def test_a_retention_shorter_than_the_lease_is_refused_naming_the_variables(settings: Any) -> None:
+    # a receipt must outlive any message that may still arrive for it: a redelivery after the
+    # visibility timeout, a re-published claim after the lease
+    settings.CLEANUP_LEASE_SECONDS = 300
+    settings.CLEANUP_RETENTION_DAYS = 0.003  # 259.2 s
+    with pytest.raises(ImproperlyConfigured) as refused:
+        cleanup_settings()
+    assert str(refused.value).startswith(
+        "CLEANUP_RETENTION_DAYS=0.003 (259.2 s) must exceed CLEANUP_LEASE_SECONDS"
+    )
+    settings.CLEANUP_RETENTION_DAYS = 0.004  # 345.6 s
+    assert cleanup_settings().retention_days == 0.004
+
+
 # --- the dead-letter settings -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("value", "words"),
     [
-        ("0", "CLEANUP_DEAD_LETTER_RETENTION_DAYS=0 must be"),
+        ("0", "CLEANUP_DEAD_LETTER_RETENTION_DAYS=0.0 must be >= 0.001"),
         ("2w", "CLEANUP_DEAD_LETTER_RETENTION_DAYS='2w' is"),
     ],
 )

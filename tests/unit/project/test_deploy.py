@@ -393,6 +393,31 @@ def test_flower_forgets_workers_that_went_offline() -> None:
     assert re.search(r"--purge_offline_workers=\d+", flower), flower
 
 
+# Flower holds every task it hears of in memory up to --max_tasks (its default: 100,000, at
+# about 7 KiB each as bench/soak.py measures it, some 700 MiB); every shipped Flower keeps at
+# most this many.
+FLOWER_MAX_TASKS = 10000
+
+
+def test_every_shipped_flower_keeps_a_bounded_number_of_tasks_in_memory() -> None:
+    k8s_flower = next(
+        doc
+        for doc in k8s_documents()
+        if doc["kind"] == "Deployment" and doc["metadata"]["name"].endswith("flower")
+    )
+    (container,) = k8s_flower["spec"]["template"]["spec"]["containers"]
+    run_py = (ROOT / "scripts" / "run.py").read_text()
+    shipped = {
+        "docker-compose.yml": command(compose()["services"]["flower"]),
+        "deploy/k8s/flower.yaml": " ".join(container["args"]),
+        "scripts/run.py": run_py.split("def flower_argv", 1)[1].split("\ndef ", 1)[0],
+    }
+    for where, args in shipped.items():
+        found = re.search(r"--max_tasks=(\d+)", args)
+        assert found, f"{where}: Flower without --max_tasks keeps 100,000 tasks"
+        assert 0 < int(found.group(1)) <= FLOWER_MAX_TASKS, where
+
+
 def test_alerts_go_to_an_alertmanager_service() -> None:
     services = compose()["services"]
     manager = services["alertmanager"]

@@ -4,18 +4,20 @@ pass, and a retry goes through native delayed delivery only with quorum queues."
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 import redis
 from celery.exceptions import QueueNotFound
+from django.core.exceptions import ImproperlyConfigured
 from kombu import Exchange, Queue
 from kombu.transport.native_delayed_delivery import calculate_routing_key, level_name
 
 from cleanup import wire
-from cleanup.broker import routes
-from cleanup.conf import cleanup_settings
+from cleanup.broker import celery_policy, queues, routes
+from cleanup.conf import CleanupSettings, cleanup_settings
 from cleanup.release.messages import ReleaseMessage
 from cleanup.release.publish import publish_release_messages
 from config.celery_app import app
@@ -135,3 +137,58 @@ def test_a_project_task_belongs_on_its_own_route_only() -> None:
         routes.misrouting(release, "", conf.release_queue, conf.maintenance_queue)
     )
     assert routes.misrouting("billing.on_event", "", conf.sweep_queue, None) is None
+
+
+EXTRA = ["bench.noop=bench", "bench.wait=bench"]
+
+
+def test_another_task_of_the_app_gets_its_queue_only_by_a_declared_route(settings: Any) -> None:
+    # given: no extra route, a queue of one's own is refused as before
+    with pytest.raises(routes.RoutingRefused):
+        routes.check_publish("bench.noop", queue="bench")
+    # when: the task and its queue are declared (CLEANUP_EXTRA_TASK_ROUTES)
+    settings.CLEANUP_EXTRA_TASK_ROUTES = EXTRA
+    conf = cleanup_settings()
+    # then: the queue is a task queue, declared and routed like the project's
+    assert "bench" in routes.task_queues()
+    routes.check_publish("bench.noop", queue="bench")
+    assert routes.route_problem("", "bench") is None
+    assert [q.name for q in queues.task_queues(conf)][-1] == "bench"
+    policy = celery_policy.policy(conf, "redis://127.0.0.1:6379/0")
+    assert policy["task_routes"]["bench.noop"] == {"queue": "bench"}
+    assert policy["task_create_missing_queues"] is False
+    # and each such task runs only from its own queue
+    assert routes.task_queue("bench.wait") == "bench"
+    assert routes.misrouting("bench.noop", "", "bench", "bench") is None
+    assert "belongs on queue 'bench'" in str(
+        routes.misrouting("bench.noop", "", conf.maintenance_queue, None)
+    )
+    assert "belongs on queue" in str(routes.misrouting(wire.RELEASE_TASK, "", "bench", None))
+    # and every other destination stays refused
+    with pytest.raises(routes.RoutingRefused):
+        routes.check_publish("bench.noop", queue="unacked")
+
+
+@pytest.mark.parametrize(
+    ("pair", "says"),
+    [
+        ("bench.noop", "expected 'task=queue'"),
+        ("=bench", "expected 'task=queue'"),
+        ("bench.noop=", "expected 'task=queue'"),
+        ("cleanup.prune=bench", "are the project's"),
+        ("bench.noop=cleanup", "one of the project's own"),
+        ("bench.noop=reservation-events", "one of the project's own"),
+        ("bench.noop=unacked", "kombu keeps its own bookkeeping"),
+        ("bench.noop=_kombu.binding.cleanup", "kombu keeps its own bookkeeping"),
+        ("bench.noop=be nch", "no space"),
+        ("bench.noop=bench.#", "no space, * or #"),
+    ],
+)
+def test_an_extra_route_that_could_reach_the_projects_keys_is_refused(pair: str, says: str) -> None:
+    with pytest.raises(ImproperlyConfigured, match=re.escape(says)):
+        CleanupSettings(extra_task_routes=(pair,))
+
+
+def test_an_extra_route_names_each_task_once() -> None:
+    with pytest.raises(ImproperlyConfigured, match="names a task twice"):
+        CleanupSettings(extra_task_routes=("bench.noop=a", "bench.noop=b"))

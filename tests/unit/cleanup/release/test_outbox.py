@@ -166,6 +166,34 @@ def test_resolved_letters_are_pruned_after_their_own_retention_and_open_ones_nev
     assert sorted(DeadLetter.objects.values_list("pk", flat=True)) == [recent.pk, ancient_open.pk]
 
 
+def test_a_retention_of_a_fraction_of_a_day_prunes_by_the_hour(db, settings):
+    # given: a retention of six hours for receipts and events, and of one hour for letters
+    settings.CLEANUP_RETENTION_DAYS = 0.25
+    settings.CLEANUP_DEAD_LETTER_RETENTION_DAYS = 1 / 24
+    now = timezone.now()
+    old, recent = CleanupReceipt.objects.bulk_create(
+        CleanupReceipt(
+            idempotency_key=f"release:1:{v}", reservation_id=1, version=v, outcome="renewed"
+        )
+        for v in (1, 2)
+    )
+    CleanupReceipt.objects.filter(pk=old.pk).update(created_at=now - timedelta(hours=7))
+    CleanupReceipt.objects.filter(pk=recent.pk).update(created_at=now - timedelta(hours=5))
+    gone, kept = letter(), letter()
+    DeadLetter.objects.filter(pk=gone.pk).update(
+        resolved_at=now - timedelta(minutes=61), resolution="discarded"
+    )
+    DeadLetter.objects.filter(pk=kept.pk).update(
+        resolved_at=now - timedelta(minutes=59), resolution="discarded"
+    )
+    # when
+    result = outbox.prune()
+    # then: only what is older than its retention is gone
+    assert (result["receipts"], result["dead_letters"]) == (1, 1)
+    assert list(CleanupReceipt.objects.values_list("pk", flat=True)) == [recent.pk]
+    assert list(DeadLetter.objects.values_list("pk", flat=True)) == [kept.pk]
+
+
 # --- events never relayed: deleted after the same retention, counted and logged --------------
 
 
