@@ -57,10 +57,8 @@ if str(ROOT) not in sys.path:  # run as a script: bench/ is on the path, not the
     sys.path.insert(0, str(ROOT))
 
 from bench.arms import events, settings_env  # noqa: E402
+from bench.flash_sale import BROKER, DRILL_DB, PG_SERVER  # noqa: E402  (the drills' defaults)
 
-PG_SERVER = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
-DRILL_DB = "reservations_drill"
-BROKER = os.environ.get("DRILL_BROKER", "redis://127.0.0.1:6379/6")
 OFFERINGS = 16
 SWEEP_EVERY = 2
 PRUNE_EVERY = 30
