@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,7 @@ class Reason(enum.Enum):
     """Why a sweep's run ends (each sets its flags on the sweep's result)."""
 
     BACKPRESSURE = "backpressure"  # the queue is at its cap, or this batch filled it
+    QUEUE_AHEAD = "queue_ahead"  # adaptive mode: the queue already outlasts the release target
     NO_ROOM_AHEAD = "no_room_ahead"  # near the cap, the sweeps ahead in line take the room
     GAVE_WAY = "gave_way"  # near the cap, another shard's oldest due hold is older
     TOOK_SHARE = "took_share"  # near the cap, its share taken: the other shards behind go next
@@ -104,7 +106,13 @@ def _paused(reason: Reason, **fields: Any) -> Stop:
     return Stop(reason, "sweep paused by backpressure", fields)
 
 
-def before_the_line(queue: str, shards: int, batch_size: int, max_queue_depth: int) -> Stop | None:
+def before_the_line(
+    queue: str,
+    shards: int,
+    batch_size: int,
+    max_queue_depth: int,
+    fleet_starts: Callable[[int], float] | None = None,
+) -> Stop | None:
     """A ``Stop`` when a sweep should leave instead of waiting in line for the publish lock;
     None when it should wait. The depth is read again under the lock: that reading, not this
     one, guards the cap (its shard's next sweep comes anyway).
@@ -125,10 +133,23 @@ def before_the_line(queue: str, shards: int, batch_size: int, max_queue_depth: i
     The readings are not under the lock, so they can be stale either way: a sweep may leave
     while a sweep ahead was about to let go with room unused (the room waits for the next
     sweep, one sweep interval later at most, with the queue near its cap meanwhile), or join
-    the line and find the queue full under the lock as before. Neither affects the cap."""
+    the line and find the queue full under the lock as before. Neither affects the cap.
+
+    ``fleet_starts(depth)`` (the adaptive mode's; None in the others) is how many messages the
+    fleet starts within half the release target (the shortest budget the sizing gives a batch),
+    asked only of a non-empty queue. When the queue already holds that many, the sweep leaves
+    too: the holds it would claim wait behind that queue whatever their message's size, so
+    claiming them changes no release's time; it leases them early (every claim then reads
+    past them) and costs a pool process that could be releasing. Under a flash sale the
+    sweeps otherwise claimed the whole backlog into the queue, minutes ahead of the releases,
+    on the processes the releases needed (docs/PERFORMANCE.md, "A million holds")."""
     depth = broker.queue_depth(queue)
     if depth >= max_queue_depth:
         return _paused(Reason.BACKPRESSURE, queue_depth=depth)
+    if fleet_starts is not None and depth > 0:
+        starts = fleet_starts(depth)
+        if depth >= starts:
+            return _paused(Reason.QUEUE_AHEAD, queue_depth=depth, fleet_starts=round(starts, 1))
     room = max_queue_depth - depth
     if not near_the_cap(room, shards, batch_size):
         return None

@@ -8,7 +8,8 @@ The release and its receipt are one statement (autocommit: one round trip, no BE
 That keeps the order above: duplicates of one key serialize on the hold's row lock, the later
 one finds the hold released at this version, and for any outcome other than ``released`` a
 receipt conflict overrides what the domain said (it changed nothing). The per-reservation and
-the batched modes run the same code: a message is a batch of one. ``run_attempt`` is both
+the batched modes run the same code: a message is a batch of one, and a batch is released
+``STATEMENT_HOLDS`` holds per statement. ``run_attempt`` is both
 release tasks' body around it (tally, metrics, the attempt's log line).
 """
 
@@ -32,6 +33,9 @@ logger = logging.getLogger("cleanup.release")
 attempt_logger = logging.getLogger("cleanup.tasks")
 
 ALREADY_HANDLED = ReleaseOutcome.ALREADY_HANDLED.value
+# Holds per release statement (``release_batch``): each statement locks its holds' offerings
+# until it commits.
+STATEMENT_HOLDS = 100
 RELEASED = ReleaseOutcome.RELEASED.value
 # Outcomes that record no receipt, because the same key may legitimately be released later:
 # not_expired (the hold expires later at the same version) and not_found (a message may name
@@ -60,19 +64,46 @@ def release_batch(
     request_spans: dict[int, str] | None = None,
 ) -> dict[int, str]:
     """Apply the release for each message; return each hold's outcome by id. Transient
-    database errors propagate to the task (which retries); nothing is half-done.
-    ``request_spans`` receives the released holds' request traceparents (``release_holds``).
+    database errors propagate to the task (which retries); each hold's release is whole or
+    not done. ``request_spans`` receives the released holds' request traceparents
+    (``release_holds``).
 
-    1. One statement (autocommit, one round trip): release every hold that is still held at
-       its message's version and has expired, give the seats back, write the outbox events and
-       the released holds' receipts.
-    2. Only when some hold was not released: a receipt per other outcome says why (unless one
-       exists already → ``already_handled``); not_expired and not_found record none.
+    The holds go ``STATEMENT_HOLDS`` at a time, in the message's order, each group in
+    ``_release_group``'s statements. A release statement locks the offering of every hold it
+    releases until it commits (the seats go back under that lock, offerings first), so a
+    statement over a whole message of 500 holds, spread over every offering of a sale, held
+    them all for its whole run and the fleet's releases took turns (a third of their time on
+    the processor, the rest waiting for each other's locks). The sweep orders a message's
+    holds by offering (``cleanup.release.sizing.by_offering``), so each group names a few
+    offerings and the groups of concurrent messages mostly miss each other. Each hold's
+    release, seats, event and receipt still commit together: a delivery that dies between
+    groups leaves the first groups released, and its redelivery finds them handled.
     """
     started = time.perf_counter()
     by_id: dict[int, ReleaseMessage] = {}
     for message in messages:
         by_id.setdefault(message.reservation_id, message)
+    unique = list(by_id.values())
+    outcomes: dict[int, str] = {}
+    for at in range(0, len(unique), STATEMENT_HOLDS):
+        group = unique[at : at + STATEMENT_HOLDS]
+        outcomes.update(_release_group(group, attempt, request_spans, started))
+    return outcomes
+
+
+def _release_group(
+    group: list[ReleaseMessage],
+    attempt: Attempt,
+    request_spans: dict[int, str] | None,
+    started: float,
+) -> dict[int, str]:
+    """1. One statement (autocommit, one round trip): release every hold of ``group`` that is
+       still held at its message's version and has expired, give the seats back, write the
+       outbox events and the released holds' receipts.
+    2. Only when some hold was not released: a receipt per other outcome says why (unless one
+       exists already → ``already_handled``); not_expired and not_found record none.
+    """
+    by_id = {message.reservation_id: message for message in group}
     common: dict[str, Any] = {
         "attempt": attempt.attempt,
         "worker": attempt.worker[:200],

@@ -220,6 +220,14 @@ class ServiceRate:
             self._measured = self._read()
         return self._measured
 
+    def starts_within(self, seconds: float, depth: int) -> float:
+        """Messages the fleet starts within ``seconds``: at the floor while that is more than
+        ``depth`` (no reading needed), else at the measured rate if it is higher."""
+        floor = self.floor()
+        if depth < floor * seconds:
+            return floor * seconds
+        return max(floor, self.measured()) * seconds
+
 
 def _messages_per_second() -> float:
     return int(scalar(sql.MESSAGES_HANDLED_IN_LAST, [RATE_WINDOW_S])) / RATE_WINDOW_S
@@ -253,14 +261,20 @@ def size_batch(
             due=due,
         )
 
-    if due_behind is not None and len(holds) > 1:
+    conf = cleanup_settings()
+    fleet_rate = max(rate.floor(), rate.measured()) if due_behind is not None else 0.0
+    if (
+        due_behind is not None
+        and len(holds) > 1
+        and at(fleet_rate, "measured").size < conf.release_batch_size
+    ):
         # Due in PostgreSQL and not yet in the queue: the eligible holds (the batch's included:
         # claimed, not yet published) less the queue's messages (each carries at least one
         # eligible hold; counting each as one errs towards larger messages). Counted only up
         # to where the size would be the cap anyway: cap × the messages the fleet starts
-        # within the target, plus the queue.
-        conf = cleanup_settings()
-        fleet_rate = max(rate.floor(), rate.measured())
+        # within the target, plus the queue. Not counted when the batch alone already takes
+        # the cap (the queue ahead outlasts the budget, as under a large burst): the count
+        # could only keep it there, and at a million due it read 100,000 rows per sweep run.
         bound = depth + conf.release_batch_size * max(
             1, ceil_whole(fleet_rate * conf.release_target_seconds)
         )

@@ -300,13 +300,23 @@ def _sweep_batches(
     rate = ServiceRate()
     due_backlog = DueBacklog()
     shard_key = locks.sweep_shard(shard, shards)
+    # The adaptive mode sizes messages from the fleet's rate; with it, a queue that already
+    # outlasts the shortest budget the sizing gives a batch, half the release target, pauses
+    # the sweep (admission.before_the_line).
+    fleet_starts = (
+        (lambda depth: rate.starts_within(conf.release_target_seconds / 2, depth))
+        if conf.release_mode == "adaptive"
+        else None
+    )
 
     def one_batch() -> Stop | None:
         """Claim and publish one batch if admission allows; why the run ends, if it does."""
         if time.monotonic() >= deadline:
             return Stop(Reason.BUDGET_SPENT)
         with tracing.span("cleanup.sweep.admission") as span:
-            stop = admission.before_the_line(queue, shards, batch_size, max_queue_depth)
+            stop = admission.before_the_line(
+                queue, shards, batch_size, max_queue_depth, fleet_starts
+            )
             if stop is not None:
                 tracing.set_attributes(span, {"cleanup.admission": stop.reason.value})
                 return stop

@@ -116,7 +116,8 @@ def markdown(cfg: BurstConfig, report: dict[str, Any]) -> str:
         f"- peak backlog: {s['peak_eligible']:,} eligible; peak queue depth "
         f"{s['peak_queue_depth']:,}",
         f"- released {s['released']:,}; renewed {report['renewed']} (missed "
-        f"{report['renew_missed']}); duplicates published {report['duplicates_published']}",
+        f"{report['renew_missed']}); delivered twice: {report.get('duplicate_messages', 0):,} "
+        f"messages carrying {report['duplicates_published']:,} holds",
         f"- outcomes (receipts): {json.dumps(s['outcomes'])} — a duplicate of a handled key "
         f"ends already_handled without a second receipt (the key is unique), so duplicates "
         f"show as release attempts beyond transitions",

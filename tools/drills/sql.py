@@ -15,10 +15,6 @@ DRILL_HOLDS_TO_RENEW = (
 DRILL_HOLDS_EXPIRED = (
     "SELECT id FROM reservations_reservation WHERE id = ANY(%s) AND expires_at <= now()"
 )
-DRILL_HOLDS_CLAIMED = (
-    "SELECT id, version, expires_at, bucket FROM reservations_reservation "
-    "WHERE id = ANY(%s) AND claim_count > 0"
-)
 # Per shard (bucket % shards), the oldest eligible hold's age: one index-ordered probe per bucket
 # (reservations_held_bucket_idx), a few milliseconds however large the backlog, so the drill can
 # read it every second without competing with the pipeline it measures.

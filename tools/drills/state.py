@@ -57,14 +57,13 @@ class BurstState:
     renew_set: set[int] = field(default_factory=set)
     renewed: list[int] = field(default_factory=list)
     renew_missed: int = 0
-    dup_candidates: set[int] = field(default_factory=set)
-    duplicated: set[int] = field(default_factory=set)
-    # (expires_at, id) of the renew set and of the duplicate candidates, soonest first, and the
-    # ids whose time has come that the drill is still asking about.
+    seen_messages: set[str] = field(default_factory=set)  # delivery tags the drill looked at
+    duplicate_messages: int = 0  # release messages delivered twice
+    duplicates: int = 0  # the holds those copies carried
+    # (expires_at, id) of the renew set, soonest first, and the ids whose time has come that
+    # the drill is still asking about.
     renew_schedule: list[tuple[datetime, int]] = field(default_factory=list)
     renew_window: list[int] = field(default_factory=list)
-    dup_schedule: list[tuple[datetime, int]] = field(default_factory=list)
-    dup_window: list[int] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     # The attempt tally when the drill began: its first minute and that minute's count.

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from cleanup.broker.celery_policy import broker_is_redis
 from cleanup.conf import cleanup_settings
 from reservations.commands import ProjectCommand, add_options
 from tools.drills.burst import run
@@ -32,7 +33,7 @@ class Command(ProjectCommand):
             ("--renew-fraction", float, 0.0,
              "fraction of the holds renewed before they expire, 0 to 1"),
             ("--duplicate-fraction", float, 0.0,
-             "fraction of the release messages published a second time, 0 to 1"),
+             "fraction of the release messages delivered twice (Redis), 0 to 1"),
             ("--workers", int, 0, "start K workers (0: target an already running fleet)"),
             ("--concurrency", int, 1, "pool processes of each started worker"),
             ("--drain-at", float, None,
@@ -47,7 +48,7 @@ class Command(ProjectCommand):
              "give up after this many seconds (default: lead + window + 600)"),
             ("--out", Path, None, "directory for report.json, report.md and plot.png "
              "(default: reports/burst/<UTC timestamp>/)"),
-            ("--seed", int, 1, "random seed of the renew and duplicate choices"),
+            ("--seed", int, 1, "random seed of the renewed holds and the copied messages"),
         ])  # fmt: skip
 
     def handle(self, *args: Any, **o: Any) -> None:
@@ -56,6 +57,9 @@ class Command(ProjectCommand):
         for flag in ("renew_fraction", "duplicate_fraction"):
             if not 0 <= o[flag] <= 1:
                 raise CommandError(f"--{flag.replace('_', '-')} must be in [0, 1]")
+        if o["duplicate_fraction"] and not broker_is_redis():
+            # the duplicates are copies of queued envelopes (tools/drills/burst.py)
+            raise CommandError("--duplicate-fraction needs a Redis broker")
         if (o["drain_at"] is not None or o["kill_at"] is not None) and not o["workers"]:
             raise CommandError("--drain-at/--kill-at need --workers (workers it started)")
         out = o["out"] or Path("reports/burst") / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

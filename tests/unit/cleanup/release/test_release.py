@@ -180,6 +180,50 @@ def test_a_batch_gives_back_one_seat_per_released_hold_of_each_offering(run_task
     assert services.seat_conservation_violations() == []
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_locks_only_the_offerings_of_the_group_it_is_releasing(other_session) -> None:
+    # given: a message of 200 expired holds in offering order (as the sweep sends them), the
+    # first 100 on offering A, the next 100 on B, while another transaction holds B's row (as a
+    # concurrent release of B's holds would)
+    from django.db import OperationalError
+
+    group = 100  # the holds per statement (cleanup.release.release.STATEMENT_HOLDS)
+    ids = seed_holds(2 * group, offerings=2, expires_in=-60.0, name="grouped")
+    on = dict(Reservation.objects.filter(pk__in=ids).values_list("pk", "offering_id"))
+    a, b = on[ids[0]], on[ids[-1]]
+    assert [on[i] for i in ids] == [a] * group + [b] * group
+    message = [_message(rid) for rid in ids]
+    attempt = Attempt(1, "w", "task-grouped", None)
+    with other_session.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.execute("SELECT 1 FROM reservations_offering WHERE id = %s FOR UPDATE", [b])
+    try:
+        with connection.cursor() as cur:
+            cur.execute("SET lock_timeout = '300ms'")
+        # when: a worker releases the message
+        with pytest.raises(OperationalError, match="lock timeout"):
+            release_batch(message, attempt)
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("RESET lock_timeout")
+        with other_session.cursor() as cur:
+            cur.execute("ROLLBACK")
+    # then: A's holds were released with their seats and receipts before the wait on B
+    # (one statement for the whole message waited on B before releasing anything)
+    status = dict(Reservation.objects.filter(pk__in=ids).values_list("pk", "status"))
+    assert {rid: status[rid] for rid in ids[:group]} == dict.fromkeys(ids[:group], "released")
+    assert {status[rid] for rid in ids[group:]} == {"held"}
+    assert CleanupReceipt.objects.filter(reservation_id__in=ids).count() == group
+    assert services.seat_conservation_violations() == []
+    # and the message's redelivery releases the rest, each hold once
+    outcomes = release_batch(message, Attempt(2, "w", "task-grouped", None))
+    assert sorted(outcomes.values()) == ["already_handled"] * group + ["released"] * group
+    assert set(Reservation.objects.filter(pk__in=ids).values_list("status", flat=True)) == {
+        "released"
+    }
+    assert services.seat_conservation_violations() == []
+
+
 # --- receipts never block a real release ------------------------------------------------------
 
 

@@ -263,6 +263,23 @@ def test_the_measured_rate_is_read_only_when_the_floor_would_batch(adaptive, bro
     assert (result.messages, result.largest_message) == (1_000, 1)
 
 
+def test_the_fleet_starts_at_its_floor_until_the_queue_needs_a_reading(settings):
+    settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 20  # the floor: 20 messages a second
+    reads: list[int] = []
+
+    def measured() -> float:
+        reads.append(1)
+        return 50.0
+
+    rate = sizing.ServiceRate(read=measured)
+    assert rate.starts_within(10, 199) == 200  # the floor already starts more: no reading
+    assert reads == []
+    assert rate.starts_within(10, 200) == 500  # the measured rate, higher than the floor
+    assert rate.starts_within(10, 900) == 500
+    assert reads == [1]  # read once per run
+    assert sizing.ServiceRate(read=lambda: 5.0).starts_within(10, 300) == 200  # never below
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_measured_rate_counts_messages_not_holds(adaptive, broker):
     from cleanup.models import CleanupReceipt

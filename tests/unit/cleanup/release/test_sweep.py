@@ -300,6 +300,34 @@ def fill_the_queue(count: int) -> None:
     Reservation.objects.filter(pk__in=queued).update(status="cancelled")
 
 
+@pytest.mark.parametrize("mode", ["adaptive", "single"])
+def test_a_queue_that_outlasts_the_release_target_pauses_the_adaptive_sweep(settings, mode, caplog):
+    # given: a fleet that starts 20 messages a second (its floor, no receipts yet) and a release
+    # target of 0.2 s: it starts 2 messages within half the target; 2 are waiting, far below
+    # the cap
+    settings.CLEANUP_RELEASE_MODE = mode
+    settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 20
+    settings.CLEANUP_RELEASE_TARGET_SECONDS = 0.2
+    fill_the_queue(2)
+    waiting = expired_holds(3, name="waiting")
+    caplog.set_level("INFO", logger="cleanup.sweep")
+    # when
+    result = sweep_shard(0, 1)
+    # then: the adaptive sweep claims nothing (its holds would wait behind that queue anyway)
+    # and says why; the single mode, which sizes nothing, still fills up to the cap
+    if mode == "adaptive":
+        assert (result.backpressure, result.claimed) == (True, 0)
+        assert claim_counts(waiting) == {0}
+        (line,) = [r for r in caplog.records if r.getMessage() == "sweep paused by backpressure"]
+        assert (line.queue_depth, line.fleet_starts) == (2, 2.0)  # type: ignore[attr-defined]
+    else:
+        assert (result.backpressure, result.claimed) == (False, 3)
+    # and once one message has drained, the adaptive sweep claims again
+    redis_client().flushdb()
+    fill_the_queue(1)
+    assert sweep_shard(0, 1).claimed == (3 if mode == "adaptive" else 0)
+
+
 def queue_near_its_cap(settings: Any, cap: int, queued: int, due: int) -> list[int]:
     """A release queue capped at ``cap`` with ``queued`` messages waiting, sweeps that wait
     30 s in line for the publish lock (a wait ``sweep_seen_from_pg_locks`` cannot miss), and
