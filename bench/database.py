@@ -12,13 +12,11 @@ from typing import Any
 from django.db import connection, transaction
 
 from bench.paths import RESULTS, ROOT, STAMP
-from cleanup import sql as cleanup_sql
 from cleanup.broker.readers import redis_client
 from cleanup.release import claim
-from cleanup.release.messages import idempotency_key
-from reservations import sql as reservation_sql
 from reservations.db import rows as sql
 from reservations.eligibility import eligible_sql
+from tools.drills.set_based import RELEASE_WITH_RECEIPTS, release_all, release_params
 from tools.seed import seed_holds
 
 BENCH_DB = "reservations_bench"
@@ -116,30 +114,6 @@ def commit_latency(n: int = 300) -> dict[str, Any]:
     }
 
 
-def release_params(holds: list[tuple[int, int]], worker: str) -> dict[str, Any]:
-    """The product's release statement's parameters (with its receipts attached, as a release
-    task writes them) for ``holds`` as (id, version) pairs: the bench measures the statement the
-    workers run, not a copy of it."""
-    ids = [rid for rid, _ in holds]
-    versions = [version for _, version in holds]
-    return {
-        "ids": ids,
-        "versions": versions,
-        "reason": "expired",
-        "now": None,
-        "attempt": 1,
-        "worker": worker,
-        "task": "",
-        "age": None,
-        "pre_ms": 0.0,
-        "r_ids": ids,
-        "r_keys": [idempotency_key(rid, version) for rid, version in holds],
-        "r_traces": [""] * len(holds),
-        "r_versions": versions,
-    }
-
-
-RELEASE_WITH_RECEIPTS = reservation_sql.release_statement(cleanup_sql.RELEASED_RECEIPTS)
 ELIGIBLE_HOLDS = f"SELECT id, version FROM reservations_reservation WHERE {eligible_sql()}"
 
 
@@ -149,10 +123,7 @@ def set_based(holds: int) -> dict[str, Any]:
     reset()
     create_holds(holds)
     eligible = [(int(rid), int(version)) for rid, version in sql(ELIGIBLE_HOLDS)]
-    t = time.perf_counter()
-    with transaction.atomic():
-        released = len(sql(RELEASE_WITH_RECEIPTS, release_params(eligible, "bench-set")))
-    elapsed = time.perf_counter() - t
+    released, elapsed = release_all(eligible, "bench-set")
     receipts, events = sql(
         "SELECT (SELECT count(*) FROM cleanup_cleanupreceipt), "
         "(SELECT count(*) FROM reservations_outboxevent WHERE kind = 'reservation.released')"

@@ -77,7 +77,14 @@ def main() -> int:
     subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True)
     out = ["--out", str(ROOT / "reports" / "burst" / f"flash-sale-100k-{mode}")]
     holds = [] if "--holds" in rest else ["--holds", "100000"]
-    burst = [*manage, "burst", *holds, *SCENARIO, *(out if "--out" not in rest else []), *rest]
+    count = int(rest[rest.index("--holds") + 1]) if "--holds" in rest else 100_000
+    # The set-based release beside the drain, over as many holds (at most 100,000: enough for
+    # a steady rate, and seeded in seconds).
+    ceiling = [] if "--set-based" in rest else ["--set-based", str(min(count, 100_000))]
+    burst = [
+        *manage, "burst", *holds, *SCENARIO, *ceiling,
+        *(out if "--out" not in rest else []), *rest,
+    ]  # fmt: skip
     if profile_to is None:
         return subprocess.run(burst, cwd=ROOT, env=env).returncode
     return _profiled(burst, env, profile_to)

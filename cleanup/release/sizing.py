@@ -261,24 +261,18 @@ def size_batch(
             due=due,
         )
 
-    conf = cleanup_settings()
-    fleet_rate = max(rate.floor(), rate.measured()) if due_behind is not None else 0.0
-    if (
-        due_behind is not None
-        and len(holds) > 1
-        and at(fleet_rate, "measured").size < conf.release_batch_size
-    ):
-        # Due in PostgreSQL and not yet in the queue: the eligible holds (the batch's included:
-        # claimed, not yet published) less the queue's messages (each carries at least one
-        # eligible hold; counting each as one errs towards larger messages). Counted only up
-        # to where the size would be the cap anyway: cap × the messages the fleet starts
-        # within the target, plus the queue. Not counted when the batch alone already takes
-        # the cap (the queue ahead outlasts the budget, as under a large burst): the count
-        # could only keep it there, and at a million due it read 100,000 rows per sweep run.
-        bound = depth + conf.release_batch_size * max(
-            1, ceil_whole(fleet_rate * conf.release_target_seconds)
-        )
-        due = max(due, due_behind(bound) - depth)
+    if due_behind is not None and len(holds) > 1:
+        alone = at(max(rate.floor(), rate.measured()), "measured")
+        if alone.size < alone.cap:
+            # Due in PostgreSQL and not yet in the queue: the eligible holds (the batch's
+            # included: claimed, not yet published) less the queue's messages (each carries at
+            # least one eligible hold; counting each as one errs towards larger messages).
+            # Counted only up to where the size would be the cap anyway (due ≥ cap × servable
+            # at the fleet's rate, which is at least the floor's), and not at all when the
+            # batch alone already takes the cap: at a million due, a bound of cap × the
+            # messages started within the target read 100,000 rows per sweep run.
+            bound = depth + ceil_whole(alone.cap * alone.servable) + 1
+            due = max(due, due_behind(bound) - depth)
     floor = rate.floor()
     at_floor = at(floor, "floor")
     if at_floor.size == 1:

@@ -37,7 +37,7 @@ from reservations import services
 from reservations.db import rows, scalar
 from reservations.errors import NotHeld, ReservationExpired, StaleVersion
 from reservations.models import BUCKETS
-from tools.drills import sql
+from tools.drills import set_based, sql
 from tools.drills.invariants import invariant_violations
 from tools.drills.report import write_outputs
 from tools.drills.state import BurstConfig, BurstState, Sample
@@ -389,6 +389,13 @@ def run(cfg: BurstConfig, stream: TextIO = sys.stderr) -> dict[str, Any]:
     if not finished:
         violations.insert(0, f"did not finish within {timeout:.0f} s")
     report = build_report(cfg, state, elapsed, finished, violations, workers)
+    if cfg.set_based:
+        # After the invariants are read and with the workers stopped: alone on the machine, as
+        # the bench measures it, in the same database the drain just used.
+        report["set_based"] = set_based.measure(cfg.set_based, cfg.offerings)
+        rate = report["summary"]["processing_rate_per_s"]
+        ceiling = report["set_based"]["rows_per_s"]
+        report["drain_vs_set_based"] = round(rate / ceiling, 3) if rate and ceiling else None
     write_outputs(cfg, report, state)
     return report
 

@@ -131,6 +131,16 @@ def markdown(cfg: BurstConfig, report: dict[str, Any]) -> str:
         f"- processing rate {s['processing_rate_per_s']} receipts/s over "
         f"{s['processing_window_s']} s; "
         f"release transaction mean {s['release_db_ms_mean']} ms",
+        *(
+            [
+                f"- set-based release statement (same database, after the drain): "
+                f"{report['set_based']['rows_per_s']:,} rows/s over "
+                f"{report['set_based']['holds']:,} holds; the drain's processing rate is "
+                f"**{report['drain_vs_set_based']}** of it"
+            ]
+            if report.get("set_based")
+            else []
+        ),
         f"- release lateness (released_at − expires_at): p50 {s['release_lateness_p50_s']} s, "
         f"p99 {s['release_lateness_p99_s']} s, max {s['release_lateness_max_s']} s",
         f"- measured service time per consumer: {report['capacity_inputs']['service_time_s']} s "

@@ -28,6 +28,7 @@ class BurstConfig:
     timeout: float | None = None
     out: Path = Path("reports/burst")
     seed: int = 1
+    set_based: int = 0  # holds for the set-based release after the drain (0: none)
 
 
 @dataclass

@@ -49,6 +49,9 @@ class Command(ProjectCommand):
             ("--out", Path, None, "directory for report.json, report.md and plot.png "
              "(default: reports/burst/<UTC timestamp>/)"),
             ("--seed", int, 1, "random seed of the renewed holds and the copied messages"),
+            ("--set-based", int, 0,
+             "after the drain, release N fresh expired holds in one statement and report its "
+             "rate beside the drain's (the database's own ceiling; 0: skip)"),
         ])  # fmt: skip
 
     def handle(self, *args: Any, **o: Any) -> None:
@@ -77,6 +80,7 @@ class Command(ProjectCommand):
             concurrency=o["concurrency"],
             send_sweeps=not o["no_sweeps"],
             sweep_every=o["sweep_every"],
+            set_based=o["set_based"],
             slo=o["slo"] or float(cleanup_settings().slo_seconds),
             timeout=o["timeout"],
             out=out,

@@ -280,6 +280,33 @@ def test_the_fleet_starts_at_its_floor_until_the_queue_needs_a_reading(settings)
     assert sizing.ServiceRate(read=lambda: 5.0).starts_within(10, 300) == 200  # never below
 
 
+def test_the_due_backlog_is_counted_only_as_far_as_the_size_can_still_grow(settings):
+    # given: a fleet at 20 messages/s (its floor and its reading), a target of 10 s, a full
+    # batch of 500 holds due now, and a million more due behind it
+    settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 20
+    now = datetime.now(UTC)
+    batch = [
+        sizing.ClaimedReservation(i, 1, now, i % 1024, 1, False, 1) for i in range(1, 501)
+    ]
+    bounds: list[int] = []
+
+    def due_behind(bound: int) -> int:
+        bounds.append(bound)
+        return min(bound, 1_000_000)
+
+    def sized(depth: int) -> sizing.ReleaseSize:
+        return sizing.size_batch(
+            batch, depth, sizing.ServiceRate(read=lambda: 20.0), now, due_behind=due_behind
+        )
+
+    # when the queue ahead alone outlasts the budget (300 messages, 200 servable in 10 s):
+    # the largest messages, and no count
+    assert (sized(300).size, sized(300).reason, bounds) == (500, "behind", [])
+    # when 100 are ahead (100 servable): counted only up to the cap's need, 100 + 500 × 100
+    decided = sized(100)
+    assert (decided.size, decided.due, bounds) == (500, 50_001, [50_101])
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_measured_rate_counts_messages_not_holds(adaptive, broker):
     from cleanup.models import CleanupReceipt
