@@ -14,6 +14,7 @@ from django.utils import timezone
 from cleanup.models import CleanupReceipt, DeadLetter
 from cleanup.release import dead_letters
 from cleanup.release.messages import (
+    ReleaseMessage,
     build,
     build_batch,
     validate,
@@ -227,7 +228,7 @@ def test_a_batch_locks_only_the_offerings_of_the_group_it_is_releasing(other_ses
 # --- receipts never block a real release ------------------------------------------------------
 
 
-def _message(hold_id: int, version: int = 1) -> object:
+def _message(hold_id: int, version: int = 1) -> ReleaseMessage:
     return validate(build(hold_id, version, timezone.now() - timedelta(minutes=1), 0, "t"))
 
 

@@ -285,9 +285,7 @@ def test_the_due_backlog_is_counted_only_as_far_as_the_size_can_still_grow(setti
     # batch of 500 holds due now, and a million more due behind it
     settings.CLEANUP_CAPACITY_PER_CONSUMER_PER_S = 20
     now = datetime.now(UTC)
-    batch = [
-        sizing.ClaimedReservation(i, 1, now, i % 1024, 1, False, 1) for i in range(1, 501)
-    ]
+    batch = [sizing.ClaimedReservation(i, 1, now, i % 1024, 1, False, 1) for i in range(1, 501)]
     bounds: list[int] = []
 
     def due_behind(bound: int) -> int:
