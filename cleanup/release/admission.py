@@ -42,7 +42,7 @@ class Reason(enum.Enum):
     """Why a sweep's run ends (each sets its flags on the sweep's result)."""
 
     BACKPRESSURE = "backpressure"  # the queue is at its cap, or this batch filled it
-    QUEUE_AHEAD = "queue_ahead"  # adaptive mode: the queue already outlasts the release target
+    QUEUE_AHEAD = "queue_ahead"  # adaptive mode: the queue outlasts half the release target
     NO_ROOM_AHEAD = "no_room_ahead"  # near the cap, the sweeps ahead in line take the room
     GAVE_WAY = "gave_way"  # near the cap, another shard's oldest due hold is older
     TOOK_SHARE = "took_share"  # near the cap, its share taken: the other shards behind go next

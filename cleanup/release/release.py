@@ -72,8 +72,8 @@ def release_batch(
     ``_release_group``'s statements. A release statement locks the offering of every hold it
     releases until it commits (the seats go back under that lock, offerings first), so a
     statement over a whole message of 500 holds, spread over every offering of a sale, held
-    them all for its whole run and the fleet's releases took turns (a third of their time on
-    the processor, the rest waiting for each other's locks). The sweep orders a message's
+    them all for its whole run and the fleet's releases took turns (two fifths of their time
+    on the processor, the rest waiting for each other's locks). The sweep orders a message's
     holds by offering (``cleanup.release.sizing.by_offering``), so each group names a few
     offerings and the groups of concurrent messages mostly miss each other. Each hold's
     release, seats, event and receipt still commit together: a delivery that dies between

@@ -89,6 +89,7 @@ def test_a_shard_more_than_the_slack_ahead_gives_way():
     [
         (Reason.BACKPRESSURE, {"backpressure"}),
         (Reason.NO_ROOM_AHEAD, {"backpressure"}),
+        (Reason.QUEUE_AHEAD, {"backpressure"}),
         (Reason.GAVE_WAY, {"backpressure", "gave_way"}),
         (Reason.TOOK_SHARE, {"backpressure", "took_share"}),
         (Reason.BUDGET_SPENT, {"budget_exhausted"}),
