@@ -81,13 +81,18 @@ def envelope_key(envelope: Any) -> str | None:
     """``message_key`` of a kombu Redis envelope (a task message as it sits in a queue or in
     the ``unacked`` hash); ``None`` when it is not a task message this can read."""
     try:
-        headers = envelope["headers"]
-        task_id = headers["id"]
-        args, kwargs, _embed = loads(base64.b64decode(envelope["body"]))
-        message = args[0] if args else kwargs.get("message")
+        task_id = envelope["headers"]["id"]
+        message = envelope_message(envelope)
     except Exception:  # noqa: BLE001 - the envelope was screened; anything odd is not counted
         return None
     return message_key(message, str(task_id)) if isinstance(task_id, str) else None
+
+
+def envelope_message(envelope: Any) -> Any:
+    """The release message a kombu Redis envelope carries (its task's first argument); raises
+    on an envelope that is not a task message."""
+    args, kwargs, _embed = loads(base64.b64decode(envelope["body"]))
+    return args[0] if args else kwargs.get("message")
 
 
 def restored_key(envelope: Any) -> str | None:

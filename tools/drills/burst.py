@@ -16,7 +16,6 @@ twice (``_copy_messages``), and — when it started the workers itself — drain
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import random
@@ -166,8 +165,7 @@ def _copy_messages(cfg: BurstConfig, state: BurstState, rng: random.Random) -> N
 
 def _holds_in(envelope: dict[str, Any]) -> int:
     """The holds a release message's envelope carries (a batch's items, else one)."""
-    args, kwargs, _embed = json.loads(base64.b64decode(envelope["body"]))
-    message = args[0] if args else kwargs.get("message")
+    message = delivery_cap.envelope_message(envelope)
     if isinstance(message, dict) and message.get("kind") == BATCH_KIND:
         return len(message.get("items", []))
     return 1
