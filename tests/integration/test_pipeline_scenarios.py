@@ -28,7 +28,7 @@ from cleanup.broker import queues
 from cleanup.broker import readers as broker
 from cleanup.broker.confirms import PublishNotConfirmed
 from cleanup.conf import cleanup_settings
-from cleanup.release import claim, outbox
+from cleanup.release import claim, outbox, pause
 from cleanup.release.messages import ReleaseMessage
 from cleanup.release.publish import publish_release_messages
 from cleanup.release.schedule import LeaderDatabaseScheduler, install_schedule, installed_shards
@@ -565,6 +565,11 @@ DRAIN_DEADLINE_S = 3600 if FULL_DRAIN else 600
 SWEEP_EVERY_S = 0.25
 
 
+def _lines_in(workers: list[Worker], needle: str) -> int:
+    """How many of its log lines say ``needle``, in the worker that says it least."""
+    return min(len(log_lines([w.log_path], needle)) for w in workers)
+
+
 def _settled(ids: list[int]) -> bool:
     """No sweep waiting, no release waiting or running, and the released count is stable."""
     before = released_count(ids)
@@ -592,49 +597,51 @@ def test_a_burst_under_a_small_queue_cap_stays_bounded_and_enqueues_each_hold_on
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    # when: beat-like sweeps of 4 shards every SWEEP_EVERY_S, for the drain window. Near the cap
-    # each sweep publishes at most its share (cap / shards) and ends its run, so the sweeps can
-    # refill at most about one cap per round; rounds of 1 s (the installed schedule's) refill
-    # 500 holds a second, and eight pool processes on a quiet machine release about 360 a second
-    # in single mode on RabbitMQ: the queue then hovered below its cap and, in one CI run, never
-    # reached it. Four rounds a second give the sweeps four times the fastest drain measured, so
-    # the cap is what stops them. They expire after 5 s, not after one round: on RabbitMQ beside
-    # other suites on 2 cores, sweeps that expired sooner were discarded before a worker got to
-    # them. Queued sweeps run one after another, and each checks the cap before it publishes, so
-    # neither the rate nor the expiry can raise the bound.
-    drain_started = time.monotonic()
+
+    def sweep_round() -> None:
+        for shard in range(4):
+            publish_task(
+                SWEEP_TASK, CAP_QUEUES["sweep"], kwargs={"shard": shard, "shards": 4}, expires=5
+            )
+        time.sleep(SWEEP_EVERY_S)
+
+    # when: releases are paused (the operator's switch) and beat-like sweeps of 4 shards run
+    # until the queue reaches its cap. Paused, not racing the workers: near the cap one sweep
+    # at a time publishes (it holds the publish lock through its publish), a few hundred holds
+    # a second on RabbitMQ, and eight pool processes release about as fast, so a drain left
+    # running kept the queue below its cap for a whole burst in one CI run. Queued sweeps run
+    # one after another and each checks the cap before it publishes. They expire after 5 s:
+    # beside other suites on 2 cores, sweeps that expired sooner were discarded unrun.
+    pauses = _lines_in(capped_workers, "releases paused")
+    resumes = _lines_in(capped_workers, "releases resumed")
+    pause.set_paused(True, "test", "fill the queue to its cap")
     try:
-        # until the queue has reached its cap, and then DRAIN_TARGET more holds were released
-        # (the queue drained and refilled under the cap several times)
-        released_at_cap: int | None = None
-        while True:
-            released_now = released_count(ids)
-            if released_at_cap is not None and released_now >= min(
-                BURST, released_at_cap + DRAIN_TARGET
-            ):
-                break
-            assert time.monotonic() - drain_started < DRAIN_DEADLINE_S, (
-                f"stuck: {released_now} released, cap reached: {released_at_cap}"
+        wait_until(lambda: _lines_in(capped_workers, "releases paused") > pauses, timeout=30,
+                   what="every worker to stop consuming the release queue")  # fmt: skip
+        sweeps_started = time.monotonic()
+        while not depths or max(depths) < CAP - BATCH:
+            assert time.monotonic() - sweeps_started < DRAIN_DEADLINE_S, (
+                f"the sweeps never filled the paused queue to its cap (peak depth "
+                f"{max(depths, default=0)}, {released_count(ids)} released)"
             )
-            if released_at_cap is None and depths and max(depths) >= CAP - BATCH:
-                released_at_cap = released_now
-            # every hold released and the cap never reached: nothing more can fill the queue
-            assert released_at_cap is not None or released_now < BURST, (
-                f"all {BURST} holds released but the queue never reached its cap (peak depth "
-                f"{max(depths, default=0)}): the workers drained faster than the sweeps refilled"
+            sweep_round()
+        # then: resumed, the workers drain while the sweeps refill under the cap, until
+        # DRAIN_TARGET more holds were released (the queue drained and refilled several times)
+        released_at_cap = released_count(ids)
+        pause.set_paused(False, "test")
+        wait_until(lambda: _lines_in(capped_workers, "releases resumed") > resumes, timeout=30,
+                   what="every worker to consume the release queue again")  # fmt: skip
+        drain_started = time.monotonic()
+        while released_count(ids) < min(BURST, released_at_cap + DRAIN_TARGET):
+            assert time.monotonic() - sweeps_started < DRAIN_DEADLINE_S, (
+                f"stuck: {released_count(ids)} released, {released_at_cap} at the cap"
             )
-            for shard in range(4):
-                publish_task(
-                    SWEEP_TASK,
-                    CAP_QUEUES["sweep"],
-                    kwargs={"shard": shard, "shards": 4},
-                    expires=5,
-                )
-            time.sleep(SWEEP_EVERY_S)
+            sweep_round()
         # then sweeps stop; what was published drains
         wait_until(lambda: _settled(ids), timeout=90, interval=0.5, what="pipeline settled")
         drained_s = time.monotonic() - drain_started
     finally:
+        pause.set_paused(False, "test")
         stop.set()
         sampler.join(5)
     released = released_count(ids)
@@ -659,7 +666,6 @@ def test_a_burst_under_a_small_queue_cap_stays_bounded_and_enqueues_each_hold_on
     assert any(s["backpressure"] == "True" for s in sweeps)
     # nothing was redelivered: no key has a counted redelivery
     assert set(delivery_totals([f"release:{i}:1" for i in ids])) == {0}
-    assert released_at_cap is not None
     assert min(BURST, released_at_cap + DRAIN_TARGET) <= released <= BURST
     print(
         f"\nburst: {BURST} eligible holds created in {created_s:.1f}s; {released} released "
