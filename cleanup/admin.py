@@ -231,7 +231,16 @@ class DeadLetterAdmin(ReservationRecordAdmin):
         )
         admin_guard.log_each(request, done, "requeue")
         summary = ", ".join(f"{what}: {n}" for what, n in sorted(results.items())) or "nothing"
-        failed = any(k.startswith(("not_", "error", "already")) for k in results)
+        if results["error"]:
+            self.message_user(
+                request,
+                f"Requeue: {summary}. A send failed, so the requeue stopped there: that letter "
+                f"and the {results[triage.NOT_TRIED]} after it stay open. Requeue them again "
+                f"once the broker and the database answer (the log names the error).",
+                messages.ERROR,
+            )
+            return None
+        failed = any(k.startswith(("not_", "already")) for k in results)
         self.message_user(
             request, f"Requeue: {summary}", messages.WARNING if failed else messages.SUCCESS
         )

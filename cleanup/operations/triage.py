@@ -35,6 +35,8 @@ from cleanup.release.publish import publish_release_messages
 from reservations.db import rows
 
 logger = logging.getLogger("cleanup.deadletters")
+# What ``requeue`` counts the letters after a failed send as: left open, never sent.
+NOT_TRIED = "not_tried"
 
 
 def requeue_action(letter: DeadLetter) -> str:
@@ -84,9 +86,20 @@ def requeue(
     requeueing the same letter at once, one sends and the other gets ``already_resolved``.
     If sending then fails, the claim is undone and the letter counts as ``error``
     (``on_error`` is called with the letter and the exception, so a caller can say why).
+
+    The first failed send ends the requeue: every letter after it counts as ``not_tried`` and
+    stays open. A letter is validated before it is claimed, so what fails a send is the broker
+    or the database, and the next letter would fail the same way, each after the publish's
+    own retries (about 6 s against a broker that refuses connections): a thousand letters
+    would hold the admin's request or the command for over an hour.
     """
     results: Counter[str] = Counter()
     for letter in letters:
+        if results["error"]:
+            results[NOT_TRIED] += 1
+            if on_each:
+                on_each(letter, NOT_TRIED)
+            continue
         action = requeue_action(letter)
         if dry_run or action not in ("rescheduled", "republished"):
             results[action] += 1

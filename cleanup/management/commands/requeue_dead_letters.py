@@ -10,7 +10,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from cleanup.management import dead_letter_commands
 from cleanup.models import DeadLetter
-from cleanup.operations.triage import requeue
+from cleanup.operations.triage import NOT_TRIED, requeue
 from reservations.commands import ProjectCommand
 
 COMMAND = "requeue_dead_letters"
@@ -22,8 +22,9 @@ class Command(ProjectCommand):
     help = (
         "Requeue open dead letters: republish each release message (same idempotency key, so "
         "a message already handled ends already_handled) or make a set-aside hold due again. "
-        "Prints progress and a summary; exits 1 when any requeue ended in error (that letter "
-        "stays open). Use --dry-run first to see what it would do."
+        "Prints progress and a summary; exits 1 when a requeue ended in error (it stops there: "
+        "that letter and the ones after it stay open). Use --dry-run first to see what it "
+        "would do."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -81,19 +82,21 @@ class Command(ProjectCommand):
         self.stdout.write(self._summary(results))
         batch.write_more(self.stdout)
         if results["error"]:
+            untried = results[NOT_TRIED]
             raise CommandError(
-                f"{results['error']} requeue(s) ended in error; those letters stay open. "
-                f"First error: {errors[0] if errors else 'see the log'}. Run it again once "
-                f"the broker or database is back"
+                f"a requeue ended in error, so the {untried} letter(s) after it were not tried; "
+                f"those letters stay open. Error: {errors[0] if errors else 'see the log'}. "
+                f"Run it again once the broker or database is back"
             )
 
     @staticmethod
     def _summary(results: Counter[str]) -> str:
         requeued = sum(results[k] for k in REQUEUED)
-        skipped = {k: n for k, n in results.items() if k not in (*REQUEUED, "error")}
+        skipped = {k: n for k, n in results.items() if k not in (*REQUEUED, "error", NOT_TRIED)}
         detail = ", ".join(f"{k} {n}" for k, n in sorted(skipped.items()))
         return (
             f"summary: requeued {requeued} (republished {results['republished']}, rescheduled "
-            f"{results['rescheduled']}), failed {results['error']}, skipped "
-            f"{sum(skipped.values())}" + (f" ({detail})" if detail else "")
+            f"{results['rescheduled']}), failed {results['error']}, not tried "
+            f"{results[NOT_TRIED]}, skipped {sum(skipped.values())}"
+            + (f" ({detail})" if detail else "")
         )

@@ -15,9 +15,12 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 from django_celery_beat.models import IntervalSchedule, PeriodicTask, PeriodicTasks
+from kombu.exceptions import OperationalError
 
 from cleanup.models import CleanupReceipt, CleanupSchedule, DeadLetter
+from cleanup.operations import triage
 from cleanup.release.messages import build, idempotency_key
+from cleanup.release.publish import publish_release_messages
 from cleanup.release.schedule import PRUNE_NAME, RELAY_NAME, install_schedule, sweep_entry_name
 from reservations import services
 from reservations.models import Offering
@@ -447,6 +450,42 @@ def test_requeue_shows_what_will_be_sent_then_sends_and_audits(root_client, brok
         follow=True,
     )
     assert "Requeue: already_resolved: 3" in messages_of(again)
+
+
+def test_a_failed_send_stops_the_requeue_and_says_what_stays_open(
+    root_client, broker, offering, monkeypatch
+):
+    # given: three letters, and a broker that takes the first message and then refuses
+    holds = [services.hold_seat(offering.pk, f"h{i}", ttl_seconds=60) for i in range(3)]
+    ids = [
+        _letter(h.pk, h.version, h.expires_at, DeadLetter.Reason.RETRIES_EXHAUSTED).pk
+        for h in holds
+    ]
+    sends: list[int] = []
+
+    def refused_after_one(messages: Any) -> None:
+        sends.append(len(messages))
+        if len(sends) > 1:
+            raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+        publish_release_messages(messages)
+
+    monkeypatch.setattr(triage, "publish_release_messages", refused_after_one)
+    # when: confirmed
+    done = root_client.post(
+        reverse(DEAD_LETTERS),
+        {"action": "requeue", "_selected_action": ids, "index": 0, "confirm": "yes"},
+        follow=True,
+    )
+    # then: one sent, the second failed, the third never tried; the page says so
+    assert sends == [1, 1]
+    (said,) = messages_of(done)
+    assert said.startswith("Requeue: error: 1, not_tried: 1, republished: 1. A send failed")
+    assert "that letter and the 1 after it stay open" in said
+    assert list(DeadLetter.objects.order_by("pk").values_list("resolution", flat=True)) == [
+        "republished",
+        "",
+        "",
+    ]
 
 
 def test_requeue_all_matching_the_filter_is_bounded_and_says_how_many(
