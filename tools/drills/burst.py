@@ -122,11 +122,13 @@ def _renew_due(cfg: BurstConfig, state: BurstState) -> None:
         except (ReservationExpired, StaleVersion, NotHeld):
             state.renew_missed += 1
         state.renew_set.discard(rid)
-    # Those that expired before we got to them are ordinary eligible holds now.
+    # Those that expired before we got to them are ordinary eligible holds now (one that
+    # expired between that read and its renew was counted above).
     gone = rows(sql.DRILL_HOLDS_EXPIRED, [state.renew_window])
     for (rid,) in gone:
-        state.renew_set.discard(rid)
-        state.renew_missed += 1
+        if rid in state.renew_set:
+            state.renew_set.discard(rid)
+            state.renew_missed += 1
     state.renew_window = [rid for rid in state.renew_window if rid in state.renew_set]
 
 
