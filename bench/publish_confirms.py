@@ -163,13 +163,11 @@ def run_case(rounds: int, warmup: int) -> dict[str, Any]:
 
     django.setup()
     from celery import current_app as app
-    from kombu.utils.uuid import uuid
 
-    from cleanup.broker import signing
     from cleanup.broker.confirms import confirms_available
     from cleanup.conf import cleanup_settings
     from cleanup.release.messages import BatchMessage, ReleaseMessage
-    from cleanup.release.publish import PUBLISH_PIPELINE, TASK_OF, publish_release_messages
+    from cleanup.release.publish import PUBLISH_PIPELINE, publish_release_messages, send_release
 
     queue = cleanup_settings().release_queue
     expires_at = datetime.now(UTC)
@@ -187,15 +185,7 @@ def run_case(rounds: int, warmup: int) -> dict[str, Any]:
         # publish_release_messages before publisher confirms (no batching on py-amqp)
         with app.producer_or_acquire() as producer, producer.batch(max_size=PUBLISH_PIPELINE):
             for message in messages:
-                name, task_id, args = TASK_OF[type(message)], uuid(), (message.as_dict(),)
-                app.send_task(
-                    name,
-                    args=args,
-                    task_id=task_id,
-                    headers=signing.signed_headers(task_id, name, args),
-                    queue=queue,
-                    producer=producer,
-                )
+                send_release(message, queue, producer)
 
     paths: dict[str, Callable[[Sequence[ReleaseMessage | BatchMessage]], None]] = {
         "confirmed": publish_release_messages,

@@ -50,18 +50,19 @@ def publish_release_messages(messages: Sequence[ReleaseMessage | BatchMessage]) 
         if confirms_available(producer.channel):
             with confirmed_producer(producer) as confirming:
                 for message in messages:
-                    _send(message, queue, confirming, retry=False)
+                    send_release(message, queue, confirming, retry=False)
             return
         with producer.batch(max_size=PUBLISH_PIPELINE):
             for message in messages:
-                _send(message, queue, producer)
+                send_release(message, queue, producer)
 
 
-def _send(
+def send_release(
     message: ReleaseMessage | BatchMessage, queue: str, producer: Any, **options: Any
 ) -> None:
-    # Signed (cleanup.broker.signing): a worker runs and counts only release messages the
-    # project published.
+    """Send one release message to the task of its type on ``producer``, signed
+    (``cleanup.broker.signing``: a worker runs and counts only release messages the project
+    published)."""
     name, task_id, args = TASK_OF[type(message)], uuid(), (message.as_dict(),)
     app.send_task(
         name,
