@@ -54,8 +54,8 @@ class ApiClient(models.Model):
     )
     is_active = models.BooleanField(default=True, help_text="off: every token is refused")
     created_at = models.DateTimeField(auto_now_add=True)
-    # The rate limit's current window (reservations.clients.authenticate), kept on the row so
-    # that every web process counts against the same window.
+    # Neither read nor written: the rate limit counts in Redis (reservations.ratelimit). Kept
+    # while an older release may still run beside this one, which selects them.
     window_started_at = models.DateTimeField(null=True, blank=True, editable=False)
     window_count = models.PositiveIntegerField(default=0, editable=False)
 
