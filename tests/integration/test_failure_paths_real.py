@@ -532,7 +532,7 @@ def test_requeue_with_the_broker_down_keeps_the_letter_open_naming_the_error(
         # then: exit 1, the letter open, and the error named where the operator reads it
         assert down.returncode == 1, down.stdout + down.stderr
         assert "failed 1" in down.stdout
-        assert "those letters stay open. First error: " in down.stderr
+        assert "those letters stay open. Error: OperationalError: " in down.stderr
         assert "Connection refused" in down.stderr or "connecting to" in down.stderr
         letter.refresh_from_db()
         assert letter.resolved_at is None
