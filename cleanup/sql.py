@@ -285,6 +285,16 @@ RECORD_SWEEP = (
     "backpressure = EXCLUDED.backpressure, skipped_locked = EXCLUDED.skipped_locked, "
     "duration_ms = EXCLUDED.duration_ms, trace_id = EXCLUDED.trace_id"
 )
+# How long ago each shard of N last finished a sweep, and the Cleanup schedule was last saved
+# (a shard of a new N has no sweep yet), by the database clock: the gauges' sweep section.
+LAST_SWEEP_AGES = (
+    "SELECT shard, EXTRACT(EPOCH FROM now() - finished_at)::float8 FROM cleanup_sweeprecord "
+    "WHERE shards = %s"
+)
+SCHEDULE_SAVED_AGE = (
+    "SELECT EXTRACT(EPOCH FROM now() - updated_at)::float8 FROM cleanup_cleanupschedule "
+    "ORDER BY id LIMIT 1"
+)
 # Release messages that wrote receipts (a batch message is one task id): since a time (the
 # health page's windows), and in the last %s seconds (the adaptive sizing's service rate;
 # served by cleanup_receipt_created_idx).

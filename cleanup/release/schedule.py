@@ -216,6 +216,28 @@ def current_schedule() -> CleanupSchedule | None:
     return CleanupSchedule.objects.order_by("pk").first()
 
 
+def sent_sweep_intervals() -> tuple[int, dict[int, float]] | None:
+    """N of the installed sweep entries and, for each shard whose entry beat sends (enabled,
+    and accepted by ``periodic_guard``), its interval in seconds; None when none is installed."""
+    shards = installed_shards()
+    if shards is None:
+        return None
+    intervals: dict[int, float] = {}
+    for entry in PeriodicTask.objects.filter(
+        name__startswith=SWEEP_PREFIX, enabled=True
+    ).select_related("interval"):
+        try:
+            kwargs = json.loads(entry.kwargs)
+            shard = int(kwargs["shard"])
+            same_n = int(kwargs["shards"]) == shards
+        except (ValueError, KeyError, TypeError):
+            continue
+        every = periodic_guard.interval_seconds(entry.interval)
+        if same_n and every and not periodic_guard.row_problems(entry):
+            intervals[shard] = every
+    return shards, intervals
+
+
 def installed_shards() -> int | None:
     """N of the installed sweep entries (None when no schedule is installed)."""
     for kwargs in PeriodicTask.objects.filter(name__startswith=SWEEP_PREFIX).values_list(

@@ -1,5 +1,6 @@
 """Scrape-time gauges of the web process's /metrics: the SLO signal (oldest eligible hold per
-shard), the capped backlog, the queues, the outbox, dead letters and desired consumers.
+shard), the capped backlog, the queues, the outbox, dead letters, desired consumers, the pause
+switch and each shard's last sweep.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from cleanup.metrics import PREFIX
 from cleanup.models import DeadLetter
 from cleanup.operations.console import backlog_reading
 from cleanup.operations.scaling.capacity import DESIRED_WINDOW_S, desired_consumers
-from cleanup.release.schedule import installed_shards
+from cleanup.release.schedule import installed_shards, sent_sweep_intervals
 from reservations.db import rows, set_local_statement_timeout
 
 # --- Scrape-time gauges (web process only) ---------------------------------------------------
@@ -45,9 +46,18 @@ Sample = tuple[tuple[str, ...], float]
 
 
 class BacklogCollector(Collector):
-    """Scrape-time gauges: the SLO signal, the capped backlog, queues, outbox, dead letters."""
+    """Scrape-time gauges: the SLO signal, the capped backlog, queues, outbox, dead letters,
+    desired consumers, the pause switch, the sweeps."""
 
-    SECTIONS = ("eligible", "queues", "outbox", "dead_letters", "desired_consumers", "pause")
+    SECTIONS = (
+        "eligible",
+        "queues",
+        "outbox",
+        "dead_letters",
+        "desired_consumers",
+        "pause",
+        "sweeps",
+    )
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -189,6 +199,32 @@ class BacklogCollector(Collector):
 
         return self._db(run)
 
+    def read_sweeps(self) -> dict[str, list[Sample]]:
+        """For each shard whose sweep entry beat sends: its interval, and how long ago its last
+        sweep finished (a shard not swept yet under this N: since the schedule was saved). A
+        sweep records itself whatever it found, so the age grows only when no sweep of the
+        shard runs to its end: beat down, the sweep queue unconsumed, sweeps failing."""
+
+        def run() -> dict[str, list[Sample]]:
+            found = sent_sweep_intervals()
+            if found is None:
+                return {"sweep_interval_seconds": [], "last_sweep_age_seconds": []}
+            shards, intervals = found
+            finished = {int(k): float(age) for k, age in rows(sql.LAST_SWEEP_AGES, [shards])}
+            saved = rows(sql.SCHEDULE_SAVED_AGE)
+            since_saved = float(saved[0][0]) if saved else None
+            ages: list[Sample] = []
+            for shard in sorted(intervals):
+                age = finished.get(shard, since_saved)
+                if age is not None:
+                    ages.append(((str(shard),), max(0.0, age)))
+            return {
+                "sweep_interval_seconds": [((str(k),), v) for k, v in sorted(intervals.items())],
+                "last_sweep_age_seconds": ages,
+            }
+
+        return self._db(run)
+
     # -- collection -------------------------------------------------------------------------
 
     def refresh(self) -> None:
@@ -199,6 +235,7 @@ class BacklogCollector(Collector):
             "dead_letters": self.read_dead_letters,
             "desired_consumers": self.read_desired_consumers,
             "pause": self.read_pause,
+            "sweeps": self.read_sweeps,
         }
         for section, reader in readers.items():
             started = time.perf_counter()
@@ -235,6 +272,8 @@ class BacklogCollector(Collector):
             "desired_consumers": [],
             "releases_paused": [],
             "releases_paused_seconds": [],
+            "sweep_interval_seconds": ["shard"],
+            "last_sweep_age_seconds": ["shard"],
         }
         for name, label_names in labels.items():
             family = GaugeMetricFamily(f"{PREFIX}_{name}", GAUGE_HELP[name], labels=label_names)
@@ -304,4 +343,8 @@ GAUGE_HELP = {
     ),
     "releases_paused": "1 while the console's pause switch stops workers consuming releases",
     "releases_paused_seconds": "How long releases have been paused (0 while they run)",
+    "sweep_interval_seconds": "Interval of each shard's sweep entry that beat sends (enabled)",
+    "last_sweep_age_seconds": (
+        "Since each shard's last sweep finished (one not swept yet: since the schedule was saved)"
+    ),
 }

@@ -1,19 +1,25 @@
 """The scrape-time gauges of /metrics (cleanup.operations.console.gauges): equal to SQL ground
 truth with the capped count, a failing section keeping its last value, the SLO setting, the
 queues read past bad broker entries, desired consumers from the measured rate, open dead
-letters against their cap, and the pause switch."""
+letters against their cap, the pause switch, and each sent shard's interval and last sweep."""
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 import pytest
 import redis
 from django.db import connection
+from django.db.models.functions import Now
 from django.test import Client
+from django_celery_beat.models import PeriodicTask
 from prometheus_client.parser import text_string_to_metric_families
 
-from cleanup.models import CleanupReceipt
+from cleanup.models import CleanupReceipt, CleanupSchedule, SweepRecord
 from cleanup.operations import triage
 from cleanup.operations.console.gauges import BacklogCollector
+from cleanup.release.schedule import install_schedule, sweep_entry_name
+from cleanup.release.sweep import SweepResult, record_last_sweep
 from reservations import services
 from reservations.db import rows
 from tests.support.dead_letters import MALFORMED, letter
@@ -272,3 +278,51 @@ def test_before_anyone_paused_the_gauges_read_running(db: None) -> None:
         "reservation_cleanup_releases_paused": 0,
         "reservation_cleanup_releases_paused_seconds": 0,
     }
+
+
+# --- the sweeps ---------------------------------------------------------------------------------
+
+
+def _sweep_gauges(client: Client) -> dict[tuple[str, str], float]:
+    metrics = scrape(client, "t" * 40)
+    return {
+        (name.removeprefix("reservation_cleanup_"), dict(labels)["shard"]): value
+        for (name, labels), value in metrics.items()
+        if name.endswith(("_last_sweep_age_seconds", "_sweep_interval_seconds"))
+    }
+
+
+@pytest.mark.usefixtures("broker")
+@pytest.mark.django_db
+def test_each_sent_shard_exports_its_interval_and_how_long_ago_its_last_sweep_finished(
+    client: Client, settings
+) -> None:
+    settings.METRICS_TOKEN = "t" * 40
+    # given: three shards every 2 s, saved ten minutes ago; shard 0 swept just now, shard 1
+    # five minutes ago, shard 2 never under this N (its sweeps never ran to their end)
+    install_schedule(shards=3, every=2)
+    CleanupSchedule.objects.update(updated_at=Now() - timedelta(minutes=10))
+    for shard in (0, 1):
+        record_last_sweep(SweepResult(shard, 3, "trace"))
+    SweepRecord.objects.filter(shard=1).update(finished_at=Now() - timedelta(minutes=5))
+    # when
+    found = _sweep_gauges(client)
+    # then
+    assert {k: v for k, v in found.items() if k[0] == "sweep_interval_seconds"} == {
+        ("sweep_interval_seconds", "0"): 2,
+        ("sweep_interval_seconds", "1"): 2,
+        ("sweep_interval_seconds", "2"): 2,
+    }
+    assert found[("last_sweep_age_seconds", "0")] == pytest.approx(0, abs=5)
+    assert found[("last_sweep_age_seconds", "1")] == pytest.approx(300, abs=5)
+    assert found[("last_sweep_age_seconds", "2")] == pytest.approx(600, abs=5)
+    # when: shard 1's entry is disabled (beat does not send it): nothing is exported for it
+    PeriodicTask.objects.filter(name=sweep_entry_name(1, 3)).update(enabled=False)
+    assert {shard for _, shard in _sweep_gauges(client)} == {"0", "2"}
+
+
+@pytest.mark.usefixtures("broker")
+@pytest.mark.django_db
+def test_without_a_schedule_no_sweep_gauge_is_exported(client: Client, settings) -> None:
+    settings.METRICS_TOKEN = "t" * 40
+    assert _sweep_gauges(client) == {}
