@@ -216,9 +216,10 @@ def current_schedule() -> CleanupSchedule | None:
     return CleanupSchedule.objects.order_by("pk").first()
 
 
-def sent_sweep_intervals() -> tuple[int, dict[int, float]] | None:
-    """N of the installed sweep entries and, for each shard whose entry beat sends (enabled,
-    and accepted by ``periodic_guard``), its interval in seconds; None when none is installed."""
+def enabled_sweep_intervals() -> tuple[int, dict[int, float]] | None:
+    """N of the installed sweep entries and, for each shard whose entry is enabled, its interval
+    in seconds; None when none is installed. An entry ``periodic_guard`` refuses counts: beat
+    skips it, so that shard is not swept, which is what the caller wants to see."""
     shards = installed_shards()
     if shards is None:
         return None
@@ -233,7 +234,7 @@ def sent_sweep_intervals() -> tuple[int, dict[int, float]] | None:
         except (ValueError, KeyError, TypeError):
             continue
         every = periodic_guard.interval_seconds(entry.interval)
-        if same_n and every and not periodic_guard.row_problems(entry):
+        if same_n and every:
             intervals[shard] = every
     return shards, intervals
 

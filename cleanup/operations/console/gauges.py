@@ -22,7 +22,7 @@ from cleanup.metrics import PREFIX
 from cleanup.models import DeadLetter
 from cleanup.operations.console import backlog_reading
 from cleanup.operations.scaling.capacity import DESIRED_WINDOW_S, desired_consumers
-from cleanup.release.schedule import installed_shards, sent_sweep_intervals
+from cleanup.release.schedule import enabled_sweep_intervals, installed_shards
 from reservations.db import rows, set_local_statement_timeout
 
 # --- Scrape-time gauges (web process only) ---------------------------------------------------
@@ -200,13 +200,13 @@ class BacklogCollector(Collector):
         return self._db(run)
 
     def read_sweeps(self) -> dict[str, list[Sample]]:
-        """For each shard whose sweep entry beat sends: its interval, and how long ago its last
+        """For each shard whose sweep entry is enabled: its interval, and how long ago its last
         sweep finished (a shard not swept yet under this N: since the schedule was saved). A
         sweep records itself whatever it found, so the age grows only when no sweep of the
         shard runs to its end: beat down, the sweep queue unconsumed, sweeps failing."""
 
         def run() -> dict[str, list[Sample]]:
-            found = sent_sweep_intervals()
+            found = enabled_sweep_intervals()
             if found is None:
                 return {"sweep_interval_seconds": [], "last_sweep_age_seconds": []}
             shards, intervals = found
@@ -343,7 +343,7 @@ GAUGE_HELP = {
     ),
     "releases_paused": "1 while the console's pause switch stops workers consuming releases",
     "releases_paused_seconds": "How long releases have been paused (0 while they run)",
-    "sweep_interval_seconds": "Interval of each shard's sweep entry that beat sends (enabled)",
+    "sweep_interval_seconds": "Interval of each shard's sweep entry, while it is enabled",
     "last_sweep_age_seconds": (
         "Since each shard's last sweep finished (one not swept yet: since the schedule was saved)"
     ),

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cleanup.models import CleanupReceipt, CleanupSchedule, SweepRecord
 from cleanup.operations import triage
 from cleanup.operations.console.gauges import BacklogCollector
+from cleanup.release import periodic_guard
 from cleanup.release.schedule import install_schedule, sweep_entry_name
 from cleanup.release.sweep import SweepResult, record_last_sweep
 from reservations import services
@@ -316,9 +317,14 @@ def test_each_sent_shard_exports_its_interval_and_how_long_ago_its_last_sweep_fi
     assert found[("last_sweep_age_seconds", "0")] == pytest.approx(0, abs=5)
     assert found[("last_sweep_age_seconds", "1")] == pytest.approx(300, abs=5)
     assert found[("last_sweep_age_seconds", "2")] == pytest.approx(600, abs=5)
-    # when: shard 1's entry is disabled (beat does not send it): nothing is exported for it
+    # when: shard 1's entry is disabled (on purpose): nothing is exported for it
     PeriodicTask.objects.filter(name=sweep_entry_name(1, 3)).update(enabled=False)
     assert {shard for _, shard in _sweep_gauges(client)} == {"0", "2"}
+    # when: shard 2's entry is rewritten past the admin's form to a queue beat refuses: beat
+    # skips it, so it is still exported, and its age goes on growing
+    PeriodicTask.objects.filter(name=sweep_entry_name(2, 3)).update(queue="elsewhere")
+    assert periodic_guard.row_problems(PeriodicTask.objects.get(name=sweep_entry_name(2, 3)))
+    assert _sweep_gauges(client)[("last_sweep_age_seconds", "2")] == pytest.approx(600, abs=5)
 
 
 @pytest.mark.usefixtures("broker")
