@@ -1,7 +1,7 @@
 """The scrape-time gauges of /metrics (cleanup.operations.console.gauges): equal to SQL ground
 truth with the capped count, a failing section keeping its last value, the SLO setting, the
 queues read past bad broker entries, desired consumers from the measured rate, open dead
-letters against their cap, the pause switch, and each sent shard's interval and last sweep."""
+letters against their cap, the pause switch, and each enabled shard's interval and last sweep."""
 
 from __future__ import annotations
 
@@ -295,7 +295,7 @@ def _sweep_gauges(client: Client) -> dict[tuple[str, str], float]:
 
 @pytest.mark.usefixtures("broker")
 @pytest.mark.django_db
-def test_each_sent_shard_exports_its_interval_and_how_long_ago_its_last_sweep_finished(
+def test_each_enabled_shard_exports_its_interval_and_how_long_ago_its_last_sweep_finished(
     client: Client, settings
 ) -> None:
     settings.METRICS_TOKEN = "t" * 40
