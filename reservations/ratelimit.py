@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 import uuid
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import redis
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from prometheus_client import Counter
 
-from . import conf
+from . import conf, redis_clients
 
 logger = logging.getLogger(__name__)
 
@@ -92,40 +91,19 @@ class Decision:
 
 def redis_url() -> str:
     """``RESERVATIONS_API_RATE_LIMIT_REDIS_URL``, else the cleanup's counter Redis (the
-    broker's when it is Redis) unless that is a ``sentinel://`` URL; empty: no Redis, no limit
-    (a system check warns)."""
+    broker's when it is Redis, a ``sentinel://`` one included); empty: no Redis, no limit (a
+    system check warns). A ``sentinel://`` URL reaches the master its sentinels name, the one
+    ``CELERY_BROKER_SENTINEL_MASTER`` names, and follows it after a failover
+    (``reservations.redis_clients``)."""
     stated = str(conf.value("RESERVATIONS_API_RATE_LIMIT_REDIS_URL"))
     if stated:
         return stated
-    counter = str(getattr(settings, "CLEANUP_COUNTER_REDIS_URL", ""))
-    return counter if counter.startswith(("redis://", "rediss://")) else ""
+    return str(getattr(settings, "CLEANUP_COUNTER_REDIS_URL", ""))
 
 
 # Timeouts short enough that a Redis that stopped answering costs a request half a second once,
 # then nothing for OUTAGE_RETRY_SECONDS.
-_TIMEOUTS = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
-_clients: dict[str, redis.Redis] = {}
-# Clients a forked child inherited: kept referenced and never used, as in cleanup.redis_clients
-# (a child must not touch a connection pool whose lock a parent thread may have held).
-_inherited: list[redis.Redis] = []
-
-
-def _client(url: str) -> redis.Redis:
-    found = _clients.get(url)
-    if found is None:
-        tls: dict[str, object] = {}
-        if url.startswith("rediss://") and "ssl_" not in urlsplit(url).query:
-            tls = dict(getattr(settings, "REDIS_TLS_OPTIONS", {}))
-        found = _clients.setdefault(url, redis.Redis.from_url(url, **_TIMEOUTS, **tls))  # type: ignore[arg-type]
-    return found
-
-
-def _forget_inherited_clients() -> None:
-    _inherited.extend(_clients.values())
-    _clients.clear()
-
-
-os.register_at_fork(after_in_child=_forget_inherited_clients)
+TIMEOUT_SECONDS = 0.5
 
 
 _down_until = 0.0
@@ -141,10 +119,10 @@ def check(client_id: int, limit: int) -> Decision | None:
             FAILURES.inc()
         return None
     try:
-        allowed, count, reset_ms = _client(url).eval(
+        allowed, count, reset_ms = redis_clients.client(url, timeout=TIMEOUT_SECONDS).eval(
             _SCRIPT, 1, f"{KEY_PREFIX}{client_id}", WINDOW_SECONDS * 1000, limit, uuid.uuid4().hex
         )
-    except (redis.RedisError, OSError) as exc:
+    except (redis.RedisError, OSError, ImproperlyConfigured) as exc:
         FAILURES.inc()
         _down_until = time.monotonic() + OUTAGE_RETRY_SECONDS
         logger.warning(

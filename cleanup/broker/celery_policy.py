@@ -19,9 +19,10 @@ from typing import Any
 
 from django.conf import settings as django_settings
 
-from cleanup import redis_sentinel, wire
+from cleanup import wire
 from cleanup.broker import queues
 from cleanup.conf import CleanupSettings
+from reservations import redis_sentinel
 
 # Celery's Django fixup closes every database connection before and after *each task* unless
 # this is set (celery/fixups/django.py: close_database), so each release would open a new

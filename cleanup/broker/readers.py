@@ -21,10 +21,11 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from cleanup import metrics, redis_clients
+from cleanup import metrics
 from cleanup.broker import celery_policy, keys, screening
 from cleanup.broker.celery_app import app
 from cleanup.broker.screening import ENVELOPE_SLACK, parse_unacked
+from reservations import redis_clients
 
 _log = logging.getLogger("cleanup.broker")
 

@@ -42,11 +42,12 @@ from typing import Any
 from django.db import models
 from kombu.utils.json import loads
 
-from cleanup import redis_clients, sql
+from cleanup import sql
 from cleanup.broker import signing
 from cleanup.conf import cleanup_settings
 from cleanup.models import DeliveryCount
 from cleanup.release.messages import BATCH_KIND, MalformedMessage, validate, validate_batch
+from reservations import redis_clients
 from reservations.db import scalar
 
 logger = logging.getLogger("cleanup.deliveries")

@@ -568,7 +568,7 @@ class Transport(_RedisTransport):
 # The screened channel comes first in the bases, so every method it overrides is the one that
 # runs; kombu's Sentinel channel comes next, so its pool and fan-out methods (which the screened
 # channel does not touch) are the ones used; both reach kombu's own channel through ``super()``.
-# tests/unit/cleanup/test_redis_sentinel.py checks the method resolution and fails when kombu's
+# tests/unit/reservations/test_redis_sentinel.py checks the method resolution and fails when kombu's
 # Sentinel channel starts overriding one of the screened methods.
 _SentinelChannel: Any = redis.SentinelChannel
 _SentinelTransport: Any = redis.SentinelTransport

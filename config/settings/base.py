@@ -12,7 +12,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from cleanup import conf as cleanup_conf
-from cleanup import error_reports, redis_sentinel
+from cleanup import error_reports
 from cleanup.broker import celery_policy, queues
 from cleanup.conf import CleanupSettings
 from config import redis_tls
@@ -31,6 +31,7 @@ from config.env import (
     refuse_retired,
 )
 from config.settings import tuning
+from reservations import redis_sentinel
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -239,7 +240,7 @@ if CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
             f"CELERY_BROKER_URL: every entry of a RabbitMQ URL list must have the same scheme, "
             f"not {', '.join(sorted(repr(s + '://') for s in _schemes))}"
         )
-# Redis Sentinel: the sentinels in the URL, the master's name here (cleanup.redis_sentinel).
+# Redis Sentinel: the sentinels in the URL, the master's name here (reservations.redis_sentinel).
 BROKER_IS_SENTINEL = redis_sentinel.is_sentinel(CELERY_BROKER_URL)
 CELERY_BROKER_SENTINEL_MASTER = env_str(redis_sentinel.MASTER_VARIABLE, "").strip()
 BROKER_IS_REDIS = CELERY_BROKER_URL.startswith(("redis://", "rediss://")) or BROKER_IS_SENTINEL

@@ -10,7 +10,6 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
-from cleanup import redis_sentinel
 from config import redis_tls
 from config.env import (
     DEVELOPMENT_VALUES,
@@ -20,6 +19,7 @@ from config.env import (
     env_int,
     env_str,
 )
+from reservations import redis_sentinel
 
 from .base import *  # noqa: F403
 from .base import (

@@ -77,6 +77,7 @@ DRAIN = {
     "CLEANUP_SWEEP_BATCH_SIZE": 20,
     "CLEANUP_SWEEP_MAX_BATCHES": 1,
 }
+RATE_LIMITED_CLIENT = 7  # an API client's id, for the rate limiter's key
 QUEUE_KEYS = ("cleanup", "cleanup\x06\x163", "cleanup\x06\x166", "cleanup\x06\x169")
 
 
@@ -265,7 +266,7 @@ def _plant_entry(client: redis.Redis) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("replica_behind", [False, True], ids=["in-sync", "replica-behind"])
 def test_a_master_killed_mid_drain_is_followed_without_restarts_and_every_hold_released_once(
-    tmp_path: Path, settings: Any, replica_behind: bool
+    tmp_path: Path, settings: Any, monkeypatch: pytest.MonkeyPatch, replica_behind: bool
 ) -> None:
     # given: a master, a replica and three sentinels of the test's own; two workers and beat
     # (1 s sweeps of 2 shards) told only the sentinels and the master's name; 600 expired holds
@@ -285,6 +286,13 @@ def test_a_master_killed_mid_drain_is_followed_without_restarts_and_every_hold_r
         from cleanup.broker import readers
 
         reader = readers.redis_client()
+        # So does the API's rate limiter (its Redis is the counter Redis, the broker's): one
+        # client's requests counted before the kill and after the promotion.
+        from reservations import ratelimit
+
+        settings.RESERVATIONS_API_RATE_LIMIT_REDIS_URL = cluster.url
+        monkeypatch.setattr(ratelimit, "_down_until", 0.0)
+        counted_before = ratelimit.check(RATE_LIMITED_CLIENT, 1000)
         logs = [tmp_path / f"worker{i}.log" for i in range(2)]
         with drill_workers(tmp_path, "sw", env, django_settings=DRAIN) as workers:
             with beats(tmp_path, 1, env_overrides=env) as (beat,):
@@ -362,6 +370,14 @@ def test_a_master_killed_mid_drain_is_followed_without_restarts_and_every_hold_r
                     interval=0.5,
                     what="every worker to drop the planted broadcast",
                 )
+                # the limiter's client, made before the kill, counts in the new master
+                counted_after = wait_until(
+                    lambda: ratelimit.check(RATE_LIMITED_CLIENT, 1000),
+                    timeout=30,
+                    interval=0.5,
+                    what="the API rate limiter to count in the new master",
+                )
+                limiter_key = replica.zcard(f"{ratelimit.KEY_PREFIX}{RATE_LIMITED_CLIENT}")
                 beat_alive = beat.alive()
                 at_end = BrokerState.of(replica)
             alive = [w.alive() for w in workers]
@@ -436,3 +452,8 @@ def test_a_master_killed_mid_drain_is_followed_without_restarts_and_every_hold_r
     assert len(drops) >= len(workers)
     assert reader_port == cluster.replica_port
     assert stats_after.readable
+    # the API's rate limiter decided before the kill and after the promotion, through the
+    # sentinels, and its count is in the new master (the old one's may not have reached it)
+    assert counted_before is not None and counted_before.remaining == 999
+    assert counted_after is not None and counted_after.allowed
+    assert limiter_key >= 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from django.utils import timezone
 from cleanup.broker.readers import redis_client
 from reservations import services
 from tests.support.fleet import SessionFleet
+from tests.support.sentinel import PrivateSentinel
 
 
 @pytest.fixture
@@ -138,3 +140,13 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
         "delenv, or record with monkeypatch what the code under test sets; put back now)",
         pytrace=False,
     )
+
+
+@pytest.fixture
+def private_sentinel(tmp_path: Path) -> Iterator[PrivateSentinel]:
+    """A Redis master and a sentinel watching it, for the test."""
+    server = PrivateSentinel(tmp_path).start()
+    try:
+        yield server
+    finally:
+        server.stop()

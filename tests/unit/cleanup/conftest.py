@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cleanup.release import sizing
-from tests.support.sentinel import PrivateSentinel
-
-
-@pytest.fixture
-def private_sentinel(tmp_path: Path) -> Iterator[PrivateSentinel]:
-    """A Redis master and a sentinel watching it, for the test."""
-    server = PrivateSentinel(tmp_path).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -150,8 +150,6 @@ CLEANUP_FLOORS: tuple[tuple[str, ...], ...] = (
         "cleanup.metrics",
         "cleanup.metrics_boot",
         "cleanup.processes",
-        "cleanup.redis_clients",
-        "cleanup.redis_sentinel",
         "cleanup.tracing",
         "cleanup.error_reports",
     ),

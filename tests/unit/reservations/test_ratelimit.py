@@ -1,5 +1,6 @@
 """API rate limits: a sliding window in a real Redis, the RateLimit header fields, no database
-write per request, and what the API does when the limiter's Redis is down (fails open)."""
+write per request, what the API does when the limiter's Redis is down (fails open), and a
+limiter behind Redis Sentinel."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from reservations import ratelimit
 from reservations.models import ApiToken
 from tests.support.api import call, error_code
 from tests.support.fleet import wait_until
+from tests.support.sentinel import MASTER
 
 pytestmark = pytest.mark.usefixtures("api_token")
 
@@ -178,3 +180,33 @@ def test_without_any_redis_the_limits_are_not_enforced_and_check_warns(settings)
     assert ratelimit.check(1, 1) is None
     found = [m.id for m in checks.run_checks() if (m.id or "").startswith("reservations.")]
     assert found == ["reservations.W001"]
+
+
+# --- behind Redis Sentinel --------------------------------------------------------------------
+
+
+def test_a_sentinel_url_counts_in_the_master_the_sentinels_name(
+    client, offering, make_client, settings, private_sentinel, monkeypatch
+):
+    # given: the limiter's Redis is a sentinel:// URL (as the counter Redis is on a Sentinel
+    # broker), with the master's name
+    settings.RESERVATIONS_API_RATE_LIMIT_REDIS_URL = private_sentinel.url
+    settings.CELERY_BROKER_SENTINEL_MASTER = MASTER
+    monkeypatch.setattr(ratelimit, "_down_until", 0.0)
+    api_client, token = make_client(requests_per_minute=2)
+    # when
+    answers = [call(client, "get", availability(offering), token) for _ in range(3)]
+    # then: limited, and counted in that master
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert private_sentinel.master().zcard(f"{ratelimit.KEY_PREFIX}{api_client.pk}") == 2
+
+
+def test_a_sentinel_url_without_the_masters_name_is_a_check_error(settings):
+    from django.core import checks
+
+    settings.RESERVATIONS_API_RATE_LIMIT_REDIS_URL = "sentinel://127.0.0.1:26379/0"
+    settings.CELERY_BROKER_SENTINEL_MASTER = ""
+    found = [m for m in checks.run_checks() if (m.id or "").startswith("reservations.")]
+    assert [m.id for m in found] == ["reservations.E002"]
+    assert "CELERY_BROKER_SENTINEL_MASTER is not set" in found[0].msg
+    assert "the API rate limiter's Redis" in found[0].msg

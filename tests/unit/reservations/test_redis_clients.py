@@ -1,4 +1,4 @@
-"""One Redis client per URL per process (cleanup.redis_clients). A pool process forked while a
+"""One Redis client per URL per process (reservations.redis_clients). A pool process forked while a
 thread of the worker's main process uses Redis must still be able to use Redis: before the fix,
 such a child waited forever on the connection pool's lock, every sweep it ran stopped at its
 queue-depth read until the soft time limit, and its shard was never drained. And a client of a
@@ -11,7 +11,7 @@ import signal
 import threading
 from typing import Any
 
-from cleanup import redis_clients
+from reservations import redis_clients
 from tests.support.sentinel import MASTER, PrivateSentinel
 
 

@@ -1,7 +1,8 @@
-"""Redis Sentinel URLs (cleanup.redis_sentinel): a sentinel broker selects the screened Sentinel
-transport with the master's name, and a Sentinel setting the project cannot support is refused
-at start-up naming the variable. The transport itself: cleanup/worker/test_redis_transport.py;
-the failover: tests/integration/test_sentinel_failover.py."""
+"""Redis Sentinel URLs (reservations.redis_sentinel): a sentinel broker selects the screened
+Sentinel transport with the master's name, and a Sentinel setting the project cannot support is
+refused at start-up naming the variable. The transport itself:
+cleanup/worker/test_redis_transport.py; the failover:
+tests/integration/test_sentinel_failover.py."""
 
 from __future__ import annotations
 

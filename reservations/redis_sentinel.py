@@ -9,7 +9,7 @@ transport option::
 The password and database number of the *first* entry are the master's (kombu reads only that
 one; the sentinels themselves are asked without a password). The same two settings serve every
 direct Redis client of the project (queue readers, delivery counters, autoscaler readings:
-``cleanup.redis_clients``), which ask the sentinels for the master the same way and follow it
+``reservations.redis_clients``), which ask the sentinels for the master the same way and follow it
 after a failover.
 
 Refused at start-up, naming the variable: a Sentinel URL without a master name, a master name

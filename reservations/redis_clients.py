@@ -22,29 +22,39 @@ from urllib.parse import urlsplit
 import redis
 from redis.sentinel import Sentinel
 
-from cleanup import redis_sentinel
+from reservations import redis_sentinel
 
-_clients: dict[str, redis.Redis] = {}
+# How long a client waits to connect and for an answer, unless its caller asks for less (the
+# API's rate limiter, on the request's path, waits half a second).
+TIMEOUT_SECONDS = 5.0
+
+_clients: dict[tuple[str, float], redis.Redis] = {}
 # The parent's clients as a child inherited them: referenced, never used (see above).
 _inherited: list[redis.Redis] = []
 
 
-def client(url: str) -> redis.Redis:
-    """This process's client for ``url`` (created on first use; connects lazily)."""
-    found = _clients.get(url)
+def client(url: str, *, timeout: float = TIMEOUT_SECONDS) -> redis.Redis:
+    """This process's client for ``url`` with ``timeout`` (created on first use; connects
+    lazily): a ``redis://`` or ``rediss://`` URL's server, or the master a ``sentinel://`` URL's
+    sentinels name."""
+    found = _clients.get((url, timeout))
     if found is None:
         # No lock: a lock here could itself be inherited held. Two threads racing create two
         # clients and keep one; the other never connected.
-        made = _sentinel_master(url)
-        found = _clients.setdefault(url, made if made is not None else _direct(url))
+        made = _sentinel_master(url, timeout)
+        found = _clients.setdefault(
+            (url, timeout), made if made is not None else _direct(url, timeout)
+        )
     return found
 
 
-def _direct(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, **_tls(url))
+def _direct(url: str, timeout: float) -> redis.Redis:
+    return redis.Redis.from_url(
+        url, socket_timeout=timeout, socket_connect_timeout=timeout, **_tls(url)
+    )
 
 
-def _sentinel_master(url: str) -> redis.Redis | None:
+def _sentinel_master(url: str, timeout: float) -> redis.Redis | None:
     """For a ``sentinel://`` URL, a client of the master the sentinels name now: redis-py's
     ``SentinelConnectionPool`` asks them again whenever it opens a connection, so after a
     failover the next command reaches the new master, with no restart. ``None`` otherwise."""
@@ -52,12 +62,12 @@ def _sentinel_master(url: str) -> redis.Redis | None:
         return None
     from django.conf import settings  # noqa: PLC0415 - read when a client is made, not at import
 
-    # Checked at start-up (the settings call cleanup.redis_sentinel.check); the name given is
+    # Checked at start-up (the settings call reservations.redis_sentinel.check); the name given is
     # not the URL, which may carry a password.
     target = redis_sentinel.parse(
         "a sentinel:// URL", url, getattr(settings, redis_sentinel.MASTER_VARIABLE, "")
     )
-    timeouts = {"socket_timeout": 5, "socket_connect_timeout": 5}
+    timeouts = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
     sentinels = Sentinel(list(target.nodes), sentinel_kwargs=dict(timeouts), **timeouts)
     return sentinels.master_for(
         target.master,
