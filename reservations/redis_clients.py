@@ -1,4 +1,5 @@
-"""One Redis client per URL per process, safe to use in a process forked from a threaded one.
+"""One Redis client per URL (and timeout) per process, safe to use in a process forked from a
+threaded one: the cleanup's direct readers and counters, and the API's rate limiter.
 
 A Celery worker's main process runs threads that use Redis (the autoscaler's reader samples the
 release queue), and it forks pool processes while those threads run (autoscaling, replacing a
