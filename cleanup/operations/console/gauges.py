@@ -211,8 +211,10 @@ class BacklogCollector(Collector):
                 return {"sweep_interval_seconds": [], "last_sweep_age_seconds": []}
             shards, intervals = found
             finished = {int(k): float(age) for k, age in rows(sql.LAST_SWEEP_AGES, [shards])}
-            saved = rows(sql.SCHEDULE_SAVED_AGE)
-            since_saved = float(saved[0][0]) if saved else None
+            since_saved = None
+            if intervals.keys() - finished.keys():  # a shard not swept yet under this N
+                saved = rows(sql.SCHEDULE_SAVED_AGE)
+                since_saved = float(saved[0][0]) if saved else None
             ages: list[Sample] = []
             for shard in sorted(intervals):
                 age = finished.get(shard, since_saved)
